@@ -25,8 +25,8 @@ def build_ds_config(recipe, layout: Layout) -> dict:
         "pipeline": {
             # Pipe engine: activations between stages have a fixed shape, so skip the shape handshake per batch.
             "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
-            "pipe_partitioned": layout.tp > 1,
-            "grad_partitioned": layout.tp > 1,
+            "pipe_partitioned": False,  # send whole activations between stages (simple, SP-safe)
+            "grad_partitioned": False,
         },
         "activation_checkpointing": {
             # Used by deepspeed.checkpointing when recompute == "full"; partitioning over TP needs the mpu.
