@@ -96,6 +96,7 @@ class TrainingConfig(_Section):
     max_consecutive_nan_skips: PositiveInt = 5
     dist_timeout_minutes: PositiveInt = 30
     reference_global_batch: Optional[PositiveInt] = None  # the preset's batch the lr was tuned for (for warnings)
+    reference_lr: Optional[PositiveFloat] = None  # the preset's lr at reference_global_batch (for warnings)
 
     def steps(self, seq_length: int) -> int:
         if self.train_steps:

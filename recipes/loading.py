@@ -48,7 +48,8 @@ def resolve_preset(name: str, base_dir: Path | None = None) -> Path:
     candidates = []
     for root in ([base_dir] if base_dir else []) + [Path.cwd(), CONFIGS_DIR]:
         p = Path(name) if Path(name).is_absolute() else root / name
-        candidates += [p, p.with_suffix(".yaml"), p.with_suffix(".yml"), p.with_suffix(".json")]
+        # Append the suffix (not with_suffix): preset names may contain dots ("models/gpt-1.3b").
+        candidates += [p] + [p.with_name(p.name + ext) for ext in (".yaml", ".yml", ".json")]
     for c in candidates:
         if c.is_file():
             return c
