@@ -1,0 +1,138 @@
+"""Training data: data_prep manifests -> megatron-core BlendedMegatronDatasetBuilder + GPTDataset -> micro-batches.
+
+Samples are addressed by the global count of samples consumed so far, so resuming from a checkpoint (which stores
+that count) continues with exactly the next samples whatever happened before. Within one optimizer step the global
+batch is laid out DP-rank-major: DP rank r takes samples [consumed + r * m * b, consumed + (r + 1) * m * b), split
+into m micro-batches of b, so every layout with the same global batch sees the same samples in each step.
+
+manifest.json (written by data_prep):
+  {"tokenizer": {"vocab_size": N, "eod_id": N, "pad_id": N|null, ...}, "dtype": "uint16",
+   "shards": [{"prefix": "<relative to the manifest dir>", "tokens": N, ...}], "blend": [w0, "prefix0", ...]}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+class DataError(ValueError):
+    """A data problem the user can fix (missing manifest, vocabulary mismatch, ...)."""
+
+
+@dataclass
+class TokenizerInfo:
+    """What megatron-core's GPTDataset needs of a tokenizer: eod, pad, vocab_size, unique_identifiers."""
+
+    vocab_size: int
+    eod: int
+    pad: int = -1  # megatron: "no pad token" is any id outside the vocabulary
+    unique_identifiers: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, tok: dict, source: str) -> "TokenizerInfo":
+        try:
+            vocab, eod = int(tok["vocab_size"]), int(tok["eod_id"])
+        except (KeyError, TypeError) as e:
+            raise DataError(f"{source}: tokenizer.{e} missing; re-run data_prep to write a complete manifest") from None
+        pad = tok.get("pad_id")
+        ident = {"vocab_size": vocab, "eod": eod, "type": tok.get("type"), "path": tok.get("path")}
+        return cls(vocab_size=vocab, eod=eod, pad=-1 if pad is None else int(pad), unique_identifiers=ident)
+
+
+@dataclass
+class Blend:
+    prefixes: list[str]
+    weights: list[float]
+    tokenizer: TokenizerInfo
+
+
+def _manifest_path(entry: str) -> Path:
+    p = Path(entry)
+    if p.is_dir():
+        p = p / "manifest.json"
+    if not p.is_file():
+        raise DataError(f"data.manifests: '{entry}' has no manifest.json; run data_prep first or fix the path")
+    return p
+
+
+def load_blend(recipe) -> Blend:
+    """Prefixes and weights from data.blend, or from each manifest's blend (weights = tokens) in data.manifests."""
+    d = recipe.data
+    tokenizer = None
+    prefixes: list[str] = []
+    weights: list[float] = []
+    for entry in d.manifests:
+        path = _manifest_path(entry)
+        m = json.loads(path.read_text())
+        tok = TokenizerInfo.from_manifest(m.get("tokenizer") or {}, str(path))
+        if tokenizer is not None and (tok.vocab_size, tok.eod) != (tokenizer.vocab_size, tokenizer.eod):
+            raise DataError(f"{path}: tokenizer (vocab {tok.vocab_size}, eod {tok.eod}) differs from the first "
+                            f"manifest's (vocab {tokenizer.vocab_size}, eod {tokenizer.eod}); use one tokenizer")
+        tokenizer = tokenizer or tok
+        blend = m.get("blend") or [x for s in m.get("shards", []) for x in (s["tokens"], s["prefix"])]
+        for w, prefix in zip(blend[0::2], blend[1::2]):
+            prefixes.append(str((path.parent / prefix).resolve()))
+            weights.append(float(w))
+    if d.blend:
+        prefixes = [p for _, p in d.blend]
+        weights = [float(w) for w, _ in d.blend]
+    if not prefixes:
+        raise DataError("data: no shards; set data.manifests to data_prep's manifest.json (or data.blend)")
+    for p in prefixes:
+        if not (Path(p + ".bin").is_file() and Path(p + ".idx").is_file()):
+            raise DataError(f"data: shard '{p}' lacks its .bin/.idx; re-run data_prep or fix the manifest")
+    if tokenizer is None:
+        raise DataError("data.blend given without data.manifests: add the manifest so the tokenizer's eod is known")
+    if tokenizer.vocab_size > recipe.model.vocab_size:
+        raise DataError(f"model.vocab_size = {recipe.model.vocab_size} < the tokenizer's {tokenizer.vocab_size}; "
+                        f"set model.vocab_size >= {tokenizer.vocab_size}")
+    return Blend(prefixes, weights, tokenizer)
+
+
+def build_datasets(recipe, train_samples: int, valid_samples: int, cache_dir: str):
+    """(train, valid) GPTDatasets; global rank 0 builds the index caches first, the others then read them."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    blend = load_blend(recipe)
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    config = GPTDatasetConfig(
+        random_seed=recipe.training.seed,
+        sequence_length=recipe.model.seq_length,
+        blend=(blend.prefixes, blend.weights),
+        split=recipe.data.split,
+        path_to_cache=cache_dir,
+        tokenizer=blend.tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [train_samples, valid_samples, 0], lambda: True, config).build()
+    return train, valid
+
+
+class MicroBatches:
+    """The micro-batches of one optimizer step for this DP rank, addressed by consumed-sample count."""
+
+    def __init__(self, dataset, micro_batch: int, grad_accum: int, dp_rank: int, device: torch.device):
+        self.dataset = dataset
+        self.micro_batch = micro_batch
+        self.grad_accum = grad_accum
+        self.dp_rank = dp_rank
+        self.device = device
+
+    def step(self, consumed: int):
+        """Yields grad_accum (tokens, (labels, loss_mask)) for the step that starts at global sample `consumed`."""
+        start = consumed + self.dp_rank * self.micro_batch * self.grad_accum
+        for j in range(self.grad_accum):
+            first = start + j * self.micro_batch
+            items = [self.dataset[(first + i) % len(self.dataset)] for i in range(self.micro_batch)]
+            tokens = torch.stack([torch.as_tensor(x["tokens"]) for x in items]).long().to(self.device)
+            labels = torch.stack([torch.as_tensor(x["labels"]) for x in items]).long().to(self.device)
+            mask = torch.stack([torch.as_tensor(x["loss_mask"]) for x in items]).float().to(self.device)
+            yield tokens, (labels, mask)

@@ -1,0 +1,55 @@
+"""Real-text test shards: UTF-8 bytes of Python's own standard-library sources, one document per file, written with
+megatron-core's IndexedDatasetBuilder (the reader of record) and described by a data_prep-style manifest.json.
+Byte-level ids 0..255, end-of-document 256 (vocab 257)."""
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EOD = 256
+VOCAB = 257
+
+
+def stdlib_documents(max_bytes: int) -> list[bytes]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs, total = [], 0
+    for p in sorted(root.glob("*.py")):
+        data = p.read_bytes()
+        docs.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return docs
+
+
+def write_corpus(out_dir: Path, shards: int = 2, max_bytes: int = 600_000) -> Path:
+    """Write `shards` .bin/.idx pairs + manifest.json under out_dir; returns the manifest path."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    docs = stdlib_documents(max_bytes)
+    entries = []
+    for s in range(shards):
+        prefix = f"shard_{s:03d}"
+        builder = IndexedDatasetBuilder(str(out_dir / f"{prefix}.bin"), dtype=np.uint16)
+        tokens = 0
+        for d in docs[s::shards]:
+            ids = np.frombuffer(d, dtype=np.uint8).astype(np.uint16)
+            ids = np.append(ids, np.uint16(EOD))
+            builder.add_document(torch.from_numpy(ids.astype(np.int64)), [len(ids)])
+            tokens += len(ids)
+        builder.finalize(str(out_dir / f"{prefix}.idx"))
+        entries.append({"prefix": prefix, "tokens": tokens})
+    manifest = {
+        "tokenizer": {"vocab_size": VOCAB, "eod_id": EOD, "pad_id": None, "type": "bytes", "path": None},
+        "dtype": "uint16",
+        "shards": entries,
+        "blend": [x for e in entries for x in (e["tokens"], e["prefix"])],
+    }
+    path = out_dir / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1))
+    return path
