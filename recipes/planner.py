@@ -174,7 +174,8 @@ class Assumptions:
     gemm_falloff: int = 256  # efficiency x d/(d+256) for the per-GPU hidden slice h/t and tokens per micro-batch
     intra_link_efficiency: float = 0.4  # NCCL bus bandwidth / datasheet NVLink (bidirectional) figure
     inter_link_efficiency: float = 0.8  # NCCL bus bandwidth / InfiniBand line rate per node
-    overlap_efficiency: float = 0.8  # share of an overlap window that hides communication
+    overlap_efficiency: float = 0.8  # share of an overlap window that hides communication (ZeRO-2 reduce-scatter)
+    zero3_overlap: float = 0.5  # ZeRO-3 fetches weights module by module with a bounded prefetch: half hidden
     latency_intra_s: float = 2e-6  # NCCL latency per ring step over NVLink
     latency_inter_s: float = 5e-6  # NCCL latency per ring step over InfiniBand
     flash_attention: bool = True  # SDPA/flash kernels on GPU: no s x s score matrix is stored
@@ -354,7 +355,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
             window = m * min(rs, backward_mb * assume.overlap_efficiency)
         else:  # ZeRO-3: all-gather params forward and backward + reduce-scatter grads, every micro-batch (1.5x)
             comm = m * (2 * _ring(grad_bytes, n_dp, bw, "all_gather") + _ring(grad_bytes, n_dp, bw, "reduce_scatter"))
-            window = m * t_mb * assume.overlap_efficiency
+            window = m * t_mb * assume.zero3_overlap
         t_dp = max(0.0, comm - window)
 
     step = t_pipe + t_pp + t_dp
