@@ -1,0 +1,171 @@
+"""python -m data_prep <command>: tokenize, train-tokenizer, verify, stats/inspect, sample-corpus, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().lower().rstrip("b").rstrip("i")
+    if t and t[-1] in SIZE_UNITS:
+        return int(float(t[:-1]) * SIZE_UNITS[t[-1]])
+    return int(t)
+
+
+def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", help="files, directories or quoted globs (.jsonl/.json[.gz|.zst], .parquet, "
+                                             ".txt, datasets save_to_disk directories)")
+    p.add_argument("-o", "--output", required=True, help="output directory (shards, manifest.json, rejects.jsonl)")
+    p.add_argument("-t", "--tokenizer", required=True, help="sentencepiece .model, tokenizer.json or a local "
+                                                            "transformers directory")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--shard-size", type=parse_size, default="256M",
+                   help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at newlines")
+    p.add_argument("--no-eod", dest="append_eod", action="store_false", help="do not append EOD to each document")
+    p.add_argument("--bos", dest="add_bos", action="store_true", help="prepend the tokenizer's BOS")
+    p.add_argument("--eod-id", type=int, default=None, help="override the end-of-document id")
+    p.add_argument("--max-doc-tokens", type=int, default=2**31 - 1,
+                   help="documents longer than this are split into several sequences, or rejected (--long-docs)")
+    p.add_argument("--long-docs", choices=("split", "reject"), default="split")
+    p.add_argument("--no-fast-path", dest="fast_path", action="store_false",
+                   help="always encode whole documents (the fast path is used only where exact)")
+    p.add_argument("--verify-fraction", type=float, default=0.0,
+                   help="re-encode this share of documents whole during the run; stop on any mismatch")
+    p.add_argument("-q", "--quiet", action="store_true")
+
+
+def cmd_tokenize(a) -> int:
+    from .pipeline import RunFailed, Settings, run
+
+    s = Settings(inputs=a.inputs, output_dir=a.output, tokenizer=a.tokenizer, text_field=a.text_field,
+                 workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
+                 eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
+                 verify_fraction=a.verify_fraction, quiet=a.quiet)
+    try:
+        m = run(s)
+    except RunFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    t = m["totals"]
+    print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens, "
+          f"rejected {sum(t['rejected'].values()):,} {t['rejected'] or ''}")
+    return 0
+
+
+def cmd_train_tokenizer(a) -> int:
+    from .train_tokenizer import train
+
+    path = train(a.inputs, a.model_prefix, a.vocab_size, a.model_type, a.text_field, a.sample_bytes,
+                 quiet=a.quiet, normalization=a.normalization)
+    print(path)
+    return 0
+
+
+def cmd_verify(a) -> int:
+    from .verify import verify
+
+    problems = verify(a.dir, checksums=not a.no_checksums)
+    for p in problems:
+        print(f"FAIL {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{a.dir}: OK")
+    return 0
+
+
+def cmd_stats(a) -> int:
+    from .inspect_shards import summarize
+
+    print(summarize(a.dir, decode=a.decode))
+    return 0
+
+
+def cmd_sample_corpus(a) -> int:
+    from .sample_corpus import build
+
+    print(build(a.out_dir, parse_size(a.max_mb + "M")))
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from .demo import demo
+
+    return demo(a.out_dir, workers=a.workers, quiet=a.quiet)
+
+
+def cmd_bench(a) -> int:
+    from .bench import bench
+
+    return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, tokenizer=a.tokenizer)
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ap = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("tokenize", help="tokenize inputs into Megatron .bin/.idx shards + manifest.json")
+    _add_tokenize_args(p)
+    p.set_defaults(fn=cmd_tokenize)
+
+    p = sub.add_parser("train-tokenizer", help="train a sentencepiece model (byte fallback) on a corpus sample")
+    p.add_argument("inputs", nargs="+")
+    p.add_argument("-o", "--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
+    p.add_argument("--vocab-size", type=int, default=4000)
+    p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--sample-bytes", type=parse_size, default="20M")
+    p.add_argument("--normalization", choices=("identity", "nmt_nfkc"), default="identity",
+                   help="identity (default): lossless, Llama-style; nmt_nfkc: sentencepiece's classic defaults")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(fn=cmd_train_tokenizer)
+
+    p = sub.add_parser("verify", help="check every shard with megatron-core's reader against the manifest")
+    p.add_argument("dir")
+    p.add_argument("--no-checksums", action="store_true", help="skip sha256 (structure checks only)")
+    p.set_defaults(fn=cmd_verify)
+
+    for name in ("stats", "inspect"):
+        p = sub.add_parser(name, help="documents, tokens, length histogram, a few documents decoded")
+        p.add_argument("dir")
+        p.add_argument("--decode", type=int, default=2, help="documents to decode back to text")
+        p.set_defaults(fn=cmd_stats)
+
+    p = sub.add_parser("sample-corpus", help="write a real-text .jsonl from Python's standard library (PSF)")
+    p.add_argument("out_dir")
+    p.add_argument("--max-mb", default="4")
+    p.set_defaults(fn=cmd_sample_corpus)
+
+    p = sub.add_parser("demo", help="sample-corpus -> train-tokenizer -> tokenize -> verify -> stats")
+    p.add_argument("out_dir", nargs="?", default="out/demo")
+    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("bench", help="bare tokenizer vs the full pipeline: tokens/s, MB/s, ratio, peak RSS")
+    p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench")
+    p.add_argument("--corpus-mb", type=float, default=4.0)
+    p.add_argument("--scale", type=int, default=10, help="the larger corpus is this many times bigger")
+    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
+    p.set_defaults(fn=cmd_bench)
+
+    a = ap.parse_args(argv)
+    from .pipeline import RunFailed  # noqa: F401
+    from .tokenizers import TokenizerError
+    from .units import PlanError
+
+    try:
+        return a.fn(a)
+    except (TokenizerError, PlanError, PermissionError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or ''}: {e.strerror or e} (nothing written for the failing unit looks "
+              "complete; free space or fix the path and rerun)", file=sys.stderr)
+        return 2

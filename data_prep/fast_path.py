@@ -1,0 +1,187 @@
+"""Fast path: encode each distinct whitespace-delimited piece once, reuse it from a bounded cache.
+
+Exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
+- sentencepiece: split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
+  normalized by the model's own normalizer (whole document, so whitespace collapsing, dummy prefix, NFKC are exactly the
+  library's), cut before every U+2581, and each piece encoded by a copy of the model whose normalizer is identity.
+  Works for remove_extra_whitespaces off, identity normalization and split_digits (Llama-style) too.
+- Hugging Face: no normalizer, a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space off; pieces are
+  cut with the same regex and each encoded alone.
+Anything else falls back to whole-document encoding. ``self_check`` compares both on sample texts at start.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import chain
+from typing import List, Optional
+
+from .tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+META = "\u2581"
+
+
+class FastPathMismatch(Exception):
+    pass
+
+
+class _SentencePiecePieces:
+    def __init__(self, tok: SentencePieceTokenizer):
+        from sentencepiece import SentencePieceProcessor
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        m = pb.ModelProto()
+        m.ParseFromString(tok.sp.serialized_model_proto())
+        ts, ns = m.trainer_spec, m.normalizer_spec
+        why = []
+        if not ts.split_by_whitespace:
+            why.append("split_by_whitespace is off")
+        if ts.treat_whitespace_as_suffix:
+            why.append("treat_whitespace_as_suffix is on")
+        if not ns.escape_whitespaces:
+            why.append("escape_whitespaces is off")
+        if any(META in p.piece.lstrip(META) for p in m.pieces if p.type in (1, 4)):  # NORMAL / USER_DEFINED
+            why.append("some pieces contain U+2581 after other characters")
+        self.reason = "; ".join(why) or None
+        if self.reason:
+            return
+        self.sp = tok.sp
+        # sentencepiece's SplitIntoWords: a word starts at each U+2581, or only at the first of a run of them when
+        # allow_whitespace_only_pieces is on (Llama-style models).
+        self.runs = ts.allow_whitespace_only_pieces
+        self.word = re.compile(META + "+[^" + META + "]*")
+        ns.name = "identity"
+        ns.precompiled_charsmap = b""
+        ns.add_dummy_prefix = False
+        ns.remove_extra_whitespaces = False
+        self.raw = SentencePieceProcessor(model_proto=m.SerializeToString())
+
+    def split(self, texts: List[str]) -> List[List[str]]:
+        out = []
+        for norm in self.sp.normalize(texts):
+            if self.runs:
+                head_end = norm.find(META)
+                head = norm if head_end < 0 else norm[:head_end]
+                out.append([head] + self.word.findall(norm, len(head)))
+            else:
+                # parts[1:] are words without their leading U+2581; encode_pieces restores it.
+                out.append(norm.split(META))
+        return out
+
+    def encode_pieces(self, keys: List[str], first: bool) -> List[List[int]]:
+        return self.raw.encode(keys if first or self.runs else [META + k for k in keys])
+
+
+class _ByteLevelPieces:
+    def __init__(self, tok: HFTokenizer):
+        cfg = json.loads(tok.tok.to_str())
+        why = []
+        if cfg.get("normalizer") is not None:
+            why.append("it has a normalizer")
+        pre = cfg.get("pre_tokenizer") or {}
+        if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
+            why.append(f"pre-tokenizer is {pre.get('type')} (only ByteLevel with its regex is handled)")
+        elif pre.get("add_prefix_space"):
+            why.append("ByteLevel add_prefix_space is on")
+        if (cfg.get("model") or {}).get("type") != "BPE":
+            why.append("model is not BPE")
+        if cfg.get("added_tokens"):
+            # Added tokens are matched on the whole text before pre-tokenization; a piece cut could hide one.
+            specials = [t for t in cfg["added_tokens"] if not t.get("special", False)]
+            if specials:
+                why.append("it has non-special added tokens")
+        self.reason = "; ".join(why) or None
+        if self.reason:
+            return
+        import regex
+
+        self.pattern = regex.compile(GPT2_PATTERN)
+        self.tok = tok
+        # Special tokens written literally in a text are matched whole by the library: such texts go whole.
+        self.specials = [t["content"] for t in cfg.get("added_tokens") or []]
+
+    def split(self, texts):
+        out = []
+        for t in texts:
+            if self.specials and any(s in t for s in self.specials):
+                out.append(None)
+            else:
+                out.append([""] + self.pattern.findall(t))
+        return out
+
+    def encode_pieces(self, keys, first):
+        return self.tok.encode_batch(keys)
+
+
+class FastEncoder:
+    """Same ids as ``tok.encode_batch``; faster where exact. ``active`` says whether the cache path is used."""
+
+    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 500_000):
+        self.tok = tok
+        self.max_cache = max_cache
+        self.cache: dict = {}
+        self.splitter = None
+        self.reason: Optional[str] = "disabled by --no-fast-path" if not enabled else None
+        if enabled:
+            if isinstance(tok, SentencePieceTokenizer):
+                splitter = _SentencePiecePieces(tok)
+            elif isinstance(tok, HFTokenizer):
+                splitter = _ByteLevelPieces(tok)
+            else:
+                splitter = None
+            if splitter is None:
+                self.reason = "unknown tokenizer type"
+            elif splitter.reason:
+                self.reason = splitter.reason
+            else:
+                self.splitter = splitter
+
+    @property
+    def active(self) -> bool:
+        return self.splitter is not None
+
+    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        if self.splitter is None:
+            return self.tok.encode_batch(texts)
+        split = self.splitter.split(texts)
+        cache = self.cache
+        if len(cache) > self.max_cache:
+            cache.clear()  # bounded memory; the next batch refills what it needs
+        missing = set()
+        whole = [i for i, parts in enumerate(split) if parts is None]
+        if whole:
+            whole_ids = dict(zip(whole, self.tok.encode_batch([texts[i] for i in whole])))
+        for parts in split:
+            if parts is not None:
+                missing.update(parts[1:])
+        missing.difference_update(cache.keys())
+        if missing:
+            keys = sorted(missing)
+            cache.update(zip(keys, self.splitter.encode_pieces(keys, first=False)))
+        out = []
+        get = cache.__getitem__
+        for i, parts in enumerate(split):
+            if parts is None:
+                out.append(list(whole_ids[i]))
+                continue
+            head = parts[0]
+            ids = list(chain.from_iterable(map(get, parts[1:])))
+            if head:  # text before the first U+2581 (no dummy prefix): encode as is
+                ids = self.splitter.encode_pieces([head], first=True)[0] + ids
+            out.append(ids)
+        return out
+
+    def self_check(self, texts: List[str]) -> None:
+        """Disable the fast path (with the reason) if it differs from whole-document encoding on these texts."""
+        if self.splitter is None or not texts:
+            return
+        want = self.tok.encode_batch(texts)
+        got = self.encode_batch(texts)
+        for i, (a, b) in enumerate(zip(want, got)):
+            if list(a) != list(b):
+                self.splitter = None
+                self.cache.clear()
+                self.reason = f"self-check mismatch on sample document {i}"
+                return

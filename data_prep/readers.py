@@ -1,0 +1,274 @@
+"""Readers: turn one input piece (a file, a byte range of a file, or a dataset) into records.
+
+Every reader yields ``(position, text, reason)``: ``text`` is the document when the record is good, else ``None`` and
+``reason`` says why it was rejected. ``position`` is a byte offset (uncompressed .jsonl/.json and .txt), a 1-based line
+number (.gz/.zst, where byte offsets of the decompressed stream mean little to a user) or a row index (parquet and
+Hugging Face datasets); ``POSITION_KIND`` names which, for the reject log.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple
+
+import orjson
+
+Record = Tuple[int, Optional[str], Optional[str]]
+
+# Reject reasons (the manifest and reject log use these names).
+MALFORMED_JSON = "malformed_json"
+NOT_AN_OBJECT = "not_an_object"
+MISSING_TEXT = "missing_text"
+NON_STRING_TEXT = "non_string_text"
+EMPTY_TEXT = "empty_text"
+INVALID_UTF8 = "invalid_utf8"
+NUL_BYTES = "nul_bytes"
+TOO_LONG = "too_long"
+
+JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+TEXT_SUFFIXES = (".txt",)
+PARQUET_SUFFIXES = (".parquet",)
+
+
+class InputError(Exception):
+    """An input that cannot be read to its end (truncated or corrupt compressed file, unreadable file)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of one input: ``kind`` is jsonl | jsonl.gz | jsonl.zst | txt | parquet | hf; ``start``/``end`` are
+    bytes for uncompressed jsonl (newline aligned), rows for hf/parquet, and 0/-1 (whole input) otherwise."""
+
+    path: str
+    kind: str
+    start: int = 0
+    end: int = -1
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "kind": self.kind, "start": self.start, "end": self.end}
+
+
+def kind_of(path: str) -> Optional[str]:
+    """The reader kind for a file name, or None when it is not an input we read."""
+    low = path.lower()
+    for comp, tag in ((".gz", "gz"), (".zst", "zst"), (".zstd", "zst")):
+        if low.endswith(comp):
+            inner = low[: -len(comp)]
+            return f"jsonl.{tag}" if inner.endswith(JSON_SUFFIXES) else None
+    if low.endswith(JSON_SUFFIXES):
+        return "jsonl"
+    if low.endswith(TEXT_SUFFIXES):
+        return "txt"
+    if low.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return None
+
+
+def check_text(value) -> Tuple[Optional[str], Optional[str]]:
+    """(text, None) for a usable document, else (None, reason)."""
+    if value is None:
+        return None, MISSING_TEXT
+    if not isinstance(value, str):
+        return None, NON_STRING_TEXT
+    if not value or value.isspace():
+        return None, EMPTY_TEXT
+    if "\x00" in value:
+        return None, NUL_BYTES
+    return value, None
+
+
+def _parse_json_line(line: bytes, field: str) -> Tuple[Optional[str], Optional[str]]:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, INVALID_UTF8
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        # orjson refuses lone surrogates (\ud800): text that cannot be UTF-8, not broken JSON.
+        return None, INVALID_UTF8 if "surrogate" in str(e).lower() else MALFORMED_JSON
+    if not isinstance(obj, dict):
+        return None, NOT_AN_OBJECT
+    if field not in obj:
+        return None, MISSING_TEXT
+    return check_text(obj[field])
+
+
+def read_jsonl_range(piece: Piece, field: str) -> Iterator[Record]:
+    """Lines of an uncompressed .jsonl in [start, end); blank lines are not records."""
+    end = piece.end if piece.end >= 0 else os.path.getsize(piece.path)
+    with open(piece.path, "rb", buffering=1 << 20) as f:
+        f.seek(piece.start)
+        offset = piece.start
+        for line in f:
+            if offset >= end:
+                break
+            pos = offset
+            offset += len(line)
+            if line.isspace() or not line:
+                continue
+            text, reason = _parse_json_line(line, field)
+            yield pos, text, reason
+
+
+def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Decompressed bytes of a .gz (all members) or .zst (all frames); raises InputError when truncated or corrupt."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise InputError(path, f"cannot open ({e.strerror})") from e
+    with f:
+        if tag == "gz":
+            new = lambda: zlib.decompressobj(wbits=47)  # noqa: E731  (gzip or zlib header, auto-detected)
+        else:
+            import zstandard
+
+            dctx = zstandard.ZstdDecompressor()
+            new = dctx.decompressobj
+        dobj, fed = new(), False
+        while True:
+            data = f.read(chunk)
+            if not data:
+                break
+            while data:
+                try:
+                    out = dobj.decompress(data)
+                except Exception as e:  # zlib.error / zstandard.ZstdError
+                    raise InputError(path, f"corrupt {tag} data ({e})") from e
+                fed = True
+                if out:
+                    yield out
+                if dobj.eof:
+                    data = dobj.unused_data
+                    dobj, fed = new(), False
+                else:
+                    data = b""
+        if fed and not dobj.eof:
+            raise InputError(path, f"truncated {tag} file (stream ends before the end of its last frame)")
+
+
+def read_jsonl_compressed(piece: Piece, field: str) -> Iterator[Record]:
+    tag = piece.kind.rsplit(".", 1)[1]
+    carry = b""
+    line_no = 0
+    for block in _decompressed_chunks(piece.path, tag):
+        block = carry + block
+        lines = block.split(b"\n")
+        carry = lines.pop()
+        for line in lines:
+            line_no += 1
+            if not line or line.isspace():
+                continue
+            text, reason = _parse_json_line(line, field)
+            yield line_no, text, reason
+    if carry and not carry.isspace():
+        line_no += 1
+        text, reason = _parse_json_line(carry, field)
+        yield line_no, text, reason
+
+
+def read_txt(piece: Piece, field: str) -> Iterator[Record]:
+    """A .txt file is one document (the whole file): splitting prose at blank lines would cut documents apart."""
+    try:
+        with open(piece.path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InputError(piece.path, f"cannot read ({e.strerror})") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        yield 0, None, INVALID_UTF8
+        return
+    t, reason = check_text(text)
+    yield 0, t, reason
+
+
+def read_parquet(piece: Piece, field: str) -> Iterator[Record]:
+    """Rows of a parquet file, streamed by record batch (bounded memory)."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(piece.path)
+    except Exception as e:
+        raise InputError(piece.path, f"not a readable parquet file ({e})") from e
+    if field not in pf.schema_arrow.names:
+        for row in range(pf.metadata.num_rows):
+            yield row, None, MISSING_TEXT
+        return
+    row = 0
+    try:
+        for batch in pf.iter_batches(columns=[field], batch_size=4096):
+            for value in batch.column(0).to_pylist():
+                text, reason = check_text(value)
+                yield row, text, reason
+                row += 1
+    except OSError as e:
+        raise InputError(piece.path, f"corrupt parquet data ({e})") from e
+
+
+def is_hf_dataset_dir(path: str) -> bool:
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name)) for name in ("dataset_info.json", "dataset_dict.json", "state.json")
+    )
+
+
+def open_hf_dataset(path: str):
+    """A Dataset saved with ``save_to_disk``; a DatasetDict becomes its splits concatenated in name order."""
+    import datasets
+
+    ds = datasets.load_from_disk(path)
+    if isinstance(ds, datasets.DatasetDict):
+        ds = datasets.concatenate_datasets([ds[name] for name in sorted(ds)])
+    return ds
+
+
+def read_hf(piece: Piece, field: str) -> Iterator[Record]:
+    try:
+        ds = open_hf_dataset(piece.path)
+    except Exception as e:
+        raise InputError(piece.path, f"not a dataset saved with save_to_disk ({e})") from e
+    stop = len(ds) if piece.end < 0 else piece.end
+    if field not in ds.column_names:
+        for row in range(piece.start, stop):
+            yield row, None, MISSING_TEXT
+        return
+    col = ds.select_columns([field])
+    row = piece.start
+    step = 2048
+    for lo in range(piece.start, stop, step):
+        for value in col[lo : min(lo + step, stop)][field]:
+            text, reason = check_text(value)
+            yield row, text, reason
+            row += 1
+
+
+READERS = {
+    "jsonl": (read_jsonl_range, "byte_offset"),
+    "jsonl.gz": (read_jsonl_compressed, "line"),
+    "jsonl.zst": (read_jsonl_compressed, "line"),
+    "txt": (read_txt, "byte_offset"),
+    "parquet": (read_parquet, "row"),
+    "hf": (read_hf, "row"),
+}
+
+
+def read_piece(piece: Piece, field: str) -> Iterator[Record]:
+    reader, _ = READERS[piece.kind]
+    try:
+        yield from reader(piece, field)
+    except InputError:
+        raise
+    except OSError as e:
+        raise InputError(piece.path, f"read failed ({e})") from e
+
+
+def position_kind(piece: Piece) -> str:
+    return READERS[piece.kind][1]

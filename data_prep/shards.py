@@ -1,0 +1,184 @@
+"""Megatron MMIDIDX shards (.bin + .idx), written with bounded memory, made visible atomically.
+
+Format (megatron/core/datasets/indexed_dataset.py, the reader of record): .idx = b"MMIDIDX\\x00\\x00", version <Q 1,
+dtype code <B, sequence count <Q, document count <Q (= documents + 1), int32 sequence lengths, int64 byte pointers
+into .bin, int64 document indices (0, then the sequence count at the end of each document). .bin = the tokens.
+
+The writer streams tokens to ``<prefix>.bin.tmp`` and the per-sequence lengths / document ends to side files, so its
+memory is the flush buffer, not the shard. ``finalize`` writes the index from those side files in chunks, fsyncs both
+files and renames them into place (bin first, idx last), returning sizes and sha256 checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from typing import List
+
+import numpy as np
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
+               np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+HEADER_BYTES = 9 + 8 + 1 + 8 + 8
+CHUNK = 1 << 20  # entries per chunk when copying index arrays
+
+
+def _fsync_file(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_paths(prefix: str) -> List[str]:
+    return [prefix + s for s in (".bin.tmp", ".idx.tmp", ".len.tmp", ".doc.tmp")]
+
+
+class ShardWriter:
+    def __init__(self, prefix: str, dtype, flush_tokens: int = 1 << 22):
+        self.prefix = prefix
+        self.dtype = np.dtype(dtype)
+        self.flush_tokens = flush_tokens
+        for p in tmp_paths(prefix):  # leftovers of a killed run
+            if os.path.exists(p):
+                os.remove(p)
+        self.bin = open(prefix + ".bin.tmp", "wb")
+        self.lens = open(prefix + ".len.tmp", "wb")
+        self.docs = open(prefix + ".doc.tmp", "wb")
+        self.bin_sha = hashlib.sha256()
+        self.tok_buf: List[np.ndarray] = []
+        self.len_buf: List[int] = []
+        self.doc_buf: List[int] = []
+        self.buffered = 0
+        self.sequences = 0
+        self.documents = 0
+        self.tokens = 0
+
+    def add_document(self, sequences: List[np.ndarray]) -> None:
+        """One document made of one or more sequences (several when a long document is split)."""
+        for seq in sequences:
+            self.tok_buf.append(seq)
+            self.len_buf.append(len(seq))
+            self.buffered += len(seq)
+            self.tokens += len(seq)
+            self.sequences += 1
+        self.documents += 1
+        self.doc_buf.append(self.sequences)
+        if self.buffered >= self.flush_tokens or len(self.len_buf) >= CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.tok_buf:
+            data = np.concatenate(self.tok_buf).astype(self.dtype, copy=False).tobytes()
+            self.bin.write(data)
+            self.bin_sha.update(data)
+        if self.len_buf:
+            self.lens.write(np.asarray(self.len_buf, dtype=np.int32).tobytes())
+        if self.doc_buf:
+            self.docs.write(np.asarray(self.doc_buf, dtype=np.int64).tobytes())
+        self.tok_buf, self.len_buf, self.doc_buf, self.buffered = [], [], [], 0
+
+    def _write_index(self, path: str) -> str:
+        sha = hashlib.sha256()
+        itemsize = self.dtype.itemsize
+        with open(path, "wb") as out:
+            def put(b: bytes):
+                out.write(b)
+                sha.update(b)
+
+            put(INDEX_HEADER)
+            put(struct.pack("<Q", 1))
+            put(struct.pack("<B", DTYPE_CODES[self.dtype]))
+            put(struct.pack("<Q", self.sequences))
+            put(struct.pack("<Q", self.documents + 1))
+            with open(self.prefix + ".len.tmp", "rb") as f:
+                for block in iter(lambda: f.read(4 * CHUNK), b""):
+                    put(block)
+            with open(self.prefix + ".len.tmp", "rb") as f:
+                offset = 0
+                for block in iter(lambda: f.read(4 * CHUNK), b""):
+                    lengths = np.frombuffer(block, dtype=np.int32).astype(np.int64) * itemsize
+                    ends = np.cumsum(lengths) + offset
+                    put((ends - lengths).tobytes())  # int64 pointers: shards past 2^31 tokens work
+                    offset = int(ends[-1])
+            put(np.zeros(1, dtype=np.int64).tobytes())
+            with open(self.prefix + ".doc.tmp", "rb") as f:
+                for block in iter(lambda: f.read(8 * CHUNK), b""):
+                    put(block)
+            _fsync_file(out)
+        return sha.hexdigest()
+
+    def finalize(self) -> dict:
+        self.flush()
+        for f in (self.bin, self.lens, self.docs):
+            _fsync_file(f)
+            f.close()
+        idx_sha = self._write_index(self.prefix + ".idx.tmp")
+        nbytes = os.path.getsize(self.prefix + ".bin.tmp")
+        idx_bytes = os.path.getsize(self.prefix + ".idx.tmp")
+        os.replace(self.prefix + ".bin.tmp", self.prefix + ".bin")
+        os.replace(self.prefix + ".idx.tmp", self.prefix + ".idx")
+        for p in (self.prefix + ".len.tmp", self.prefix + ".doc.tmp"):
+            os.remove(p)
+        fsync_dir(os.path.dirname(self.prefix) or ".")
+        return {
+            "documents": self.documents,
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "bytes": nbytes,
+            "idx_bytes": idx_bytes,
+            "sha256_bin": self.bin_sha.hexdigest(),
+            "sha256_idx": idx_sha,
+        }
+
+    def abort(self) -> None:
+        for f in (self.bin, self.lens, self.docs):
+            try:
+                f.close()
+            except OSError:
+                pass
+        for p in tmp_paths(self.prefix):
+            if os.path.exists(p):
+                os.remove(p)
+
+
+def read_header(idx_path: str) -> dict:
+    """Header fields of an .idx; raises ValueError naming the file when it is not a valid MMIDIDX index."""
+    with open(idx_path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES or head[:9] != INDEX_HEADER:
+        raise ValueError(f"{idx_path}: not an MMIDIDX index (bad or short header)")
+    version = struct.unpack("<Q", head[9:17])[0]
+    code = head[17]
+    seqs, docs = struct.unpack("<QQ", head[18:34])
+    if version != 1 or code not in CODE_DTYPES:
+        raise ValueError(f"{idx_path}: unsupported version {version} or dtype code {code}")
+    return {"dtype": CODE_DTYPES[code], "sequences": seqs, "document_count": docs}
+
+
+def expected_idx_bytes(sequences: int, documents: int) -> int:
+    return HEADER_BYTES + 4 * sequences + 8 * sequences + 8 * (documents + 1)
+
+
+def indexed_dataset_class():
+    """megatron-core's IndexedDataset (the reader of record), imported without its optional-kernel warnings."""
+    import logging
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    logging.getLogger("megatron.core").setLevel(logging.WARNING)
+    return IndexedDataset

@@ -1,0 +1,148 @@
+"""Work units: the input listing cut into deterministic pieces of work.
+
+A unit is a list of pieces (whole files, or newline-aligned byte ranges of big uncompressed .jsonl files). The plan
+depends only on the sorted input listing, the file sizes and the target size, so every worker and every node computes
+the same plan, and unit ``i`` always writes shard ``shard_{i:06d}``.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+import orjson
+
+from .readers import Piece, is_hf_dataset_dir, kind_of
+
+SPLITTABLE = ("jsonl",)  # uncompressed, one record per line: can be cut at any newline
+PACKABLE = ("jsonl", "txt")  # small files of these kinds share a unit
+
+
+class PlanError(Exception):
+    pass
+
+
+@dataclass
+class Unit:
+    index: int
+    pieces: List[Piece] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"shard_{self.index:06d}"
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for p in self.pieces:
+            if p.kind == "hf":
+                continue
+            end = p.end if p.end >= 0 else os.path.getsize(p.path)
+            total += end - p.start
+        return total
+
+    def key(self) -> str:
+        """Identity of the unit's input (paths, ranges, file sizes): part of its completion check."""
+        desc = [p.as_dict() | {"size": _size(p.path)} for p in self.pieces]
+        return hashlib.sha256(orjson.dumps(desc)).hexdigest()
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    return os.path.getsize(path)
+
+
+def list_inputs(specs: Sequence[str]) -> List[Piece]:
+    """Files, directories (recursive) and globs -> whole-input pieces, sorted by absolute path, de-duplicated."""
+    found = {}
+    for spec in specs:
+        paths = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
+        if not paths or not all(os.path.exists(p) for p in paths):
+            raise PlanError(f"input not found: {spec!r} (give files, directories or quoted globs)")
+        for path in paths:
+            path = os.path.abspath(path)
+            if is_hf_dataset_dir(path):
+                found[path] = "hf"
+            elif os.path.isdir(path):
+                for d, dirs, files in os.walk(path):
+                    dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+                    if is_hf_dataset_dir(d):
+                        found[d] = "hf"
+                        dirs[:] = []
+                        continue
+                    for name in files:
+                        kind = kind_of(name)
+                        if kind and not name.startswith("."):
+                            found[os.path.join(d, name)] = kind
+            else:
+                kind = kind_of(path)
+                if kind is None:
+                    raise PlanError(
+                        f"{path}: unknown input type; expected .jsonl/.json (optionally .gz/.zst), .parquet, .txt "
+                        "or a directory written by datasets' save_to_disk"
+                    )
+                found[path] = kind
+    if not found:
+        raise PlanError(f"no readable inputs under {list(specs)} (.jsonl/.json[.gz|.zst], .parquet, .txt, HF dataset)")
+    return [Piece(path, kind) for path, kind in sorted(found.items())]
+
+
+def _next_line_start(path: str, offset: int, size: int) -> int:
+    """The first byte after the first newline at or after ``offset`` (or the file size)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            block = f.read(1 << 16)
+            if not block:
+                return size
+            nl = block.find(b"\n")
+            if nl >= 0:
+                return min(offset + nl + 1, size)
+            offset += len(block)
+
+
+def split_ranges(path: str, target_bytes: int) -> List[Piece]:
+    """Newline-aligned byte ranges of about ``target_bytes`` covering a .jsonl file."""
+    size = os.path.getsize(path)
+    pieces, start = [], 0
+    while start < size:
+        end = size if size - start <= target_bytes else _next_line_start(path, start + target_bytes - 1, size)
+        pieces.append(Piece(path, "jsonl", start, end))
+        start = end
+    return pieces or [Piece(path, "jsonl", 0, 0)]
+
+
+def plan_units(pieces: Sequence[Piece], target_bytes: int) -> List[Unit]:
+    if target_bytes <= 0:
+        raise PlanError("--shard-size must be positive")
+    units: List[Unit] = []
+    open_unit, open_bytes = None, 0
+
+    def close():
+        nonlocal open_unit, open_bytes
+        if open_unit is not None:
+            units.append(open_unit)
+        open_unit, open_bytes = None, 0
+
+    for piece in pieces:
+        size = _size(piece.path)
+        if piece.kind in SPLITTABLE and size > target_bytes:
+            close()
+            for part in split_ranges(piece.path, target_bytes):
+                units.append(Unit(len(units), [part]))
+        elif piece.kind in PACKABLE:
+            if open_unit is not None and open_bytes + size > target_bytes:
+                close()
+            if open_unit is None:
+                open_unit = Unit(len(units), [])
+            open_unit.pieces.append(piece)
+            open_bytes += size
+        else:  # compressed, parquet, datasets: a unit of their own, so a broken one fails alone
+            close()
+            units.append(Unit(len(units), [piece]))
+    close()
+    return units
