@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs ONE rank's command (started by torchrun, DeepSpeed's launch or srun): prefixes its output with host and rank,
+# and when it dies on its own (not stopped by a signal from us) prints one LAUNCH-FAIL line that the launcher
+# watches for to stop every other rank and name the first failure.
+#   rank_exec.sh CMD [ARGS...]
+# Reads RANK (torchrun/DeepSpeed), the node index (GROUP_RANK | CROSS_RANK | SLURM_NODEID) and LAUNCH_HOSTS (the
+# hostfile names, in node order) so that the host is named as the user wrote it in the hostfile.
+set -u
+rank=${RANK:-${SLURM_PROCID:-0}}
+node=${GROUP_RANK:-${CROSS_RANK:-${SLURM_NODEID:-0}}}
+read -r -a hosts <<<"${LAUNCH_HOSTS:-}"
+host=${hosts[$node]:-$(hostname)}
+export LAUNCH_HOST=$host PYTHONUNBUFFERED=1
+tag="[$host rank $rank]"
+
+stopped=0
+on_signal() { stopped=1; [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null; }
+trap on_signal TERM INT HUP
+
+"$@" > >(exec sed -u "s/^/$tag /") 2>&1 &
+child=$!
+wait "$child"; rc=$?
+# `wait` returns early when a trapped signal arrives: keep waiting for the command itself.
+while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+wait 2>/dev/null  # let the prefixing sed flush the last lines
+# rc 143 = SIGTERM: a stop that came from the launcher or a peer's failure, never the root cause.
+if [ "$rc" -ne 0 ] && [ "$stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
+  echo "LAUNCH-FAIL rank=$rank host=$host exit=$rc at=$(date +%s.%N) cmd=$1" >&2
+fi
+exit "$rc"

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Start a training run on the hosts of a DeepSpeed-style hostfile, supervise it, and stop every rank on every node
+# when any rank dies (exit code non-zero, naming the first failing rank and host).
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+usage() {
+  cat >&2 <<EOF
+usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value ...]
+$usage_common
+  --no-preflight           skip the ssh/repo reachability check of every node
+  --quiet                  write rank output to the logs only, not to the terminal
+environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s, 10)
+EOF
+}
+
+QUIET=0
+args=()
+for a in "$@"; do [ "$a" = --quiet ] && QUIET=1 || args+=("$a"); done
+parse_args "${args[@]}"
+setup_ssh
+plan_nodes
+check_layout
+RUN_ID=${RUN_ID:-$(basename "${RECIPE%.*}")-$(date +%Y%m%d-%H%M%S)-$$}
+LOG_DIR=${LOG_DIR:-$REPO_DIR/runs/launch/$RUN_ID}
+mkdir -p "$LOG_DIR" || die "cannot create the log dir $LOG_DIR"
+LOG_DIR=$(cd "$LOG_DIR" && pwd)
+write_env_file >"$LOG_DIR/launch.env" || exit $?
+rank_command
+NNODES=${#HOSTS[@]}
+
+env_words() { local line; while IFS= read -r line; do printf '%q ' "$line"; done <"$LOG_DIR/launch.env"; }
+
+# --- the command per node, for each back end ---------------------------------------------------------------------
+torchrun_args() {  # node index -> torchrun flags; static rendezvous: node_rank i, the master address and port.
+  local i=$1 extra=""
+  [ "${DEVICES[$i]}" = "$(seq -s, 0 $((SLOTS[$i] - 1)))" ] || extra="CUDA_VISIBLE_DEVICES=${DEVICES[$i]} "
+  echo "${extra}$VENV_DIR/bin/torchrun --nnodes=$NNODES --node_rank=$i --nproc_per_node=${SLOTS[$i]}" \
+    "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT --max_restarts=0 --monitor_interval=0.5 --no-python"
+}
+node_command() {  # node index -> what runs on that node (a shell command line)
+  local i=$1
+  case "$BACKEND" in
+    torchrun-ssh|local)
+      echo "cd $(printf %q "$REPO_DIR") && exec env $(env_words)$(torchrun_args "$i") $(quote_words "${RANK_CMD[@]}")" ;;
+    deepspeed)
+      # What DeepSpeed's pdsh runner starts on node i (it substitutes %n with the node index).
+      echo "export <each line of $LOG_DIR/launch.env>; cd $REPO_DIR; $PY -u -m deepspeed.launcher.launch" \
+        "--world_info=$WORLD_INFO --node_rank=$i --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT" \
+        "--no_python --no_local_rank $(quote_words "${RANK_CMD[@]}")" ;;
+  esac
+}
+rank_range() { local i=$1 first=0 j; for ((j = 0; j < i; j++)); do first=$((first + SLOTS[j])); done
+  echo "$first-$((first + SLOTS[i] - 1))"; }
+
+ds_include() { local i out=""; for i in "${!HOSTS[@]}"; do out+="${HOSTS[$i]}:${DEVICES[$i]}@"; done; echo "${out%@}"; }
+if [ "$BACKEND" = deepspeed ]; then
+  WORLD_INFO=$("$PY" -c 'import base64, json, sys
+hosts = sys.argv[1::2]; devs = sys.argv[2::2]
+info = {h: [int(d) for d in ds.split(",")] for h, ds in zip(hosts, devs)}
+print(base64.urlsafe_b64encode(json.dumps(info).encode()).decode())' "$(paste -d' ' <(printf '%s\n' "${HOSTS[@]}") <(printf '%s\n' "${DEVICES[@]}") | tr '\n' ' ')")
+  # The resolved hostfile: only the selected hosts, so DeepSpeed sees exactly the plan printed here.
+  for i in "${!HOSTS[@]}"; do echo "${HOSTS[$i]} slots=${SLOTS[$i]}"; done >"$LOG_DIR/hostfile"
+  DS_CMD=("$PY" -u -m deepspeed.launcher.runner --hostfile "$LOG_DIR/hostfile" --include "$(ds_include)"
+    --launcher pdsh --force_multi --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
+    --no_python --no_local_rank "${RANK_CMD[@]}")
+fi
+slurm_script() {
+  local nodelist
+  nodelist=$(IFS=,; echo "${HOSTS[*]}")
+  cat <<EOF
+#!/bin/bash
+#SBATCH --job-name=$RUN_ID
+#SBATCH --nodes=$NNODES
+#SBATCH --ntasks-per-node=1
+#SBATCH --nodelist=$nodelist
+#SBATCH --output=$LOG_DIR/slurm-%j.out
+$(command -v nvidia-smi >/dev/null || [ -n "${LAUNCH_SLURM_GPUS:-}" ] && echo "#SBATCH --gpus-per-node=${SLOTS[0]}")
+# world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks; $LAYOUT_DESC
+set -euo pipefail
+$(sed 's/^\([A-Za-z_][A-Za-z0-9_]*\)=\(.*\)$/export \1=\2/' "$LOG_DIR/launch.env" | while IFS= read -r l; do
+    k=${l%%=*}; v=${l#*=}; printf '%s=%q\n' "$k" "$v"; done)
+export MASTER_ADDR=\${MASTER_ADDR:-$( [ -n "$MASTER_ADDR_OPT" ] && echo "$MASTER_ADDR_OPT" || echo "\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n1)")}
+export MASTER_PORT=$MASTER_PORT
+export LAUNCH_HOSTS="\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | tr '\n' ' ')"
+cd $(printf %q "$REPO_DIR")
+# One torchrun per node; --kill-on-bad-exit stops every node when one fails.
+srun --kill-on-bad-exit=1 --wait=60 --output=$LOG_DIR/%N.log \\
+  bash -c 'exec $VENV_DIR/bin/torchrun --nnodes=\$SLURM_NNODES --node_rank=\$SLURM_NODEID --nproc_per_node=${SLOTS[0]} --master_addr=\$MASTER_ADDR --master_port=\$MASTER_PORT --max_restarts=0 --no-python $(quote_words "${RANK_CMD[@]}")'
+EOF
+}
+
+# --- dry run: the plan and the resolved command per node -----------------------------------------------------------
+print_plan() {
+  echo "plan: backend=$BACKEND nodes=$NNODES world_size=$WORLD_SIZE master=$MASTER_ADDR:$MASTER_PORT run_id=$RUN_ID"
+  echo "layout: $LAYOUT_DESC"
+  echo "logs: $LOG_DIR"
+  echo "env: $(cut -d= -f1 "$LOG_DIR/launch.env" | tr '\n' ' ')"
+  local i
+  for i in "${!HOSTS[@]}"; do
+    case "$BACKEND" in
+      slurm) echo "node $i ${HOSTS[$i]} slots=${SLOTS[$i]} ranks=$(rank_range "$i")" ;;
+      local) echo "node $i ${HOSTS[$i]} slots=${SLOTS[$i]} ranks=$(rank_range "$i"): $(node_command "$i")" ;;
+      *) echo "node $i ${HOSTS[$i]} slots=${SLOTS[$i]} ranks=$(rank_range "$i"): $(node_command "$i")" ;;
+    esac
+  done
+  [ "$BACKEND" = deepspeed ] && echo "runner: DS_ENV_FILE=$LOG_DIR/launch.env $(quote_words "${DS_CMD[@]}")"
+  return 0
+}
+print_plan >"$LOG_DIR/plan.txt"
+if [ "$BACKEND" = slurm ]; then slurm_script >"$LOG_DIR/job.sbatch"; fi
+if [ "$DRY_RUN" = 1 ]; then
+  cat "$LOG_DIR/plan.txt"
+  if [ "$BACKEND" = slurm ]; then echo "--- $LOG_DIR/job.sbatch"; cat "$LOG_DIR/job.sbatch"; fi
+  exit 0
+fi
+
+# --- start ---------------------------------------------------------------------------------------------------------
+printf '%s\n' "${HOSTS[@]}" >"$LOG_DIR/hosts"
+echo "$BACKEND" >"$LOG_DIR/backend"
+echo "${LAUNCH_SSH_CONFIG:-}" >"$LOG_DIR/ssh_config"
+if [ "$BACKEND" = slurm ]; then
+  command -v sbatch >/dev/null || die "sbatch not found: this is not a Slurm login node. The job script is $LOG_DIR/job.sbatch (--dry-run prints it)"
+  out=$(sbatch --parsable "$LOG_DIR/job.sbatch") || die "sbatch refused $LOG_DIR/job.sbatch: $out"
+  echo "${out%%;*}" >"$LOG_DIR/slurm_job_id"
+  say "submitted Slurm job ${out%%;*}; logs in $LOG_DIR; stop with launch/stop.sh $LOG_DIR"
+  exit 0
+fi
+if [ "$BACKEND" != local ] && [ "$NO_PREFLIGHT" = 0 ]; then
+  check_nodes_reachable "$LOG_DIR" || die "some nodes are not ready (see above); nothing was started" 4
+fi
+say "run $RUN_ID: $BACKEND on $NNODES node(s), world size $WORLD_SIZE ($LAYOUT_DESC), master $MASTER_ADDR:$MASTER_PORT"
+say "logs: $LOG_DIR/<host>.log"
+
+out_to() {  # tee a stream into a log file (and the terminal unless --quiet)
+  if [ "$QUIET" = 1 ]; then cat >>"$1"; else tee -a "$1"; fi
+}
+NODE_PIDS=() NODE_NAMES=()
+case "$BACKEND" in
+  local)
+    (eval "$(node_command 0)") > >(out_to "$LOG_DIR/${HOSTS[0]}.log") 2>&1 &
+    NODE_PIDS+=($!) NODE_NAMES+=("${HOSTS[0]}") ;;
+  torchrun-ssh)
+    for i in "${!HOSTS[@]}"; do
+      run_ssh "${HOSTS[$i]}" "$(node_command "$i")" > >(out_to "$LOG_DIR/${HOSTS[$i]}.log") 2>&1 &
+      NODE_PIDS+=($!) NODE_NAMES+=("${HOSTS[$i]}")
+    done ;;
+  deepspeed)
+    # pdsh prefixes every line with "host: "; split them into per-node logs, the rest goes to launcher.log.
+    split_pdsh() {
+      awk -v dir="$LOG_DIR" -v quiet="$QUIET" '
+        { i = index($0, ": "); h = (i > 0) ? substr($0, 1, i - 1) : "";
+          f = (h != "" && system("test -e \"" dir "/hosts.d/" h "\"") == 0) ? dir "/" h ".log" : dir "/launcher.log";
+          line = (f == dir "/launcher.log") ? $0 : substr($0, i + 2);
+          print line >> f; fflush(f); if (quiet != 1) { print $0; fflush() } }'
+    }
+    mkdir -p "$LOG_DIR/hosts.d" && for h in "${HOSTS[@]}"; do : >"$LOG_DIR/hosts.d/$h"; : >>"$LOG_DIR/$h.log"; done
+    (cd "$REPO_DIR" && DS_ENV_FILE="$LOG_DIR/launch.env" exec "${DS_CMD[@]}") > >(split_pdsh) 2>&1 &
+    NODE_PIDS+=($!) NODE_NAMES+=("deepspeed-runner") ;;
+esac
+
+stop_everything() {
+  "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
+}
+on_signal() { say "interrupted: stopping run $RUN_ID on all nodes"; stop_everything; exit 130; }
+trap on_signal INT TERM
+
+# --- supervise: the first non-zero exit or LAUNCH-FAIL line stops everything --------------------------------------
+failed="" first_bad_node=""
+while :; do
+  alive=0
+  for i in "${!NODE_PIDS[@]}"; do
+    pid=${NODE_PIDS[$i]}
+    [ -n "$pid" ] || continue
+    if kill -0 "$pid" 2>/dev/null; then alive=1; continue; fi
+    wait "$pid"; rc=$?
+    NODE_PIDS[$i]=""
+    if [ "$rc" -ne 0 ] && [ -z "$failed" ]; then failed="exit $rc"; first_bad_node=${NODE_NAMES[$i]}; fi
+  done
+  if [ -z "$failed" ] && grep -qs 'LAUNCH-FAIL rank=' "$LOG_DIR"/*.log; then failed="rank failure"; fi
+  [ -n "$failed" ] || [ "$alive" = 1 ] || break
+  [ -z "$failed" ] || break
+  sleep 0.5
+done
+
+if [ -z "$failed" ]; then
+  say "run $RUN_ID finished: all $WORLD_SIZE ranks exited 0"
+  exit 0
+fi
+
+t0=$SECONDS
+say "a rank failed: stopping run $RUN_ID on all ${NNODES} node(s)"
+stop_everything
+deadline=$((SECONDS + ${LAUNCH_STOP_GRACE:-10} + 20))
+for i in "${!NODE_PIDS[@]}"; do
+  pid=${NODE_PIDS[$i]}
+  [ -n "$pid" ] || continue
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+done
+sleep 0.3  # let the log tees drain
+first=$(grep -hos 'LAUNCH-FAIL rank=[0-9]* host=[^ ]* exit=[0-9]* at=[0-9.]*' "$LOG_DIR"/*.log \
+  | sed 's/.*rank=\([0-9]*\) host=\([^ ]*\) exit=\([0-9]*\) at=\([0-9.]*\)/\4 \1 \2 \3/' | sort -n | head -n1)
+if [ -n "$first" ]; then
+  read -r _ frank fhost fexit <<<"$first"
+  say "FAILED: rank $frank on host $fhost exited with code $fexit first; all ranks were stopped ($((SECONDS - t0)) s)."
+  say "last output of rank $frank ($LOG_DIR/$fhost.log):"
+  grep -hF "[$fhost rank $frank]" "$LOG_DIR/$fhost.log" 2>/dev/null | tail -n 15 | sed 's/^/    /' >&2
+else
+  say "FAILED: node $first_bad_node ($failed) before any rank reported; all ranks were stopped. See $LOG_DIR/."
+  tail -n 15 "$LOG_DIR/$first_bad_node.log" 2>/dev/null | sed 's/^/    /' >&2
+fi
+exit 1

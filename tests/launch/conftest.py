@@ -1,0 +1,100 @@
+"""A real sshd on loopback for the launcher tests: temporary host and user keys, a free non-default port, root login
+by key only. Two host aliases (node1 -> 127.0.0.1, node2 -> 127.0.0.2) live in an ssh_config file that the launch
+scripts are pointed at with LAUNCH_SSH_CONFIG."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "tests" / "launch" / "toy.yaml"
+TOY_ENTRY = f"python {REPO / 'tests' / 'launch' / 'toy_train.py'}"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(**extra) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", LAUNCH_STOP_GRACE="5")
+    env.pop("LAUNCH_SSH_CONFIG", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_launch(script: str, *args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "launch" / script), *map(str, args)], cwd=REPO, env=env or launch_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _wait_for_ssh(config: Path, host: str, deadline: float) -> None:
+    last = ""
+    while time.time() < deadline:
+        r = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", host, "echo", "ready"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if r.stdout.strip() == "ready":
+            return
+        last = r.stderr
+        time.sleep(0.2)
+    raise RuntimeError(f"sshd on loopback never answered for {host}: {last}")
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster(tmp_path_factory):
+    """Yields (ssh_config path, hostfile path with node1 slots=2 / node2 slots=2)."""
+    if not os.path.exists(SSHD):
+        pytest.fail("sshd is not installed: run launch/install_system_deps.sh (apt-get install openssh-server pdsh)")
+    d = tmp_path_factory.mktemp("sshd")
+    port = free_port()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "user_key")], check=True)
+    shutil.copy(d / "user_key.pub", d / "authorized_keys")
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {d / 'host_key'}\n"
+        f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        "MaxStartups 100:30:200\nMaxSessions 100\nLogLevel ERROR\n"
+    )
+    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    config = d / "ssh_config"
+    config.write_text("".join(
+        f"Host {alias}\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {d / 'user_key'}\n"
+        "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        for alias, addr in (("node1", "127.0.0.1"), ("node2", "127.0.0.2"))
+    ))
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
+                            stderr=open(d / "sshd.log", "w"))
+    try:
+        deadline = time.time() + 20
+        _wait_for_ssh(config, "node1", deadline)
+        _wait_for_ssh(config, "node2", deadline)
+        hostfile = d / "hostfile"
+        hostfile.write_text("# two loopback 'nodes'\nnode1 slots=2\n\nnode2 slots=2  # second node\n")
+        yield config, hostfile
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def local_reference(tmp_path_factory):
+    """Losses of the toy recipe as one local 4-rank run (no ssh): what every multi-node launch must reproduce."""
+    out = tmp_path_factory.mktemp("ref") / "losses.json"
+    r = run_launch("train.sh", TOY, "--backend", "local", "--num-gpus", 4, "--entry", TOY_ENTRY, "--quiet",
+                   "--master-port", free_port(), "--log-dir", out.parent / "logs", env=launch_env(TOY_OUT=out))
+    assert r.returncode == 0, r.stderr
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 4
+    return data["losses"]

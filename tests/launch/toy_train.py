@@ -1,0 +1,61 @@
+"""A small data-parallel training program for the launcher tests (stands in for recipes.pretrain's CLI).
+
+Same contract: `--config RECIPE [section.key=value ...]`, reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, ignores
+--local_rank. Every rank trains a tiny MLP on its slice of a seeded global batch and all-reduces gradients over gloo,
+so the losses depend only on the recipe (seed, global batch, steps), not on how the ranks are spread over nodes.
+Rank 0 writes the losses as JSON to $TOY_OUT. $TOY_STEP_SLEEP slows each step (for the kill test).
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from recipes.loading import load_recipe
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None)
+    args, overrides = ap.parse_known_args()
+    recipe = load_recipe(args.config, overrides)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    steps, batch, seed = recipe.training.train_steps, recipe.training.global_batch, recipe.training.seed
+    assert batch % world == 0, f"global batch {batch} not divisible by world size {world}"
+    per_rank = batch // world
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(steps, batch, 16, generator=g)
+    y = torch.sin(x.sum(-1, keepdim=True))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        xs = x[step, rank * per_rank:(rank + 1) * per_rank]
+        ys = y[step, rank * per_rank:(rank + 1) * per_rank]
+        loss = torch.nn.functional.mse_loss(model(xs), ys, reduction="sum") / batch
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        opt.step()
+        losses.append(total.item())
+        print(f"step {step} loss {total.item():.8f} world {world} host {os.environ.get('LAUNCH_HOST', '?')}",
+              flush=True)
+        time.sleep(float(os.environ.get("TOY_STEP_SLEEP", "0")))
+    if rank == 0 and os.environ.get("TOY_OUT"):
+        with open(os.environ["TOY_OUT"], "w") as f:
+            json.dump({"world_size": world, "losses": losses}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
