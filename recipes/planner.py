@@ -80,18 +80,18 @@ def korthikanti_model_flops(global_batch: int, seq: int, layers: int, hidden: in
 # FLOPs
 # ---------------------------------------------------------------------------------------------------------------------
 
-def _forward_flops_per_token(model_cfg) -> tuple[float, float]:
-    """(matmul FLOPs, attention-score FLOPs) of one token's forward pass.
+def _forward_flops_per_token(model_cfg) -> tuple[float, float, float]:
+    """(layer matmul FLOPs, attention-score FLOPs, output-layer FLOPs) of one token's forward pass.
 
     Matmuls: 2 FLOPs per weight of every layer matrix and of the output layer. Attention: QK^T and scores x V are
     2*s*h each per token per layer (no causal discount, as in the Megatron formulas).
     """
     split, _ = layer_parameters(model_cfg)
     h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
-    weights = L * split + model_cfg.padded_vocab_size(1) * h
+    head = 2.0 * model_cfg.padded_vocab_size(1) * h
     # Biases are additions, not multiply-adds: they add no matmul FLOPs (layer_parameters' split includes the
     # column-parallel biases, a negligible 0.01% overcount that keeps one source of truth for the shapes).
-    return 2.0 * weights, 4.0 * L * s * h
+    return 2.0 * L * split, 4.0 * L * s * h, head
 
 
 def model_flops_per_step(model_cfg, global_batch: int) -> float:
@@ -99,20 +99,20 @@ def model_flops_per_step(model_cfg, global_batch: int) -> float:
 
     For a GPT shape (gelu, f = 4h, MHA) this equals Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
     """
-    mm, attn = _forward_flops_per_token(model_cfg)
-    return 3.0 * (mm + attn) * global_batch * model_cfg.seq_length
+    mm, attn, head = _forward_flops_per_token(model_cfg)
+    return 3.0 * (mm + attn + head) * global_batch * model_cfg.seq_length
 
 
 def hardware_flops_per_step(model_cfg, global_batch: int, recompute: str = "none") -> float:
-    """FLOPs the GPUs actually execute: full recompute repeats the forward (Eq. 3's 4x forward), selective
-    recompute repeats only the attention-score part."""
-    mm, attn = _forward_flops_per_token(model_cfg)
+    """FLOPs the GPUs actually execute: full recompute repeats every layer's forward (Eq. 3: 4x forward for the
+    layers, 3x for the output layer, which is not recomputed), selective recompute only the attention scores."""
+    mm, attn, head = _forward_flops_per_token(model_cfg)
     tokens = global_batch * model_cfg.seq_length
     if recompute == "full":
-        return 4.0 * (mm + attn) * tokens
+        return (4.0 * (mm + attn) + 3.0 * head) * tokens
     if recompute == "selective":
-        return (3.0 * (mm + attn) + attn) * tokens
-    return 3.0 * (mm + attn) * tokens
+        return (3.0 * (mm + attn + head) + attn) * tokens
+    return 3.0 * (mm + attn + head) * tokens
 
 
 # ---------------------------------------------------------------------------------------------------------------------
