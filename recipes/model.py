@@ -45,7 +45,6 @@ each pipeline layer draws from its own seed (training.seed + layer index), so an
 """
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
@@ -395,8 +394,7 @@ def count_model_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
-def rope_dim_check(model_cfg):
-    d = model_cfg.hidden_size // model_cfg.num_attention_heads
-    if model_cfg.position_embedding == "rope" and d % 2:
-        raise ValueError(f"model.hidden_size / num_attention_heads = {d} must be even for RoPE")
-    return math.isfinite(d)
+def count_parameters_estimate(model_cfg) -> int:
+    """Rough 12 L h^2 + 2 V h (used only when the planner's exact formula is not available)."""
+    h = model_cfg.hidden_size
+    return 12 * model_cfg.num_layers * h * h + 2 * model_cfg.vocab_size * h

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 from recipes.loading import RecipeError, load_recipe
 
@@ -110,6 +111,8 @@ def main(args: list[str] | None = None) -> int:
         argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
         return launch_local(ns.local, argv)
 
+    # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.train import run
 
     try:

@@ -11,6 +11,7 @@ import resource
 import signal
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -57,8 +58,9 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
-    def say(self, text: str) -> None:
-        if self.enabled and not self.quiet:
+    def say(self, text: str, always: bool = False) -> None:
+        """Print on rank 0; `always` for events (resume, fallback, skips, stop) that --quiet must not hide."""
+        if self.enabled and (always or not self.quiet):
             print(text, flush=True)
 
     def close(self) -> None:
@@ -71,8 +73,12 @@ class MetricsLog:
 
 
 def _model_flops_per_step(recipe) -> float:
-    from recipes.planner import model_flops_per_step
+    try:
+        from recipes.planner import model_flops_per_step
+    except ImportError:  # planner not there yet: 6 x parameters x tokens
+        from recipes.model import count_parameters_estimate
 
+        return 6.0 * count_parameters_estimate(recipe.model) * recipe.training.global_batch * recipe.model.seq_length
     return model_flops_per_step(recipe.model, recipe.training.global_batch)
 
 
@@ -161,6 +167,7 @@ def run(recipe, quiet: bool = False) -> int:
     cache_dir = recipe.data.cache_dir or str(Path(ckpt_dir or "runs") / "data_cache")
     log = MetricsLog(recipe, log_dir, enabled=rank == 0, quiet=quiet)
     say = log.say
+    notice = partial(log.say, always=True)
 
     total_steps = t.steps(recipe.model.seq_length)
     grad_accum = layout.grad_accum_steps(t.global_batch)
@@ -174,7 +181,7 @@ def run(recipe, quiet: bool = False) -> int:
     valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
 
     eng = initialize(recipe, layout, device, total_steps)
-    state = checkpoint.resume(eng.engine, ckpt_dir, log=say) if recipe.checkpoint.auto_resume else None
+    state = checkpoint.resume(eng.engine, ckpt_dir, log=notice) if recipe.checkpoint.auto_resume else None
     step = state["step"] if state else 0
     consumed = state["consumed_samples"] if state else 0
     nan_skips_total = state.get("nan_skips_total", 0) if state else 0
@@ -191,7 +198,7 @@ def run(recipe, quiet: bool = False) -> int:
 
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
-        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last, log=say)
+        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last, log=notice)
 
     while step < total_steps:
         lr = eng.optimizer.param_groups[0]["lr"]
@@ -222,7 +229,7 @@ def run(recipe, quiet: bool = False) -> int:
             progress.update(1)
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", skipped=nan_skips_total)
         if skipped:
-            say(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update skipped "
+            notice(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update skipped "
                 f"({consecutive_skips} in a row, {nan_skips_total} in total)")
             if consecutive_skips >= t.max_consecutive_nan_skips:
                 raise NonFiniteLossError(
@@ -240,7 +247,7 @@ def run(recipe, quiet: bool = False) -> int:
         if ckpt_dir and (periodic or stopping or step == total_steps):
             save_now()
         if stopping:
-            say(f"stopped by signal after step {step}; resume with the same command")
+            notice(f"stopped by signal after step {step}; resume with the same command")
             break
 
     if progress is not None:
