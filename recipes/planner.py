@@ -27,17 +27,23 @@ def _norm_params(model_cfg) -> int:
     return h if model_cfg.normalization == "rmsnorm" else 2 * h
 
 
+def _layer_matrices(model_cfg) -> tuple[int, int, int]:
+    """(weights of the layer's matrices, qkv output width, fc1 output width)."""
+    h, f = model_cfg.hidden_size, model_cfg.ffn_size
+    head_dim = h // model_cfg.num_attention_heads
+    qkv_out = h + 2 * model_cfg.query_groups * head_dim
+    fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
+    return h * qkv_out + h * h + h * fc1_out + f * h, qkv_out, fc1_out
+
+
 def layer_parameters(model_cfg) -> tuple[int, int]:
     """Parameters of one decoder layer as (split across TP ranks, replicated on every TP rank).
 
     Column-parallel weights and biases (qkv, fc1) and row-parallel weights (proj, fc2) are split; norms and the
     row-parallel biases are replicated (Megatron adds the row-parallel bias after the all-reduce).
     """
-    h, f = model_cfg.hidden_size, model_cfg.ffn_size
-    head_dim = h // model_cfg.num_attention_heads
-    qkv_out = h + 2 * model_cfg.query_groups * head_dim
-    fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
-    split = h * qkv_out + h * h + h * fc1_out + f * h
+    h = model_cfg.hidden_size
+    split, qkv_out, fc1_out = _layer_matrices(model_cfg)
     replicated = 2 * _norm_params(model_cfg)
     if model_cfg.add_bias_linear:
         split += qkv_out + fc1_out
@@ -86,12 +92,10 @@ def _forward_flops_per_token(model_cfg) -> tuple[float, float, float]:
     Matmuls: 2 FLOPs per weight of every layer matrix and of the output layer. Attention: QK^T and scores x V are
     2*s*h each per token per layer (no causal discount, as in the Megatron formulas).
     """
-    split, _ = layer_parameters(model_cfg)
+    matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
     h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
     head = 2.0 * model_cfg.padded_vocab_size(1) * h
-    # Biases are additions, not multiply-adds: they add no matmul FLOPs (layer_parameters' split includes the
-    # column-parallel biases, a negligible 0.01% overcount that keeps one source of truth for the shapes).
-    return 2.0 * L * split, 4.0 * L * s * h, head
+    return 2.0 * L * matrices, 4.0 * L * s * h, head
 
 
 def model_flops_per_step(model_cfg, global_batch: int) -> float:
