@@ -1,8 +1,10 @@
 """Check that a launch's world size fits the recipe's parallel layout, before any process starts.
 
-    python launch/layout_check.py RECIPE WORLD_SIZE [section.key=value ...]
+    python launch/layout_check.py [--facts] RECIPE WORLD_SIZE [section.key=value ...]
 
 Prints `TP=.. x PP=.. x DP=..` and exits 0, or exits 3 with the problem and the fix (which counts would work).
+--facts prints instead what preflight checks on every node: `device=cuda|cpu`, `checkpoint_dir=DIR`, and one
+`data_path=PATH` per manifest / blend prefix.
 """
 from __future__ import annotations
 
@@ -44,7 +46,17 @@ def check(recipe_path: str, world_size: int, overrides: list[str]) -> Layout:
     return layout
 
 
+def facts(recipe_path: str, overrides: list[str]) -> list[str]:
+    recipe = load_recipe(recipe_path, overrides)
+    lines = [f"device={recipe.cluster.device}", f"checkpoint_dir={recipe.checkpoint.dir or ''}"]
+    lines += [f"data_path={m}" for m in recipe.data.manifests]
+    lines += [f"data_path={prefix}" for _, prefix in recipe.data.blend]
+    return lines
+
+
 def main(argv: list[str]) -> int:
+    want_facts = bool(argv) and argv[0] == "--facts"
+    argv = argv[1:] if want_facts else argv
     if len(argv) < 2 or not argv[1].isdigit():
         print(__doc__, file=sys.stderr)
         return 2
@@ -53,7 +65,7 @@ def main(argv: list[str]) -> int:
     except RecipeError as e:
         print(f"world size check failed: {e}", file=sys.stderr)
         return 3
-    print(layout.describe())
+    print("\n".join(facts(argv[0], argv[2:])) if want_facts else layout.describe())
     return 0
 
 

@@ -8,7 +8,7 @@ VENV_DIR=${LAUNCH_VENV:-$REPO_DIR/.venv}
 PY=$VENV_DIR/bin/python
 
 say() { echo "[launch] $*" >&2; }
-die() { echo "[launch] error: $*" >&2; exit "${2:-1}"; }
+die() { echo "[launch] error: $1" >&2; exit "${2:-1}"; }
 
 # ssh honours LAUNCH_SSH_CONFIG (an ssh_config file: aliases, ports, keys) everywhere, including inside pdsh and the
 # DeepSpeed runner, by putting a one-line ssh wrapper first on PATH. BatchMode: never hang on a password prompt.
@@ -166,7 +166,6 @@ write_env_file() {
     echo "PYTHONPATH=$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
     echo "PYTHONUNBUFFERED=1"
     echo "LAUNCH_RUN_ID=$RUN_ID"
-    echo "LAUNCH_HOSTS=${HOSTS[*]}"
     for name in $(compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|CUDA_DEVICE_ORDER|OMP_NUM_THREADS|HF_|WANDB_)' || true) $EXTRA_ENV; do
       echo "$name=${!name}"
     done

@@ -9,7 +9,7 @@ set -u
 rank=${RANK:-${SLURM_PROCID:-0}}
 node=${GROUP_RANK:-${CROSS_RANK:-${SLURM_NODEID:-0}}}
 read -r -a hosts <<<"${LAUNCH_HOSTS:-}"
-host=${hosts[$node]:-$(hostname)}
+host=${LAUNCH_HOST:-${hosts[$node]:-$(hostname)}}
 export LAUNCH_HOST=$host PYTHONUNBUFFERED=1
 tag="[$host rank $rank]"
 
@@ -20,11 +20,12 @@ trap on_signal TERM INT HUP
 "$@" > >(exec sed -u "s/^/$tag /") 2>&1 &
 child=$!
 wait "$child"; rc=$?
+ended=$EPOCHREALTIME  # when the command ended, before anything else: the launcher orders failures by this
 # `wait` returns early when a trapped signal arrives: keep waiting for the command itself.
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
 wait 2>/dev/null  # let the prefixing sed flush the last lines
 # rc 143 = SIGTERM: a stop that came from the launcher or a peer's failure, never the root cause.
 if [ "$rc" -ne 0 ] && [ "$stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
-  echo "LAUNCH-FAIL rank=$rank host=$host exit=$rc at=$(date +%s.%N) cmd=$1" >&2
+  echo "LAUNCH-FAIL rank=$rank host=$host exit=$rc at=$ended cmd=$1" >&2
 fi
 exit "$rc"

@@ -26,6 +26,8 @@ LOG_DIR=${LOG_DIR:-$REPO_DIR/runs/launch/$RUN_ID}
 mkdir -p "$LOG_DIR" || die "cannot create the log dir $LOG_DIR"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 write_env_file >"$LOG_DIR/launch.env" || exit $?
+# DeepSpeed's runner sends one environment to all nodes: each rank finds its host's name by node index in this list.
+[ "$BACKEND" != deepspeed ] || echo "LAUNCH_HOSTS=${HOSTS[*]}" >>"$LOG_DIR/launch.env"
 rank_command
 NNODES=${#HOSTS[@]}
 
@@ -42,7 +44,7 @@ node_command() {  # node index -> what runs on that node (a shell command line)
   local i=$1
   case "$BACKEND" in
     torchrun-ssh|local)
-      echo "cd $(printf %q "$REPO_DIR") && exec env $(env_words)$(torchrun_args "$i") $(quote_words "${RANK_CMD[@]}")" ;;
+      echo "cd $(printf %q "$REPO_DIR") && exec env $(env_words)LAUNCH_HOST=${HOSTS[$i]} $(torchrun_args "$i") $(quote_words "${RANK_CMD[@]}")" ;;
     deepspeed)
       # What DeepSpeed's pdsh runner starts on node i (it substitutes %n with the node index).
       echo "export <each line of $LOG_DIR/launch.env>; cd $REPO_DIR; $PY -u -m deepspeed.launcher.launch" \
@@ -75,7 +77,7 @@ slurm_script() {
 #SBATCH --ntasks-per-node=1
 #SBATCH --nodelist=$nodelist
 #SBATCH --output=$LOG_DIR/slurm-%j.out
-$(command -v nvidia-smi >/dev/null || [ -n "${LAUNCH_SLURM_GPUS:-}" ] && echo "#SBATCH --gpus-per-node=${SLOTS[0]}")
+#SBATCH --gpus-per-node=${SLOTS[0]}
 # world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks; $LAYOUT_DESC
 set -euo pipefail
 $(sed 's/^\([A-Za-z_][A-Za-z0-9_]*\)=\(.*\)$/export \1=\2/' "$LOG_DIR/launch.env" | while IFS= read -r l; do
@@ -204,7 +206,9 @@ first=$(grep -hos 'LAUNCH-FAIL rank=[0-9]* host=[^ ]* exit=[0-9]* at=[0-9.]*' "$
   | sed 's/.*rank=\([0-9]*\) host=\([^ ]*\) exit=\([0-9]*\) at=\([0-9.]*\)/\4 \1 \2 \3/' | sort -n | head -n1)
 if [ -n "$first" ]; then
   read -r _ frank fhost fexit <<<"$first"
-  say "FAILED: rank $frank on host $fhost exited with code $fexit first; all ranks were stopped ($((SECONDS - t0)) s)."
+  why=""
+  [ "$fexit" -gt 128 ] && why=" (killed by signal $((fexit - 128)))"
+  say "FAILED: rank $frank on host $fhost exited with code $fexit$why first; all ranks were stopped ($((SECONDS - t0)) s)."
   say "last output of rank $frank ($LOG_DIR/$fhost.log):"
   grep -hF "[$fhost rank $frank]" "$LOG_DIR/$fhost.log" 2>/dev/null | tail -n 15 | sed 's/^/    /' >&2
 else
