@@ -255,7 +255,7 @@ def recipe_for_layout(recipe: Recipe, rec: Estimate) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     assume = Assumptions()
     try:
         recipe = load_plan_recipe(args)

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="directory to write ds_config.json and resolved.yaml into")
     ap.add_argument("--world-size", type=int, help="GPUs of the run (default: cluster.nodes x gpus_per_node)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no warnings or summary on stderr")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.world_size is not None and args.world_size <= 0:
         ap.error(f"--world-size must be positive, got {args.world_size}")
     try:
