@@ -202,6 +202,7 @@ def run(recipe, quiet: bool = False) -> int:
 
     while step < total_steps:
         lr = eng.optimizer.param_groups[0]["lr"]
+        eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
         start = time.perf_counter()
         loss = train_step(eng, train_batches.step(consumed))
         elapsed = time.perf_counter() - start

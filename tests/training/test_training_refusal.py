@@ -1,0 +1,31 @@
+"""Bad recipes are refused before any worker process starts; a failure in a worker stops the whole job non-zero."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import pretrain
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    (["parallel.tp=3"], "parallel.tp"),                            # 4 ranks cannot hold TP=3
+    (["parallel.pp=2", "parallel.zero_stage=2"], "zero_stage"),    # DeepSpeed's pipeline engine refuses ZeRO-2/3
+    (["training.global_batch=6", "parallel.tp=1"], "global_batch"),  # 6 samples over DP=4
+])
+def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    start = time.time()
+    out = pretrain(4, run_dir, corpus, *overrides, check=False, timeout=60)
+    assert out.returncode != 0
+    assert expect in out.stderr, out.stderr
+    assert not run_dir.exists(), "a worker started (it created the run directory)"
+    assert "layout:" not in out.stdout
+    assert time.time() - start < 30
+
+
+def test_worker_exception_exits_nonzero(corpus, tmp_path):
+    missing = tmp_path / "no-such-data"
+    out = pretrain(2, tmp_path / "run", missing, check=False, timeout=120)
+    assert out.returncode != 0
+    assert "run data_prep first" in out.stderr, out.stderr[-2000:]

@@ -1,0 +1,72 @@
+"""Exact resume: SIGKILL mid-run, then auto-resume reproduces the uninterrupted run's losses bit for bit; a damaged
+checkpoint is never loaded (the run falls back to the previous complete one and says so)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, losses, pretrain, pretrain_cmd, worker_env
+
+STEPS = 8
+# PP=2 x DP=2 (ZeRO-1): the pipeline engine's per-layer files and DP-sharded optimizer states are both exercised.
+LAYOUT = ["parallel.pp=2", "parallel.zero_stage=1", "checkpoint.save_interval=2", "checkpoint.keep_last=2",
+          "training.global_batch=8"]
+N = 4
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    pretrain(N, run_dir, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    return run_dir
+
+
+def _wait_for_step(metrics_path, step: int, proc, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metrics_path.is_file() and f'"step": {step},' in metrics_path.read_text():
+            return
+        assert proc.poll() is None, "run ended before it could be killed"
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} never logged")
+
+
+def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_path):
+    kill_after = 5
+    cmd = pretrain_cmd(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        _wait_for_step(tmp_path / "logs" / "metrics.jsonl", kill_after, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # launcher and every rank, no chance to save
+        proc.wait()
+    killed_at = max(losses(tmp_path))
+    assert killed_at < STEPS
+
+    resumed = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    assert "resumed from" in resumed.stdout, resumed.stdout
+    ref, got = losses(uninterrupted), losses(tmp_path)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    # Bitwise: the same float for every step after the kill (and for the re-run steps before it).
+    assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
+
+
+def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
+    # Copy the finished run (tags global_step6 and global_step8), then damage the newest checkpoint.
+    subprocess.run(["cp", "-r", f"{uninterrupted}/.", str(tmp_path)], check=True)
+    newest = tmp_path / f"global_step{STEPS}"
+    victim = sorted(newest.glob("*optim_states.pt"))[0]
+    victim.unlink()
+    (tmp_path / "logs" / "metrics.jsonl").unlink()
+
+    out = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    assert f"skipping {newest}" in out.stdout and f"missing {victim.name}" in out.stdout, out.stdout
+    assert f"resumed from {tmp_path / f'global_step{STEPS - 2}'}" in out.stdout, out.stdout
+    ref, got = losses(uninterrupted), losses(tmp_path)
+    assert sorted(got) == [STEPS - 1, STEPS]
+    assert [got[s] for s in got] == [ref[s] for s in got]
