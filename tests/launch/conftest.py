@@ -3,49 +3,16 @@ by key only. Two host aliases (node1 -> 127.0.0.1, node2 -> 127.0.0.2) live in a
 scripts are pointed at with LAUNCH_SSH_CONFIG."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TOY = REPO / "tests" / "launch" / "toy.yaml"
-TOY_ENTRY = f"python {REPO / 'tests' / 'launch' / 'toy_train.py'}"
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_env(**extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", LAUNCH_STOP_GRACE="5")
-    env.pop("LAUNCH_SSH_CONFIG", None)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def run_launch(script: str, *args, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "launch" / script), *map(str, args)], cwd=REPO, env=env or launch_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _wait_for_ssh(config: Path, host: str, deadline: float) -> None:
-    last = ""
-    while time.time() < deadline:
-        r = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", host, "echo", "ready"],
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if r.stdout.strip() == "ready":
-            return
-        last = r.stderr
-        time.sleep(0.2)
-    raise RuntimeError(f"sshd on loopback never answered for {host}: {last}")
+from tests.launch.launch_helpers import SSHD, TOY, TOY_ENTRY, wait_for_ssh, free_port, launch_env, run_launch
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +43,8 @@ def ssh_cluster(tmp_path_factory):
                             stderr=open(d / "sshd.log", "w"))
     try:
         deadline = time.time() + 20
-        _wait_for_ssh(config, "node1", deadline)
-        _wait_for_ssh(config, "node2", deadline)
+        wait_for_ssh(config, "node1", deadline)
+        wait_for_ssh(config, "node2", deadline)
         hostfile = d / "hostfile"
         hostfile.write_text("# two loopback 'nodes'\nnode1 slots=2\n\nnode2 slots=2  # second node\n")
         yield config, hostfile
@@ -93,8 +60,6 @@ def local_reference(tmp_path_factory):
     r = run_launch("train.sh", TOY, "--backend", "local", "--num-gpus", 4, "--entry", TOY_ENTRY, "--quiet",
                    "--master-port", free_port(), "--log-dir", out.parent / "logs", env=launch_env(TOY_OUT=out))
     assert r.returncode == 0, r.stderr
-    import json
-
     data = json.loads(out.read_text())
     assert data["world_size"] == 4
     return data["losses"]

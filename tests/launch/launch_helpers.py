@@ -1,0 +1,46 @@
+"""Helpers for the launcher tests: run the launch scripts, pick free ports, wait for the loopback sshd."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "tests" / "launch" / "toy.yaml"
+TOY_ENTRY = f"python {REPO / 'tests' / 'launch' / 'toy_train.py'}"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(**extra) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", LAUNCH_STOP_GRACE="5")
+    env.pop("LAUNCH_SSH_CONFIG", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_launch(script: str, *args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "launch" / script), *map(str, args)], cwd=REPO, env=env or launch_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for_ssh(config: Path, host: str, deadline: float) -> None:
+    last = ""
+    while time.time() < deadline:
+        r = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", host, "echo", "ready"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if r.stdout.strip() == "ready":
+            return
+        last = r.stderr
+        time.sleep(0.2)
+    raise RuntimeError(f"sshd on loopback never answered for {host}: {last}")
+
+

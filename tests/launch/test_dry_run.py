@@ -1,0 +1,75 @@
+"""--dry-run on a 100-node hostfile: world size, the rank range and node rank of every node, the master address;
+and the generated Slurm script. Nothing is started (no ssh, no processes)."""
+import re
+
+from tests.launch.launch_helpers import TOY, run_launch
+
+N, SLOTS = 100, 8
+
+
+def hostfile_100(tmp_path):
+    p = tmp_path / "hostfile"
+    p.write_text("# a big cluster\n" + "".join(f"gpu{i:03d} slots={SLOTS}\n" for i in range(1, N + 1)))
+    return p
+
+
+def node_lines(out):
+    return [re.match(r"node (\d+) (\S+) slots=(\d+) ranks=(\d+)-(\d+)(?:: (.*))?$", l) for l in out.splitlines()
+            if l.startswith("node ")]
+
+
+def test_dry_run_100_nodes_torchrun_and_deepspeed(tmp_path):
+    hf = hostfile_100(tmp_path)
+    for backend in ("torchrun-ssh", "deepspeed"):
+        r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", backend, "--dry-run", "--master-port", 23456,
+                       "--log-dir", tmp_path / backend, "--", "parallel.tp=8", "parallel.pp=2", "training.global_batch=400")
+        assert r.returncode == 0, r.stderr
+        assert f"backend={backend} nodes={N} world_size={N * SLOTS} master=gpu001:23456" in r.stdout
+        assert "TP=8 x PP=2 x DP=50" in r.stdout
+        lines = node_lines(r.stdout)
+        assert len(lines) == N and all(lines)
+        next_rank = 0
+        for i, m in enumerate(lines):
+            assert int(m[1]) == i and m[2] == f"gpu{i + 1:03d}" and int(m[3]) == SLOTS
+            assert (int(m[4]), int(m[5])) == (next_rank, next_rank + SLOTS - 1)
+            next_rank += SLOTS
+            cmd = m[6]
+            assert f"--node_rank={i} " in cmd and "--master_addr=gpu001 " in cmd and "--master_port=23456" in cmd
+            assert "recipes.pretrain --config" in cmd and "parallel.tp=8" in cmd
+            if backend == "torchrun-ssh":
+                assert f"--nnodes={N} " in cmd and f"--nproc_per_node={SLOTS} " in cmd and f"LAUNCH_HOST=gpu{i + 1:03d}" in cmd
+        assert next_rank == N * SLOTS
+        assert not (tmp_path / backend / "hosts").exists()  # a dry run records no started run
+
+
+def test_dry_run_selection_and_master_override(tmp_path):
+    hf = hostfile_100(tmp_path)
+    r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "torchrun-ssh", "--dry-run", "--exclude",
+                   "gpu001@gpu002", "--num-nodes", 3, "--num-gpus", 4, "--master-addr", "10.0.0.7",
+                   "--log-dir", tmp_path / "d", "--", "training.global_batch=12")
+    assert r.returncode == 0, r.stderr
+    assert "nodes=3 world_size=12 master=10.0.0.7:29500" in r.stdout
+    assert [m[2] for m in node_lines(r.stdout)] == ["gpu003", "gpu004", "gpu005"]
+
+
+def test_slurm_script(tmp_path):
+    hf = hostfile_100(tmp_path)
+    r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--master-port", 29999,
+                   "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200")
+    assert r.returncode == 0, r.stderr
+    script = (tmp_path / "s" / "job.sbatch").read_text()
+    assert script in r.stdout
+    assert f"#SBATCH --nodes={N}\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    assert f"#SBATCH --gpus-per-node={SLOTS}\n" in script
+    assert "#SBATCH --nodelist=gpu001,gpu002," in script and ",gpu100\n" in script
+    assert f"world size {N * SLOTS} = {N} nodes x {SLOTS} ranks; TP=4 x PP=1 x DP=200" in script
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in script  # master = first node of the job
+    srun = script[script.index("srun "):]
+    assert "--kill-on-bad-exit=1" in srun and "--node_rank=$SLURM_NODEID" in srun and "--nnodes=$SLURM_NNODES" in srun
+    assert f"--nproc_per_node={SLOTS}" in srun and "--master_port=$MASTER_PORT" in srun and "MASTER_PORT=29999" in script
+    assert "recipes.pretrain --config" in srun and "parallel.tp=4" in srun
+    r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--num-nodes", 2,
+                   "--master-addr", "head-node", "--log-dir", tmp_path / "s2", "--", "training.global_batch=16")
+    assert r.returncode == 0, r.stderr
+    assert "export MASTER_ADDR=${MASTER_ADDR:-head-node}" in (tmp_path / "s2" / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n" in r.stdout
