@@ -194,8 +194,8 @@ def explain(recipe: Recipe, ests: list[Estimate], rec: Estimate, tokens: float |
     out.append(f"Predicted step {rec.time_s['step']:.2f} s, {rec.tokens_per_s:,.0f} tokens/s, "
                f"{rec.tflops_per_gpu:.0f} model TFLOP/s per GPU = {rec.mfu:.0%} MFU.")
     if tokens:
-        out.append(f"{tokens:.3g} tokens take {rec.days:,.1f} days on {c.world_size} GPUs "
-                   f"({rec.gpu_hours:,.0f} GPU-hours).")
+        span = f"{rec.days:,.1f} days" if rec.days <= 730 else f"{rec.days / 365:,.0f} years"
+        out.append(f"{tokens:.3g} tokens take {span} on {c.world_size} GPUs ({_count(rec.gpu_hours)} GPU-hours).")
     tokens_in_window = rec.tokens_per_s * max_days * 86400
     if corpus:
         frac = tokens_in_window / corpus["tokens"]
@@ -213,6 +213,10 @@ def explain(recipe: Recipe, ests: list[Estimate], rec: Estimate, tokens: float |
     out.append(f"Compute-optimal data for this size is ~{optimal:.3g} tokens (20 per parameter, Hoffmann et al. "
                f"2022): {optimal / rec.tokens_per_s / 86400:,.1f} days at this rate.")
     return out
+
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}" if x < 1e9 else f"{x:.3g}"
 
 
 def _row(i: int, e: Estimate) -> str:

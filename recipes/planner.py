@@ -455,7 +455,7 @@ def what_would_fit(model_cfg, cluster, global_batch: int, *, precision: str = "b
     smallest = min(ests, key=lambda e: e.memory_gib["total"])
     msg = (f"the leanest layout searched ({smallest.layout.describe()}; ZeRO-3, full recompute and micro-batch 1 "
            f"were all tried) needs {smallest.memory_gib['total']:.1f} GiB per GPU "
-           f"({format_memory(smallest.memory_gib)}) but a {cluster.gpu} has {cluster.gpu_memory_gb:g} GiB")
+           f"({format_memory(smallest.memory_gib)}) but each {cluster.gpu} has {cluster.gpu_memory_gb:g} GiB")
     nodes = cluster.nodes
     while nodes < max_nodes:
         nodes *= 2
