@@ -1,0 +1,157 @@
+"""End to end through a real sshd on loopback: 2 nodes x 2 ranks (gloo) with each back end that runs here, losses
+equal to a local 4-rank run; one rank killed -> everything stops; preflight; the communication check; stop.sh."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch.launch_helpers import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
+
+pytestmark = pytest.mark.timeout(200)
+
+
+def cluster_env(ssh_cluster, **extra):
+    config, _ = ssh_cluster
+    return launch_env(LAUNCH_SSH_CONFIG=config, **extra)
+
+
+@pytest.mark.parametrize("backend", ["torchrun-ssh", "deepspeed"])
+def test_two_nodes_match_local_run(ssh_cluster, local_reference, tmp_path, backend):
+    _, hostfile = ssh_cluster
+    out = tmp_path / "losses.json"
+    logs = tmp_path / "logs"
+    r = run_launch("train.sh", TOY, "--hostfile", hostfile, "--backend", backend, "--entry", TOY_ENTRY,
+                   "--env", "TOY_OUT", "--master-port", free_port(), "--log-dir", logs, "--quiet",
+                   env=cluster_env(ssh_cluster, TOY_OUT=out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    data = json.loads(out.read_text())  # written by rank 0 on node1: TOY_OUT reached it only through --env
+    assert data["world_size"] == 4
+    assert data["losses"] == pytest.approx(local_reference, rel=1e-6, abs=0)
+    # Per-node logs with rank prefixes: node1 holds ranks 0-1, node2 ranks 2-3.
+    n1, n2 = (logs / "node1.log").read_text(), (logs / "node2.log").read_text()
+    for rank in (0, 1):
+        assert f"[node1 rank {rank}] step 3 loss" in n1 and f"[node1 rank {rank}]" not in n2
+    for rank in (2, 3):
+        assert f"[node2 rank {rank}] step 3 loss" in n2 and f"[node2 rank {rank}]" not in n1
+
+
+def _rank_pid(run_id: str, rank: int) -> int | None:
+    """The training process (not the launcher's wrapper) of one rank of a run."""
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes().split(b"\0")
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LAUNCH_RUN_ID={run_id}".encode() in env and f"RANK={rank}".encode() in env \
+                and cmd[0].endswith(b"python") and any(c.endswith(b"toy_train.py") for c in cmd):
+            return int(p.name)
+    return None
+
+
+def _run_pids(run_id: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and f"LAUNCH_RUN_ID={run_id}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                pids.append(int(p.name))
+        except OSError:
+            pass
+    return pids
+
+
+def _start_long_run(ssh_cluster, tmp_path, backend, run_id):
+    _, hostfile = ssh_cluster
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "launch" / "train.sh"), str(TOY), "--hostfile", str(hostfile), "--backend", backend,
+         "--entry", TOY_ENTRY, "--env", "TOY_STEP_SLEEP", "--run-id", run_id, "--master-port", str(free_port()),
+         "--log-dir", str(logs), "--quiet", "--", "training.train_steps=500"],
+        cwd=REPO, env=cluster_env(ssh_cluster, TOY_STEP_SLEEP="0.3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if "step 1 loss" in (logs / "node2.log").read_text() if (logs / "node2.log").exists() else False:
+            return proc, logs
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.3)
+    proc.kill()
+    pytest.fail(f"the run never reached step 1: {proc.communicate()}")
+
+
+def test_killed_rank_stops_every_node(ssh_cluster, tmp_path):
+    run_id = f"killtest-{os.getpid()}"
+    proc, logs = _start_long_run(ssh_cluster, tmp_path, "torchrun-ssh", run_id)
+    victim = _rank_pid(run_id, 2)  # rank 2 = the first rank on node2
+    assert victim, "rank 2's training process not found"
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.time() - t0
+    assert proc.returncode != 0
+    assert "FAILED: rank 2 on host node2 exited with code 137 (killed by signal 9) first" in err, err
+    assert elapsed < 30, f"stopping everything took {elapsed:.1f} s"
+    assert _run_pids(run_id) == []  # nothing of the run is left on any node
+    assert "step 499" not in (logs / "node1.log").read_text()
+
+
+def test_stop_script_stops_a_running_job(ssh_cluster, tmp_path):
+    run_id = f"stoptest-{os.getpid()}"
+    proc, logs = _start_long_run(ssh_cluster, tmp_path, "torchrun-ssh", run_id)
+    r = subprocess.run(["bash", str(REPO / "launch" / "stop.sh"), str(logs)], cwd=REPO, capture_output=True,
+                       text=True, env=launch_env(), timeout=60)  # the run dir remembers hosts and ssh config
+    assert r.returncode == 0, r.stderr
+    assert "stopped run " + run_id in r.stdout
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert _run_pids(run_id) == []
+
+
+def test_preflight_over_ssh(ssh_cluster, tmp_path):
+    config, hostfile = ssh_cluster
+    ckpt = tmp_path / "ckpt"
+    r = run_launch("preflight.sh", TOY, "--hostfile", hostfile, "--backend", "torchrun-ssh", "--",
+                   f"checkpoint.dir={ckpt}", env=cluster_env(ssh_cluster))
+    assert r.returncode == 0, r.stderr
+    assert "node node1: ok (slots=2" in r.stderr and "node node2: ok (slots=2" in r.stderr
+    assert list(ckpt.iterdir()) == []  # its probe files are cleaned up
+
+    bad = tmp_path / "hostfile"
+    bad.write_text(hostfile.read_text() + "node3 slots=2\n")  # no such host
+    r = run_launch("preflight.sh", TOY, "--hostfile", bad, "--backend", "torchrun-ssh", "--", "training.global_batch=6",
+                   f"data.manifests=[{tmp_path / 'missing' / 'manifest.json'}]", "cluster.device=cuda",
+                   env=cluster_env(ssh_cluster))
+    assert r.returncode == 4
+    assert "node node3: unreachable over ssh" in r.stderr
+    assert "node node1: data path" in r.stderr and "is not visible" in r.stderr
+    assert "node node2: no nvidia-smi but the recipe runs on cuda" in r.stderr
+    # train.sh refuses the same unreachable node before starting anything
+    logs = tmp_path / "logs"
+    r = run_launch("train.sh", TOY, "--hostfile", bad, "--backend", "torchrun-ssh", "--log-dir", logs,
+                   "--", "training.global_batch=6", env=cluster_env(ssh_cluster))
+    assert r.returncode == 4 and "node3: NOT ready" in r.stderr
+    assert not list(logs.glob("*.log"))
+
+
+def test_comm_check_reports_bus_bandwidth(ssh_cluster, tmp_path):
+    _, hostfile = ssh_cluster
+    out = tmp_path / "comm.json"
+    r = run_launch("preflight.sh", TOY, "--hostfile", hostfile, "--backend", "torchrun-ssh", "--comm-check",
+                   "--env", "COMMCHECK_JSON,COMMCHECK_MAX_BYTES", "--master-port", free_port(),
+                   "--log-dir", tmp_path / "logs", env=cluster_env(ssh_cluster, COMMCHECK_JSON=out,
+                                                                  COMMCHECK_MAX_BYTES=1 << 18))
+    assert r.returncode == 0, r.stderr + r.stdout
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 4 and data["hosts"] == ["node1", "node1", "node2", "node2"]
+    assert [row["bytes"] for row in data["rows"]] == [1024, 4096, 16384, 65536, 262144]
+    for row in data["rows"]:
+        assert row["ok"] and row["time_us"] > 0
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 3 / 4, rel=1e-9)
+    assert "busbw(GB/s)" in r.stdout and "results correct" in r.stdout
