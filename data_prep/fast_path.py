@@ -1,7 +1,7 @@
 """Fast path: encode each distinct whitespace-delimited piece once, reuse it from a bounded cache.
 
 Exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
-- sentencepiece: split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
+- sentencepiece BPE (not unigram, whose float-score ties depend on context): split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
   normalized by the model's own normalizer (whole document, so whitespace collapsing, dummy prefix, NFKC are exactly the
   library's), cut before every U+2581, and each piece encoded by a copy of the model whose normalizer is identity.
   Works for remove_extra_whitespaces off, identity normalization and split_digits (Llama-style) too.
@@ -36,6 +36,10 @@ class _SentencePiecePieces:
         m.ParseFromString(tok.sp.serialized_model_proto())
         ts, ns = m.trainer_spec, m.normalizer_spec
         why = []
+        if ts.model_type == 1:
+            # Unigram's Viterbi sums float scores along the whole text: equal-score segmentations of a word (e.g.
+            # "0"+"00000" vs "00000"+"0") are broken differently in context and alone. Measured here; not exact.
+            why.append("unigram model (ties in its Viterbi search depend on the surrounding text)")
         if not ts.split_by_whitespace:
             why.append("split_by_whitespace is off")
         if ts.treat_whitespace_as_suffix:

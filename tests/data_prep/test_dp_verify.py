@@ -19,8 +19,6 @@ def _make(tmp_path, texts, sp_model):
 def test_verify_ok_then_catches_corruption(tmp_path, texts, sp_model):
     out = _make(tmp_path, texts, sp_model)
     assert verify(str(out)) == []
-    r = run_cli("verify", out)
-    assert r.returncode == 0 and "OK" in r.stdout
     good = tmp_path / "good"
     shutil.copytree(out, good)
 
