@@ -52,6 +52,10 @@ def test_cluster_presets(name, spec):
                          + sorted((CONFIGS_DIR / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_run_and_example_recipes_load_and_validate(path):
     recipe = load_recipe(path)
+    if path.parent.name == "runs":  # runs carry their layout: every rule holds, memory included
+        warnings = validate(recipe)
+        assert all(w.level == "info" for w in warnings), warnings
+        return
     # Examples leave the layout to the planner (tests/recipes/test_planner_cli.py checks the planned recipe with
     # its memory); here every other rule must hold, so judge them as if on CPU (no memory check).
     validate(recipe.model_copy(update={"cluster": recipe.cluster.model_copy(update={"device": "cpu"})}))
