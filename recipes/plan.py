@@ -20,9 +20,11 @@ from pathlib import Path
 import yaml
 
 from recipes.config import Recipe
+from recipes.layout import Layout
 from recipes.loading import RecipeError, apply_overrides, deep_merge, load_raw, recipe_from_dict
 from recipes.planner import (
-    Assumptions, Estimate, count_parameters, format_memory, model_flops_per_step, plan_layouts, what_would_fit,
+    Assumptions, Estimate, count_parameters, estimate, format_memory, layout_problems, model_flops_per_step,
+    plan_layouts, what_would_fit,
 )
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
@@ -146,8 +148,8 @@ def explain(recipe: Recipe, ests: list[Estimate], rec: Estimate, tokens: float |
     lay = rec.layout
     out = []
     states_gib = 16 * params / 2**30
-    out.append(f"The model has {params / 1e9:.2f}B parameters; mixed-precision Adam needs 16 bytes each = "
-               f"{states_gib:,.0f} GiB of model states, against {c.gpu_memory_gb:g} GiB per {c.gpu}.")
+    out.append(f"The model has {human_params(params)} parameters; Adam with mixed precision (or fp32) needs 16 bytes "
+               f"each = {states_gib:,.1f} GiB of model states, against {c.gpu_memory_gb:g} GiB per {c.gpu}.")
     pure_dp = _best(ests, lambda l: l.tp == 1 and l.pp == 1 and l.zero_stage < 3)
     zero3_dp = _best(ests, lambda l: l.tp == 1 and l.pp == 1 and l.zero_stage == 3)
     if lay.model_parallel_size == 1:
@@ -215,6 +217,13 @@ def explain(recipe: Recipe, ests: list[Estimate], rec: Estimate, tokens: float |
     return out
 
 
+def human_params(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
 def _count(x: float) -> str:
     return f"{x:,.0f}" if x < 1e9 else f"{x:.3g}"
 
@@ -233,7 +242,7 @@ def format_report(recipe: Recipe, ests: list[Estimate], rec: Estimate, lines: li
                   tokens: float | None, assume: Assumptions) -> str:
     m, c = recipe.model, recipe.cluster
     fitting = sum(e.fits for e in ests)
-    head = [f"Plan: {recipe.name} | {count_parameters(m) / 1e9:.2f}B params | {c.nodes} x {c.gpus_per_node} {c.gpu} "
+    head = [f"Plan: {recipe.name} | {human_params(count_parameters(m))} params | {c.nodes} x {c.gpus_per_node} {c.gpu} "
             f"| global batch {recipe.training.global_batch} x {m.seq_length} tokens | {len(ests)} layouts, "
             f"{fitting} fit", "",
             "  # ·TP ·PP ···DP ZeRO ·mb recompute SP mem·GiB fits ··step·s ···tokens/s TFLOP·MFU bubble comm·s"
@@ -248,6 +257,23 @@ def format_report(recipe: Recipe, ests: list[Estimate], rec: Estimate, lines: li
              "Overlap: TP collectives and pipeline sends are not overlapped; ZeRO-0/1 reduce after the last backward "
              "(exposed); ZeRO-2 reduce-scatters overlap each micro-batch's backward; ZeRO-3 gathers overlap compute."]
     return "\n".join(head)
+
+
+def recipe_layout_estimate(recipe: Recipe, ests: list[Estimate]) -> Estimate | None:
+    """The estimate of the layout the recipe itself sets (None when it sets none or it cannot run)."""
+    if "parallel" not in recipe.model_fields_set:
+        return None
+    try:
+        lay = Layout.from_recipe(recipe)
+    except ValueError:
+        return None
+    for e in ests:
+        if e.layout == lay:
+            return e
+    if layout_problems(recipe.model, recipe.cluster, lay, recipe.training.global_batch):
+        return None
+    return estimate(recipe.model, recipe.cluster, lay, recipe.training.global_batch,
+                    precision=recipe.training.precision)
 
 
 def recipe_for_layout(recipe: Recipe, rec: Estimate) -> dict:
@@ -276,6 +302,13 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     lines = explain(recipe, ests, rec, tokens, corpus, args.max_days)
+    own = recipe_layout_estimate(recipe, ests)
+    if own is not None:
+        rank = ests.index(own) + 1 if own in ests else None
+        lines.append(f"The recipe's own layout ({own.layout.describe()}) "
+                     + (f"ranks {rank} of {len(ests)}: " if rank else "is outside the search: ")
+                     + f"{own.memory_gib['total']:.1f} GiB per GPU ({'fits' if own.fits else 'does NOT fit'}), "
+                     f"{own.tokens_per_s / rec.tokens_per_s:.0%} of the recommended throughput.")
     if args.write_recipe:
         out = Path(args.write_recipe)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -290,6 +323,7 @@ def main(argv=None) -> int:
             "layouts_searched": len(ests), "layouts_fitting": sum(e.fits for e in ests),
             "recommended": rec.to_dict(), "explanation": lines, "assumptions": asdict(assume),
             "ranked": [e.to_dict() for e in ests[:args.top]],
+            "recipe_layout": own.to_dict() if own is not None else None,
         }
         print(json.dumps(doc, indent=1))
     else:

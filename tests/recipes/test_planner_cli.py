@@ -121,3 +121,11 @@ def test_render_writes_ds_config_and_resolved_recipe(tmp_path, capsys):
     again = load_recipe(tmp_path / "resolved.yaml").model_dump()
     original = load_recipe(EXAMPLES / "c-llama-7b-one-node.yaml", overrides + ["parallel.dp=8"]).model_dump()
     assert again == original
+
+
+def test_a_recipe_with_a_layout_is_compared_with_the_recommendation(capsys):
+    doc = plan_json(capsys, REPO / "configs" / "runs" / "llama-7b-1node-a100.yaml")
+    own = doc["recipe_layout"]
+    assert own["layout"]["zero_stage"] == 1 and own["layout"]["micro_batch"] == 2 and own["fits"]
+    assert any("The recipe's own layout" in line and "ranks" in line for line in doc["explanation"])
+    assert plan_json(capsys, EXAMPLES / "c-llama-7b-one-node.yaml")["recipe_layout"] is None  # sets no layout
