@@ -75,7 +75,7 @@ class _SentencePiecePieces:
         return out
 
     def encode_pieces(self, keys: List[str], first: bool) -> List[List[int]]:
-        return self.raw.encode(keys if first or self.runs else [META + k for k in keys])
+        return self.raw.encode(keys if first or self.runs else [META + k for k in keys], num_threads=1)
 
 
 class _ByteLevelPieces:
@@ -122,10 +122,11 @@ class _ByteLevelPieces:
 class FastEncoder:
     """Same ids as ``tok.encode_batch``; faster where exact. ``active`` says whether the cache path is used."""
 
-    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 500_000):
+    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 65_536):
         self.tok = tok
         self.max_cache = max_cache
         self.cache: dict = {}
+        self.old: dict = {}
         self.splitter = None
         self.reason: Optional[str] = "disabled by --no-fast-path" if not enabled else None
         if enabled:
@@ -150,9 +151,11 @@ class FastEncoder:
         if self.splitter is None:
             return self.tok.encode_batch(texts)
         split = self.splitter.split(texts)
+        if len(self.cache) > self.max_cache:
+            # Two generations approximate LRU with bounded memory (at most 2 x max_cache entries): pieces still
+            # in use are promoted back from the old generation instead of being encoded again.
+            self.old, self.cache = self.cache, {}
         cache = self.cache
-        if len(cache) > self.max_cache:
-            cache.clear()  # bounded memory; the next batch refills what it needs
         missing = set()
         whole = [i for i, parts in enumerate(split) if parts is None]
         if whole:
@@ -161,8 +164,13 @@ class FastEncoder:
             if parts is not None:
                 missing.update(parts[1:])
         missing.difference_update(cache.keys())
+        if missing and self.old:
+            promote = missing.intersection(self.old.keys())
+            for k in promote:
+                cache[k] = self.old[k]
+            missing.difference_update(promote)
         if missing:
-            keys = sorted(missing)
+            keys = list(missing)
             cache.update(zip(keys, self.splitter.encode_pieces(keys, first=False)))
         out = []
         get = cache.__getitem__
@@ -186,6 +194,6 @@ class FastEncoder:
         for i, (a, b) in enumerate(zip(want, got)):
             if list(a) != list(b):
                 self.splitter = None
-                self.cache.clear()
+                self.cache, self.old = {}, {}
                 self.reason = f"self-check mismatch on sample document {i}"
                 return

@@ -47,6 +47,7 @@ class Settings:
     fast_path: bool = True
     verify_fraction: float = 0.0
     batch_docs: int = 256
+    batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
     quiet: bool = False
 
     def output_affecting(self, tok_sha: str) -> dict:
@@ -181,7 +182,7 @@ class _UnitRun:
             _STATE["info"] = info
         self.writer = ShardWriter(self.prefix, optimal_dtype(info.vocab_size))
         try:
-            batch = []
+            batch, chars = [], 0
             for piece in self.unit.pieces:
                 for pos, text, reason in read_piece(piece, s.text_field):
                     self.records += 1
@@ -189,9 +190,10 @@ class _UnitRun:
                         self.reject(piece, pos, reason)
                         continue
                     batch.append((piece, pos, text))
-                    if len(batch) >= s.batch_docs:
+                    chars += len(text)
+                    if len(batch) >= s.batch_docs or chars >= s.batch_chars:
                         self.flush_batch(batch)
-                        batch = []
+                        batch, chars = [], 0
             self.flush_batch(batch)
         except BaseException:
             self.writer.abort()

@@ -82,7 +82,7 @@ class SentencePieceTokenizer(Tokenizer):
         )
 
     def encode_batch(self, texts):
-        return self.sp.encode(texts)
+        return self.sp.encode(texts, num_threads=1)  # one core per worker process; the pool gives parallelism
 
     def decode(self, ids):
         return self.sp.decode([int(i) for i in ids])

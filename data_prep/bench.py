@@ -1,0 +1,106 @@
+"""bench: (a) the bare tokenizer encoding whole documents vs (b) the full pipeline, same texts, same process count.
+
+(a) reads the documents first (not timed), then each of N processes encodes its share whole with the library's own
+call; throughput = all tokens / the slowest process's encode time. (b) is `python -m data_prep tokenize` as a
+subprocess (read, tokenize, write shards, fsync, manifest), timed end to end including start-up; its peak RSS is the
+largest resident set of any of its processes (driver or worker). (c) is (b) with --no-fast-path. All for the corpus
+and for one ``scale`` times larger (more distinct stdlib files, not repeats).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import orjson
+
+from .sample_corpus import build
+
+
+def _bare_worker(args):
+    corpus, tokenizer, k, n = args
+    from .tokenizers import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    with open(corpus, "rb") as f:
+        texts = [orjson.loads(line)["text"] for i, line in enumerate(f) if i % n == k]
+    t0 = time.perf_counter()
+    tokens = sum(len(ids) + 1 for ids in tok.encode_batch(texts))  # +1: the EOD the pipeline appends
+    return time.perf_counter() - t0, tokens, sum(len(t.encode()) for t in texts)
+
+
+def bare(corpus: str, tokenizer: str, workers: int) -> dict:
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        res = pool.map(_bare_worker, [(corpus, tokenizer, k, workers) for k in range(workers)])
+    secs = max(r[0] for r in res)
+    return {"seconds": secs, "tokens": sum(r[1] for r in res), "bytes": sum(r[2] for r in res)}
+
+
+def pipeline(corpus: str, tokenizer: str, out: str, workers: int, fast: bool = True) -> dict:
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "data_prep", "tokenize", corpus, "-o", out, "-t", tokenizer, "-j", str(workers),
+           "--shard-size", "1M", "-q"] + ([] if fast else ["--no-fast-path"])
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _, status, usage = os.wait4(p.pid, 0)
+    secs = time.perf_counter() - t0
+    if status != 0:
+        raise RuntimeError(f"pipeline run failed: {' '.join(cmd)}")
+    with open(os.path.join(out, "manifest.json"), "rb") as f:
+        m = orjson.loads(f.read())
+    return {"seconds": secs, "tokens": m["totals"]["tokens"], "bytes": os.path.getsize(corpus),
+            "peak_rss_mb": usage.ru_maxrss / 1024, "units": len(m["shards"]) + len(m["empty_units"])}
+
+
+def _row(name, r):
+    mbs = r["bytes"] / r["seconds"] / 1e6
+    tps = r["tokens"] / r["seconds"]
+    rss = f"{r['peak_rss_mb']:8.0f}" if "peak_rss_mb" in r else "       -"
+    return f"{name:34s} {r['seconds']:7.2f}s {tps:12,.0f} {mbs:8.2f} {rss}", tps
+
+
+def bench(out_dir: str, corpus_mb: float = 4.0, workers: int = 2, scale: int = 10, tokenizer=None) -> int:
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    sizes = [("1x", int(corpus_mb * 1e6)), (f"{scale}x", int(corpus_mb * 1e6 * scale))]
+    corpora = {name: build(os.path.join(out_dir, f"corpus_{name}"), size) for name, size in sizes}
+    if tokenizer is None:
+        from .train_tokenizer import train
+
+        prefix = os.path.join(out_dir, "tokenizer", "sp")
+        tokenizer = prefix + ".model"
+        if not os.path.exists(tokenizer):
+            train([corpora["1x"]], prefix, vocab_size=4000, quiet=True, sample_bytes=int(corpus_mb * 1e6))
+    tokenizer = os.path.abspath(tokenizer)
+    print(f"bench: tokenizer {tokenizer}, {workers} process(es)")
+    print(f"{'':34s} {'wall':>8s} {'tokens/s':>12s} {'MB/s':>8s} {'peakRSS':>8s}")
+    rss = {}
+    for name, _ in sizes:
+        corpus = corpora[name]
+        print(f"-- corpus {name}: {os.path.getsize(corpus) / 1e6:.1f} MB ({corpus})")
+        a = bare(corpus, tokenizer, workers)
+        b = pipeline(corpus, tokenizer, os.path.join(out_dir, f"shards_{name}"), workers)
+        c = pipeline(corpus, tokenizer, os.path.join(out_dir, f"shards_{name}_nofast"), workers, fast=False)
+        if not (a["tokens"] == b["tokens"] == c["tokens"]):
+            print(f"token counts differ: bare {a['tokens']} pipeline {b['tokens']} no-fast {c['tokens']}")
+            return 1
+        line, ta = _row("(a) bare tokenizer, whole docs", a)
+        print(line)
+        line, tb = _row(f"(b) pipeline ({b['units']} units)", b)
+        print(line)
+        line, tc = _row("(c) pipeline --no-fast-path", c)
+        print(line)
+        print(f"   ratio b/a = {tb / ta:.2f}   c/a = {tc / ta:.2f}   tokens {b['tokens']:,} (identical counts)")
+        rss[name] = b["peak_rss_mb"]
+    names = [n for n, _ in sizes]
+    print(f"peak RSS {names[1]} / {names[0]} = {rss[names[1]] / rss[names[0]]:.2f} (goal <= 1.2)")
+    print(f"(ru_maxrss of this process tree, MB: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f})")
+    return 0
