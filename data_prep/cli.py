@@ -95,7 +95,8 @@ def cmd_sample_corpus(a) -> int:
 def cmd_demo(a) -> int:
     from .demo import demo
 
-    return demo(a.out_dir, workers=a.workers, quiet=a.quiet)
+    return demo(a.out_dir, workers=a.workers, quiet=a.quiet, corpus_bytes=int(a.corpus_mb * 1e6),
+                vocab_size=a.vocab_size)
 
 
 def cmd_bench(a) -> int:
@@ -144,6 +145,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("demo", help="sample-corpus -> train-tokenizer -> tokenize -> verify -> stats")
     p.add_argument("out_dir", nargs="?", default="out/demo")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--corpus-mb", type=float, default=4.0)
+    p.add_argument("--vocab-size", type=int, default=3000)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(fn=cmd_demo)
 

@@ -41,8 +41,10 @@ def build(out_dir: str, max_bytes: int = 4 << 20, name: str = "stdlib.jsonl") ->
             if not text.strip() or "\x00" in text:
                 continue
             line = orjson.dumps({"text": text, "source": os.path.relpath(file, root), "license": LICENSE}) + b"\n"
-            if written + len(line) > max_bytes and written:
-                break
+            if written + len(line) > max_bytes:
+                if max_bytes - written < max_bytes // 20:
+                    break
+                continue  # too big for what is left: a smaller file may still fit
             f.write(line)
             written += len(line)
     os.replace(tmp, path)
