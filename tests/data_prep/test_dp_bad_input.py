@@ -7,7 +7,7 @@ import os
 import orjson
 import sentencepiece as spm
 import zstandard
-from conftest import read_all_docs, run_cli
+from dp_helpers import read_all_docs, run_cli
 
 GOOD = ["first good document", "second good one", "third"]
 

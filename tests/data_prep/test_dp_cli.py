@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import run_cli
+from dp_helpers import run_cli
 
 
 def test_demo_end_to_end(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 import sentencepiece as spm
-from conftest import TRICKY, read_all_docs, write_jsonl
+from dp_helpers import TRICKY, read_all_docs, write_jsonl
 
 from data_prep.fast_path import FastEncoder, FastPathMismatch
 from data_prep.pipeline import Settings, run

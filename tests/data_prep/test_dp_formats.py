@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 import sentencepiece as spm
-from conftest import read_all_docs, write_jsonl
+from dp_helpers import read_all_docs, write_jsonl
 
 from data_prep.pipeline import Settings, run
 

@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
+from dp_helpers import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
 
 from data_prep.pipeline import Settings, run
 

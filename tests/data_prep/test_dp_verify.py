@@ -2,7 +2,7 @@
 
 import shutil
 
-from conftest import run_cli, write_jsonl
+from dp_helpers import run_cli, write_jsonl
 
 from data_prep.pipeline import Settings, run
 from data_prep.verify import verify

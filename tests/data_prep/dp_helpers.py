@@ -1,0 +1,67 @@
+"""Helpers for data_prep tests (a uniquely named module: other test folders have their own conftest.py)."""
+
+import os
+import subprocess
+import sys
+
+import orjson
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+# Texts that exercise normalization and whitespace handling on top of the real stdlib text.
+TRICKY = [
+    "  leading spaces and trailing   ",
+    "tabs\tand\nnewlines\r\nand  double  spaces",
+    "ﬁne ligatures, ＦＵＬＬ width, ideographic\u3000space, ¨ diaeresis and e\u0301 combining",
+    "digits 1234567890 and 3.14159, version 2.13.0",
+    "emoji 😀 and CJK 漢字 and arabic مرحبا",
+    "    def indented(self):\n        return {'a': [1, 2, 3]}\n",
+    "▁ a literal meta symbol ▁▁ here",
+    "x",
+    "\u00a0non-breaking\u2009thin\u200bzero-width",
+    "<|endoftext|> special token written in text",
+]
+
+
+def run_cli(*args, check=True, timeout=180, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=REPO)
+    env.update(env_extra or {})
+    r = subprocess.run([sys.executable, "-m", "data_prep", *map(str, args)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"data_prep {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr}\n{r.stdout}")
+    return r
+
+
+def write_jsonl(path, records):
+    with open(path, "wb") as f:
+        for r in records:
+            f.write(orjson.dumps(r) + b"\n")
+    return path
+
+
+def read_all_docs(out_dir):
+    """Every sequence of every shard in manifest order, as lists of ints, via megatron-core's reader."""
+    import json
+
+    from data_prep.shards import indexed_dataset_class
+
+    IndexedDataset = indexed_dataset_class()
+    m = json.load(open(os.path.join(out_dir, "manifest.json")))
+    docs = []
+    for sh in m["shards"]:
+        ds = IndexedDataset(os.path.join(out_dir, sh["prefix"]))
+        docs += [ds[i].tolist() for i in range(len(ds))]
+        del ds
+    return m, docs
+
+
+def tree_bytes(d):
+    out = {}
+    for root, _, files in os.walk(d):
+        for name in files:
+            p = os.path.join(root, name)
+            out[os.path.relpath(p, d)] = open(p, "rb").read()
+    return out
