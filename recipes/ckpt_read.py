@@ -172,7 +172,8 @@ def _local_from_zero(tag_dir: Path, lay: SourceLayout, mp: int, keys: tuple[str,
             groups = [o["fp32_flat_groups" if lay.zero_stage == 3 else "single_partition_of_fp32_groups"]
                       for o in optim]
         else:
-            groups = [_moment_groups(o, key, lay.zero_stage) for o in optim]
+            fp32_key = "fp32_flat_groups" if lay.zero_stage == 3 else "single_partition_of_fp32_groups"
+            groups = [_moment_groups(o, key, lay.zero_stage, o[fp32_key]) for o in optim]
         merged: OrderedDict = OrderedDict()
         if lay.zero_stage == 3:
             _silently(z._zero3_merge_trainable_params, merged, lay.dp, groups, model_states)
@@ -184,10 +185,12 @@ def _local_from_zero(tag_dir: Path, lay: SourceLayout, mp: int, keys: tuple[str,
     return out
 
 
-def _moment_groups(optim_sd: dict, key: str, zero_stage: int) -> list[torch.Tensor]:
+def _moment_groups(optim_sd: dict, key: str, zero_stage: int, fp32_groups: list) -> list[torch.Tensor]:
     base = optim_sd.get("base_optimizer_state") or optim_sd.get("optimizer_state_dict")
     if isinstance(base, dict) and "state" in base:
         state = base["state"]
+        if not state:  # saved before the first optimizer step (e.g. an import): Adam's moments are zero
+            return [torch.zeros_like(g) for g in fp32_groups]
         return [state[i][key] for i in sorted(state)]
     if isinstance(base, list):  # older layout: one dict per group
         return [g[key] for g in base]
@@ -255,7 +258,7 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
     }
     if with_moments:
         o = _load(tag_dir / _optim_name(tag_dir, 0, 0))["optimizer_state_dict"]
-        base = o.get("base_optimizer_state") or {}
+        base = o.get("base_optimizer_state") or o.get("optimizer_state_dict") or {}  # ZeRO-1/2 | ZeRO-3
         groups = base.get("param_groups", []) if isinstance(base, dict) else []
         steps = [float(s["step"]) for s in (base.get("state", {}) if isinstance(base, dict) else {}).values()
                  if "step" in s]
