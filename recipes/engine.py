@@ -33,6 +33,12 @@ def init_distributed(recipe) -> torch.device:
     timeout = timedelta(minutes=recipe.training.dist_timeout_minutes)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:
+        # DeepSpeed's shared-memory all-reduce is a JIT-built C++ op used only for inference all-reduce; loading it
+        # in every CPU rank costs ~30 s on a small machine and training never calls it.
+        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+        deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
@@ -50,7 +56,8 @@ def init_parallel_state(layout: Layout) -> None:
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp, order="tp-dp-pp")
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp, order="tp-dp-pp",
+        create_gloo_process_groups=False)  # the default backend is gloo on CPU already; NCCL runs need none
 
 
 class MegatronMPU:
