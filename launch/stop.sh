@@ -43,6 +43,8 @@ backend=$(cat "$run_dir/backend")
 if [ -z "${LAUNCH_SSH_CONFIG:-}" ] && [ -s "$run_dir/ssh_config" ]; then LAUNCH_SSH_CONFIG=$(cat "$run_dir/ssh_config"); fi
 setup_ssh
 
+# So that the launcher reports a requested stop, not a failure (unless the launcher itself is stopping the run).
+[ -n "${LAUNCH_STOP_BY_LAUNCHER:-}" ] || date +%s >"$run_dir/stop_requested"
 if [ -f "$run_dir/slurm_job_id" ]; then
   scancel "$(cat "$run_dir/slurm_job_id")" && echo "scancel $(cat "$run_dir/slurm_job_id")"
   exit $?

@@ -162,7 +162,7 @@ case "$BACKEND" in
 esac
 
 stop_everything() {
-  "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
+  LAUNCH_STOP_BY_LAUNCHER=1 "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
 }
 on_signal() { say "interrupted: stopping run $RUN_ID on all nodes"; stop_everything; exit 130; }
 trap on_signal INT TERM
@@ -191,7 +191,13 @@ if [ -z "$failed" ]; then
 fi
 
 t0=$SECONDS
-say "a rank failed: stopping run $RUN_ID on all ${NNODES} node(s)"
+requested=0
+[ -f "$LOG_DIR/stop_requested" ] && requested=1  # stop.sh writes it before it stops anything
+if [ "$requested" = 1 ]; then
+  say "stopping run $RUN_ID on all ${NNODES} node(s) (launch/stop.sh was called)"
+else
+  say "a rank failed: stopping run $RUN_ID on all ${NNODES} node(s)"
+fi
 stop_everything
 deadline=$((SECONDS + ${LAUNCH_STOP_GRACE:-10} + 20))
 for i in "${!NODE_PIDS[@]}"; do
@@ -202,6 +208,10 @@ for i in "${!NODE_PIDS[@]}"; do
   wait "$pid" 2>/dev/null
 done
 sleep 0.3  # let the log tees drain
+if [ "$requested" = 1 ]; then
+  say "STOPPED: run $RUN_ID was stopped on request (launch/stop.sh); every rank on every node is gone."
+  exit 1
+fi
 first=$(grep -hos 'LAUNCH-FAIL rank=[0-9]* host=[^ ]* exit=[0-9]* at=[0-9.]*' "$LOG_DIR"/*.log \
   | sed 's/.*rank=\([0-9]*\) host=\([^ ]*\) exit=\([0-9]*\) at=\([0-9.]*\)/\4 \1 \2 \3/' | sort -n | head -n1)
 if [ -n "$first" ]; then

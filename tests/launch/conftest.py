@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.launch_helpers import SSHD, TOY, TOY_ENTRY, wait_for_ssh, free_port, launch_env, run_launch
+from tests.launch.launch_helpers import REPO, SSHD, TOY, free_port, launch_env, wait_for_ssh
 
 
 @pytest.fixture(scope="session")
@@ -55,11 +55,14 @@ def ssh_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def local_reference(tmp_path_factory):
-    """Losses of the toy recipe as one local 4-rank run (no ssh): what every multi-node launch must reproduce."""
+    """Losses of the toy recipe trained in ONE process on the whole global batch (no launcher, no ssh): what every
+    multi-node launch of the toy must reproduce up to float summation order."""
     out = tmp_path_factory.mktemp("ref") / "losses.json"
-    r = run_launch("train.sh", TOY, "--backend", "local", "--num-gpus", 4, "--entry", TOY_ENTRY, "--quiet",
-                   "--master-port", free_port(), "--log-dir", out.parent / "logs", env=launch_env(TOY_OUT=out))
+    env = launch_env(TOY_OUT=out, RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
+                     PYTHONPATH=REPO)
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), str(REPO / "tests" / "launch" / "toy_train.py"),
+                        "--config", str(TOY)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
-    assert data["world_size"] == 4
+    assert data["world_size"] == 1 and len(data["losses"]) == 4
     return data["losses"]
