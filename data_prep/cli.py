@@ -36,7 +36,21 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                    help="always encode whole documents (the fast path is used only where exact)")
     p.add_argument("--verify-fraction", type=float, default=0.0,
                    help="re-encode this share of documents whole during the run; stop on any mismatch")
+    p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
+                   help="run only units with index %% N == I (one node of N); the last to finish writes the manifest")
+    p.add_argument("--merge-only", action="store_true",
+                   help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
     p.add_argument("-q", "--quiet", action="store_true")
+
+
+def parse_slice(text: str):
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--slice wants I/N (e.g. 0/4), got {text!r}")
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--slice {text}: need 0 <= I < N")
+    return i, n
 
 
 def cmd_tokenize(a) -> int:
@@ -45,12 +59,15 @@ def cmd_tokenize(a) -> int:
     s = Settings(inputs=a.inputs, output_dir=a.output, tokenizer=a.tokenizer, text_field=a.text_field,
                  workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
                  eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
-                 verify_fraction=a.verify_fraction, quiet=a.quiet)
+                 verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0], slice_count=a.slice[1],
+                 merge_only=a.merge_only)
     try:
         m = run(s)
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if m is None:
+        return 0
     t = m["totals"]
     print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens, "
           f"rejected {sum(t['rejected'].values()):,} {t['rejected'] or ''}")

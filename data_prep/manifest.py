@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections import Counter
 from typing import List, Optional
 
@@ -16,8 +17,32 @@ REJECTS = "rejects.jsonl"
 FAILED = "failed_units.json"
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
+def _tmp_name(path: str, shared: bool) -> str:
+    # Files of one unit have one writer: a fixed temporary name, overwritten by a rerun. Shared files (plan,
+    # manifest, reject log) may be written by several nodes at once: a name per writer (host, pid).
+    return f"{path}.tmp.{socket.gethostname()}.{os.getpid()}" if shared else path + ".tmp"
+
+
+def remove_stale_tmp(out_dir: str) -> None:
+    """Remove temporary files left by killed writers of this host (other hosts' files are left alone)."""
+    host = socket.gethostname()
+    for name in os.listdir(out_dir):
+        head, sep, pid = name.rpartition(".")
+        if not sep or not pid.isdigit() or not head.endswith(f".tmp.{host}"):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            try:
+                os.remove(os.path.join(out_dir, name))
+            except FileNotFoundError:
+                pass
+        except PermissionError:
+            pass
+
+
+def atomic_write(path: str, data: bytes, shared: bool = False) -> None:
+    tmp = _tmp_name(path, shared)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -35,6 +60,18 @@ def stats_path(out_dir: str, unit_name: str) -> str:
 
 def rejects_path(out_dir: str, unit_name: str) -> str:
     return os.path.join(out_dir, unit_name + ".rejects.jsonl")
+
+
+def error_path(out_dir: str, unit_name: str) -> str:
+    return os.path.join(out_dir, unit_name + ".error.json")
+
+
+def load_error(out_dir: str, unit_name: str) -> Optional[dict]:
+    try:
+        with open(error_path(out_dir, unit_name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def load_stats(out_dir: str, unit_name: str) -> Optional[dict]:
@@ -85,7 +122,7 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
 
 
 def merge_reject_logs(out_dir: str, unit_names: List[str]) -> None:
-    tmp = os.path.join(out_dir, REJECTS + ".tmp")
+    tmp = _tmp_name(os.path.join(out_dir, REJECTS), shared=True)
     with open(tmp, "wb") as out:
         for name in unit_names:
             p = rejects_path(out_dir, name)

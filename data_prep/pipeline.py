@@ -47,6 +47,9 @@ class Settings:
     fast_path: bool = True
     verify_fraction: float = 0.0
     batch_docs: int = 256
+    slice_index: int = 0  # this node runs units with index % slice_count == slice_index
+    slice_count: int = 1
+    merge_only: bool = False  # do no unit work: write the manifest if all units are complete, else list them
     batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
     quiet: bool = False
 
@@ -239,10 +242,16 @@ class _UnitRun:
 
 def process_unit(unit: Unit, settings: Settings, fp: str) -> dict:
     """Run one unit; an unreadable input is returned as a failure (not raised) so other units carry on."""
+    err_path = mf.error_path(settings.output_dir, unit.name)
     try:
-        return {"ok": True, "stats": _UnitRun(unit, settings, fp).run()}
+        stats = _UnitRun(unit, settings, fp).run()
     except InputError as e:
-        return {"ok": False, "unit": unit.name, "path": e.path, "error": e.why}
+        res = {"ok": False, "unit": unit.name, "path": e.path, "error": e.why}
+        mf.atomic_write(err_path, mf.dumps({k: res[k] for k in ("unit", "path", "error")}))
+        return res
+    if os.path.exists(err_path):
+        os.remove(err_path)
+    return {"ok": True, "stats": stats}
 
 
 # --- driver side -------------------------------------------------------------------------------------------------
@@ -284,8 +293,9 @@ def _log(settings: Settings, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def run(settings: Settings) -> dict:
-    """Tokenize everything; returns the manifest. Raises RunFailed (after finishing the rest) if inputs failed."""
+def run(settings: Settings) -> Optional[dict]:
+    """Tokenize (this slice of) the units; returns the manifest once all units are complete, else None (a slice
+    whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed."""
     settings.output_dir = os.path.abspath(settings.output_dir)
     settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
     if settings.long_docs not in ("split", "reject"):
@@ -300,37 +310,72 @@ def run(settings: Settings) -> dict:
     out_settings = settings.output_affecting(info.sha256)
     fp = fingerprint(out_settings)
     manifest_path = os.path.join(settings.output_dir, mf.MANIFEST)
-    if os.path.exists(manifest_path):
-        os.remove(manifest_path)  # nothing may look complete while units are redone
-    mf.atomic_write(os.path.join(settings.output_dir, "plan.json"), mf.dumps(
+    mf.remove_stale_tmp(settings.output_dir)
+    mf.atomic_write(os.path.join(settings.output_dir, "plan.json"), shared=True, data=mf.dumps(
         {"fingerprint": fp, "settings": out_settings,
          "units": [{"name": u.name, "key": u.key(), "inputs": [p.as_dict() for p in u.pieces]} for u in units]}))
 
+    mine = [u for u in units if u.index % settings.slice_count == settings.slice_index]
     done = {}
     todo = []
-    for u in units:
+    for u in mine:
         st = unit_is_complete(settings.output_dir, u, fp)
         if st is not None:
             done[u.name] = st
-        else:
+        elif not settings.merge_only:
             todo.append(u)
+    if todo and os.path.exists(manifest_path):
+        os.remove(manifest_path)  # nothing may look complete while units are redone
     probe = FastEncoder(tok, enabled=settings.fast_path)
-    _log(settings, f"data_prep: {len(units)} units, {len(done)} already complete, {len(todo)} to do; "
-                   f"{settings.workers} worker(s); fast path: {'on' if probe.active else 'off (' + str(probe.reason) + ')'}")
+    where = f" (slice {settings.slice_index}/{settings.slice_count})" if settings.slice_count > 1 else ""
+    _log(settings, f"data_prep: {len(units)} units{where}, {len(mine)} mine, {len(done)} already complete, "
+                   f"{len(todo)} to do; {settings.workers} worker(s); fast path: "
+                   f"{'on' if probe.active else 'off (' + str(probe.reason) + ')'}")
     failed = _execute(todo, settings, fp, done)
-
-    stale = os.path.join(settings.output_dir, mf.FAILED)
     if failed:
-        mf.atomic_write(stale, mf.dumps(failed))
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)
+        if settings.slice_count == 1:
+            mf.atomic_write(os.path.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
         raise RunFailed(f"{len(failed)} unit(s) failed; other units are complete; rerun the same command to retry "
                         f"them:\n{lines}", failed)
-    if os.path.exists(stale):
-        os.remove(stale)
+    return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
+                  require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet)
+
+
+def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False) -> Optional[dict]:
+    """Write manifest.json when every unit is complete (whichever slice or node gets here last does it).
+
+    With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any)."""
+    missing = []
+    for u in units:
+        if u.name not in done:
+            st = unit_is_complete(out_dir, u, fp)
+            if st is None:
+                missing.append(u)
+            else:
+                done[u.name] = st
+    failed_path = os.path.join(out_dir, mf.FAILED)
+    if missing:
+        if not require_all:
+            if not quiet:
+                print(f"data_prep: this slice is complete; {len(missing)} unit(s) of other slices are not yet; the "
+                      "last slice to finish (or --merge-only) writes manifest.json", file=sys.stderr)
+            return None
+        failed = []
+        for u in missing:
+            err = mf.load_error(out_dir, u.name) or {}
+            failed.append({"unit": u.name, "path": err.get("path", ", ".join(p.path for p in u.pieces)),
+                           "error": err.get("error", "not run yet (or killed)")})
+        mf.atomic_write(failed_path, mf.dumps(failed), shared=True)
+        lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed[:50])
+        raise RunFailed(f"{len(missing)} unit(s) are not complete; rerun tokenize (same arguments) to do them:\n"
+                        f"{lines}", failed)
+    if os.path.exists(failed_path):
+        os.remove(failed_path)
     stats = [done[u.name] for u in units]
-    manifest = mf.build_manifest(settings.output_dir, stats, info.manifest_dict(), dtype, out_settings)
-    mf.merge_reject_logs(settings.output_dir, [u.name for u in units])
-    mf.atomic_write(manifest_path, mf.dumps(manifest))
+    manifest = mf.build_manifest(out_dir, stats, info.manifest_dict(), dtype, out_settings)
+    mf.merge_reject_logs(out_dir, [u.name for u in units])
+    mf.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest
 
 
