@@ -60,7 +60,8 @@ if [ "$BACKEND" = deepspeed ]; then
   WORLD_INFO=$("$PY" -c 'import base64, json, sys
 hosts = sys.argv[1::2]; devs = sys.argv[2::2]
 info = {h: [int(d) for d in ds.split(",")] for h, ds in zip(hosts, devs)}
-print(base64.urlsafe_b64encode(json.dumps(info).encode()).decode())' "$(paste -d' ' <(printf '%s\n' "${HOSTS[@]}") <(printf '%s\n' "${DEVICES[@]}") | tr '\n' ' ')")
+print(base64.urlsafe_b64encode(json.dumps(info).encode()).decode())' \
+    $(for i in "${!HOSTS[@]}"; do echo "${HOSTS[$i]} ${DEVICES[$i]}"; done))
   # The resolved hostfile: only the selected hosts, so DeepSpeed sees exactly the plan printed here.
   for i in "${!HOSTS[@]}"; do echo "${HOSTS[$i]} slots=${SLOTS[$i]}"; done >"$LOG_DIR/hostfile"
   DS_CMD=("$PY" -u -m deepspeed.launcher.runner --hostfile "$LOG_DIR/hostfile" --include "$(ds_include)"

@@ -1,8 +1,10 @@
 """--dry-run on a 100-node hostfile: world size, the rank range and node rank of every node, the master address;
 and the generated Slurm script. Nothing is started (no ssh, no processes)."""
+import base64
+import json
 import re
 
-from tests.launch.launch_helpers import TOY, run_launch
+from tests.launch.launch_helpers import REPO, TOY, launch_env, run_launch
 
 N, SLOTS = 100, 8
 
@@ -38,6 +40,9 @@ def test_dry_run_100_nodes_torchrun_and_deepspeed(tmp_path):
             assert "recipes.pretrain --config" in cmd and "parallel.tp=8" in cmd
             if backend == "torchrun-ssh":
                 assert f"--nnodes={N} " in cmd and f"--nproc_per_node={SLOTS} " in cmd and f"LAUNCH_HOST=gpu{i + 1:03d}" in cmd
+            else:  # DeepSpeed's world_info: every host with its slot indices, in hostfile order
+                info = json.loads(base64.urlsafe_b64decode(re.search(r"--world_info=(\S+)", cmd)[1]))
+                assert list(info) == [f"gpu{j:03d}" for j in range(1, N + 1)] and info["gpu050"] == list(range(SLOTS))
         assert next_rank == N * SLOTS
         assert not (tmp_path / backend / "hosts").exists()  # a dry run records no started run
 
@@ -73,3 +78,29 @@ def test_slurm_script(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "export MASTER_ADDR=${MASTER_ADDR:-head-node}" in (tmp_path / "s2" / "job.sbatch").read_text()
     assert "#SBATCH --nodes=2\n" in r.stdout
+
+
+def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
+    """The shipped GLM-130B recipe (TP=4 x PP=5, 100 x 8 GPUs) resolves to DP=40; NCCL_*/GLOO_* and --env variables
+    reach every node's command (torchrun over ssh) or the DeepSpeed env file."""
+    hf = hostfile_100(tmp_path)
+    recipe = REPO / "configs" / "runs" / "glm-130b-100x8-a100.yaml"
+    env = launch_env(NCCL_IB_HCA="mlx5_0,mlx5_1", GLOO_SOCKET_IFNAME="ib0", MY_SETTING="a b")
+    r = run_launch("train.sh", recipe, "--hostfile", hf, "--backend", "torchrun-ssh", "--dry-run", "--env",
+                   "MY_SETTING", "--log-dir", tmp_path / "t", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "world_size=800" in r.stdout and "TP=4 x PP=5 x DP=40" in r.stdout
+    for m in node_lines(r.stdout):
+        assert "NCCL_IB_HCA=mlx5_0\\,mlx5_1 " in m[6] or "NCCL_IB_HCA=mlx5_0,mlx5_1 " in m[6], m[6][:400]
+        assert "GLOO_SOCKET_IFNAME=ib0 " in m[6] and "MY_SETTING=a\\ b " in m[6] and "OMP_NUM_THREADS=1 " in m[6]
+    r = run_launch("train.sh", recipe, "--hostfile", hf, "--backend", "deepspeed", "--dry-run", "--env",
+                   "MY_SETTING", "--log-dir", tmp_path / "d", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "d" / "launch.env").read_text().splitlines()
+    for want in ("NCCL_IB_HCA=mlx5_0,mlx5_1", "GLOO_SOCKET_IFNAME=ib0", "MY_SETTING=a b", f"PYTHONPATH={REPO}",
+                 f"VIRTUAL_ENV={REPO / '.venv'}"):
+        assert want in lines
+    assert f"DS_ENV_FILE={tmp_path / 'd' / 'launch.env'} " in r.stdout
+    # 7 nodes x 8 = 56 ranks does not fit TP x PP = 20: refused with the fix, nothing started
+    r = run_launch("train.sh", recipe, "--hostfile", hf, "--num-nodes", 7, "--dry-run", "--log-dir", tmp_path / "x")
+    assert r.returncode == 3 and "multiple of tp x pp = 20" in r.stderr and not (tmp_path / "x").exists()
