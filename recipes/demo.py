@@ -79,7 +79,7 @@ def generate(hf_dir: Path, prompt: str, max_new_tokens: int = 48) -> str:
     model.eval()
     ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.3,
                              pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     return tok.decode(out[0], skip_special_tokens=True)
 
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         # 4. export to transformers, 5. generate with plain transformers
         hf_dir = out / "hf"
         st.run("export: Hugging Face transformers directory",
-               [py, "-m", "recipes.export_hf", "--checkpoint", str(out / "checkpoints"), "--out", str(hf_dir)])
+               [py, "-m", "recipes.export_hf", "--checkpoint", str(out / "checkpoints"), "--out", str(hf_dir),
+                "--config", str(DEMO_RECIPE), *overrides])
         t0 = time.time()
         text = generate(hf_dir, PROMPT)
         st.note("generate: greedy text from the exported model", time.time() - t0)
