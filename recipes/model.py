@@ -200,8 +200,10 @@ class EmbeddingPipe(nn.Module):
         with _Seeded(seed):
             self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
                 padded, config.hidden_size, init_method=_init_normal(config.init_method_std), config=config)
-            self.position_embeddings = None
-            if model_cfg.position_embedding == "learned":
+        self.position_embeddings = None
+        if model_cfg.position_embedding == "learned":
+            # Own seed: the padded vocabulary (hence the RNG draws above) depends on TP.
+            with _Seeded(seed + 1):
                 self.position_embeddings = nn.Embedding(model_cfg.seq_length, config.hidden_size)
                 _init_normal(config.init_method_std)(self.position_embeddings.weight)
         self._zero_padded_rows()

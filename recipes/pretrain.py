@@ -25,6 +25,18 @@ def validate_recipe(recipe, world_size: int) -> None:
     except ImportError:
         validate = _minimal_validate
     validate(recipe, world_size)
+    _check_runs_here(recipe)
+
+
+def _check_runs_here(recipe) -> None:
+    """Limits of this machine rather than of the recipe."""
+    import torch
+
+    on_cpu = recipe.cluster.device == "cpu" or not torch.cuda.is_available()
+    if on_cpu and recipe.parallel.sequence_parallel and recipe.parallel.tp > 1:
+        # megatron-core's sequence-parallel linears gather into a CUDA-only buffer (GlobalMemoryBuffer).
+        raise RecipeError("parallel.sequence_parallel = true needs CUDA GPUs (megatron-core's sequence-parallel "
+                          "linears use a CUDA buffer); set parallel.sequence_parallel=false for CPU runs")
 
 
 def _minimal_validate(recipe, world_size: int) -> None:  # fallback until recipes.validation lands

@@ -57,3 +57,19 @@ def test_loss_falls_on_real_shards(reference):
     for r in records:  # the per-step metrics the README promises
         for key in ("lr", "grad_norm", "loss_scale", "tokens_per_s", "tflops_per_gpu", "mfu", "mem_gb"):
             assert math.isfinite(r[key]), (key, r)
+
+
+GPT_SHAPE = ["model.tied_embeddings=true", "model.position_embedding=learned", "model.activation=gelu",
+             "model.normalization=layernorm", "model.add_bias_linear=true"]
+
+
+def test_gpt_shape_tied_embeddings_across_pipeline_stages(corpus, tmp_path):
+    """Tied input/output embeddings live on the first and the last stage (TiedLayerSpec); GeLU, learned positions,
+    LayerNorm and biases. TP=2 x PP=2 x DP=1 must match TP=1 x PP=1 x DP=1."""
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "tp2pp2"
+    pretrain(1, ref_dir, corpus, f"training.train_steps={STEPS}", *GPT_SHAPE)
+    pretrain(4, run_dir, corpus, f"training.train_steps={STEPS}", "parallel.tp=2", "parallel.pp=2", *GPT_SHAPE)
+    ref, got = losses(ref_dir), losses(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
+    assert worst <= REL_TOL, f"per-step losses {got} vs 1x1x1 {ref} (worst relative difference {worst:.2e})"

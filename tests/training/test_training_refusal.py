@@ -12,6 +12,7 @@ from conftest import pretrain
     (["parallel.tp=3"], "parallel.tp"),                            # 4 ranks cannot hold TP=3
     (["parallel.pp=2", "parallel.zero_stage=2"], "zero_stage"),    # DeepSpeed's pipeline engine refuses ZeRO-2/3
     (["training.global_batch=6", "parallel.tp=1"], "global_batch"),  # 6 samples over DP=4
+    (["parallel.tp=2", "parallel.sequence_parallel=true"], "sequence_parallel"),  # CUDA-only in megatron-core
 ])
 def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_path):
     run_dir = tmp_path / "run"
