@@ -1,4 +1,5 @@
-"""python -m data_prep <command>: tokenize, train-tokenizer, verify, stats/inspect, sample-corpus, demo, bench."""
+"""python -m data_prep <command>: tokenize, train-tokenizer, verify, stats/inspect, sample-corpus, demo, bench,
+merge, blend, plan, slurm."""
 
 from __future__ import annotations
 
@@ -6,14 +7,21 @@ import argparse
 import os
 import sys
 
-SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+SIZE_UNITS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 
 
 def parse_size(text: str) -> int:
-    t = text.strip().lower().rstrip("b").rstrip("i")
-    if t and t[-1] in SIZE_UNITS:
-        return int(float(t[:-1]) * SIZE_UNITS[t[-1]])
-    return int(t)
+    """'256M' = 256e6 bytes, '256Mi' = 256 x 2^20, '10P' = 1e16, plain digits = bytes; a trailing B is allowed."""
+    t = text.strip().lower()
+    t = t[:-1] if t.endswith("b") else t
+    binary = t.endswith("i")
+    t = t[:-1] if binary else t
+    try:
+        if t and t[-1] in SIZE_UNITS:
+            return int(float(t[:-1]) * (1024 if binary else 1000) ** SIZE_UNITS[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 64M, 1G, 10P, 512Mi)") from None
 
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
@@ -122,6 +130,90 @@ def cmd_bench(a) -> int:
     return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, tokenizer=a.tokenizer)
 
 
+def _tokenize_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_prep tokenize")
+    _add_tokenize_args(p)
+    return p
+
+
+def _settings_from(a):
+    from .pipeline import Settings
+
+    return Settings(inputs=a.inputs, output_dir=a.output, tokenizer=a.tokenizer, text_field=a.text_field,
+                    workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
+                    eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, quiet=a.quiet)
+
+
+def cmd_slurm(a) -> int:
+    from .slurm import incomplete_slices, render
+
+    targs = a.tokenize_args[1:] if a.tokenize_args[:1] == ["--"] else a.tokenize_args
+    if not targs:
+        print("error: give the tokenize arguments after --", file=sys.stderr)
+        return 2
+    t = _tokenize_parser().parse_args(targs)
+    only = incomplete_slices(_settings_from(t), a.tasks) if a.only_incomplete else None
+    if only == []:
+        print("every unit is complete: nothing to submit (run the finalize script or tokenize --merge-only)")
+        return 0
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = render(targs, a.tasks, a.scripts_dir, repo, sys.executable, os.getcwd(), a.max_array_size,
+                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only)
+    for p in paths:
+        print(f"# {p}")
+        if a.dry_run:
+            print(open(p).read())
+    if a.dry_run:
+        return 0
+    import subprocess
+
+    return subprocess.call(["bash", paths[-1]])
+
+
+def cmd_merge(a) -> int:
+    from .merge import merge
+
+    m = merge(a.sources, a.output, a.target_size, quiet=a.quiet)
+    t = m["totals"]
+    print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens")
+    return 0
+
+
+def cmd_blend(a) -> int:
+    import json
+
+    from .blend import build_blend, format_report, parse_sources
+
+    b = build_blend(parse_sources(a.sources), a.token_budget)
+    print(format_report(b))
+    if a.output:
+        with open(a.output, "w") as f:
+            json.dump(b, f, indent=1)
+        print(f"blend written to {a.output} (key 'blend': megatron-core's [weight, prefix, ...] list)")
+    return 0
+
+
+def cmd_plan(a) -> int:
+    from .plan import calibrate, plan
+    from .sample_corpus import build
+
+    sample = a.sample
+    tok = a.tokenizer
+    if not sample or not tok:
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="data_prep_plan_")
+        sample = sample or [build(d, 4 << 20)]
+        if not tok:
+            from .train_tokenizer import train
+
+            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20)
+    cal = calibrate(sample, tok, parse_size(a.sample_size))
+    print(plan(parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
+               a.gpu, a.mfu, a.days))
+    return 0
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
@@ -174,6 +266,47 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("merge", help="combine many shards into fewer of a target size, streaming")
+    p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--target-size", type=parse_size, default="4G", help=".bin bytes per merged shard")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(fn=cmd_merge)
+
+    p = sub.add_parser("blend", help="weighted blend over manifests (name=DIR:weight ...), epochs per source")
+    p.add_argument("sources", nargs="+", help="name=DIR:weight, e.g. web=out/web:0.7 code=out/code:0.2")
+    p.add_argument("--token-budget", type=float, default=0.0, help="training tokens, to report epochs per source")
+    p.add_argument("-o", "--output", help="write the blend JSON here")
+    p.set_defaults(fn=cmd_blend)
+
+    p = sub.add_parser("plan", help="tokens, shards, size and wall time for a corpus, from a calibration run")
+    p.add_argument("--corpus-size", required=True, help="e.g. 10P, 500T, 2G (bytes of text)")
+    p.add_argument("--sample", nargs="*", help="sample files of the corpus (default: the embedded stdlib sample)")
+    p.add_argument("-t", "--tokenizer", help="default: one trained on the sample")
+    p.add_argument("--sample-size", default="8M")
+    p.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
+    p.add_argument("--cores-per-node", type=int, default=96)
+    p.add_argument("--shard-size", type=parse_size, default="256M")
+    p.add_argument("--model-params", type=float, default=0.0, help="e.g. 130e9")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs of the training run (e.g. 800)")
+    p.add_argument("--gpu", default="H100")
+    p.add_argument("--mfu", type=float, default=0.4)
+    p.add_argument("--days", type=float, default=30.0)
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("slurm", help="write (and submit) a Slurm job array running tokenize slices")
+    p.add_argument("--tasks", type=int, required=True, help="number of slices = array tasks")
+    p.add_argument("--scripts-dir", default="runs/prep_slurm")
+    p.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize (scontrol show config)")
+    p.add_argument("--max-concurrent", type=int, default=0, help="%%N throttle on running tasks")
+    p.add_argument("--cpus-per-task", type=int, default=8)
+    p.add_argument("--time", default="24:00:00")
+    p.add_argument("--partition")
+    p.add_argument("--only-incomplete", action="store_true", help="submit only slices with incomplete units")
+    p.add_argument("--dry-run", action="store_true", help="write and print the scripts; submit nothing")
+    p.add_argument("tokenize_args", nargs=argparse.REMAINDER, help="-- then the tokenize arguments")
+    p.set_defaults(fn=cmd_slurm)
 
     a = ap.parse_args(argv)
     from .pipeline import RunFailed  # noqa: F401

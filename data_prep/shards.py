@@ -182,3 +182,36 @@ def indexed_dataset_class():
         from megatron.core.datasets.indexed_dataset import IndexedDataset
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
     return IndexedDataset
+
+
+def read_index_arrays(idx_path: str):
+    """(dtype, lengths, pointers, document_indices) of an .idx as read-only memmaps: nothing loaded into memory."""
+    head = read_header(idx_path)
+    n, d = head["sequences"], head["document_count"]
+    mm = np.memmap(idx_path, mode="r", dtype=np.uint8)
+    off = HEADER_BYTES
+    lengths = np.frombuffer(mm, dtype=np.int32, count=n, offset=off)
+    pointers = np.frombuffer(mm, dtype=np.int64, count=n, offset=off + 4 * n)
+    docs = np.frombuffer(mm, dtype=np.int64, count=d, offset=off + 12 * n)
+    return head["dtype"], lengths, pointers, docs
+
+
+def append_shard(writer: "ShardWriter", prefix: str, chunk_bytes: int = 1 << 24) -> None:
+    """Stream a whole shard onto ``writer``: .bin copied in chunks, index arrays appended chunk by chunk."""
+    writer.flush()
+    dtype, lengths, _, docs = read_index_arrays(prefix + ".idx")
+    if np.dtype(dtype) != writer.dtype:
+        raise ValueError(f"{prefix}: dtype {np.dtype(dtype).name} differs from {writer.dtype.name}; merge shards "
+                         "made with the same tokenizer")
+    with open(prefix + ".bin", "rb") as f:
+        for block in iter(lambda: f.read(chunk_bytes), b""):
+            writer.bin.write(block)
+            writer.bin_sha.update(block)
+    for lo in range(0, len(lengths), CHUNK):
+        writer.lens.write(np.asarray(lengths[lo : lo + CHUNK]).tobytes())
+    base = writer.sequences
+    for lo in range(1, len(docs), CHUNK):
+        writer.docs.write((np.asarray(docs[lo : lo + CHUNK]) + base).tobytes())
+    writer.sequences += len(lengths)
+    writer.documents += len(docs) - 1
+    writer.tokens += int(lengths.sum(dtype=np.int64))

@@ -1,0 +1,66 @@
+"""merge: many shards -> fewer shards of a target size, by streaming (memory ~ one chunk, never the data).
+
+Shards are taken in manifest order and grouped greedily up to ``target_bytes`` of .bin each; the new manifest keeps
+the totals, the rejected counts and the input ranges of every source shard, so it still balances.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import List
+
+from . import manifest as mf
+from .shards import ShardWriter, append_shard
+
+
+def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = False) -> dict:
+    """Merge the shards of one or more manifest directories (same tokenizer) into ``out_dir``."""
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    manifests = [(os.path.abspath(d), mf.read_manifest(d)) for d in sources]
+    first = manifests[0][1]
+    for d, m in manifests[1:]:
+        if m["tokenizer"].get("sha256") != first["tokenizer"].get("sha256") or m["dtype"] != first["dtype"]:
+            raise ValueError(f"{d}: tokenizer or dtype differs from {manifests[0][0]}; merge only shards of one "
+                             "tokenizer")
+    items = [(d, sh) for d, m in manifests for sh in m["shards"]]
+    groups, cur, size = [], [], 0
+    for d, sh in items:
+        if cur and size + sh["bytes"] > target_bytes:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append((d, sh))
+        size += sh["bytes"]
+    if cur:
+        groups.append(cur)
+    stats = []
+    from tqdm import tqdm
+
+    for i, group in enumerate(tqdm(groups, desc="merge", unit="shard", disable=quiet)):
+        name = f"merged_{i:06d}"
+        w = ShardWriter(os.path.join(out_dir, name), first["dtype"])
+        rejected: Counter = Counter()
+        inputs, records = [], 0
+        for d, sh in group:
+            append_shard(w, os.path.join(d, sh["prefix"]))
+            rejected.update(sh.get("rejected", {}))
+            inputs += sh.get("inputs", [])
+            records += sh.get("input_records", sh["documents"] + sum(sh.get("rejected", {}).values()))
+        st = w.finalize()
+        stats.append({"prefix": name, **st, "input_records": records, "inputs": inputs,
+                      "rejected": dict(sorted(rejected.items())),
+                      "merged_from": [os.path.join(d, sh["prefix"]) for d, sh in group]})
+    # units that produced no shard still count (their records were all rejected)
+    for d, m in manifests:
+        for e in m.get("empty_units", []):
+            stats.append({"prefix": None, "documents": 0, "sequences": 0, "tokens": 0, "bytes": 0, "idx_bytes": 0,
+                          "sha256_bin": None, "sha256_idx": None, "input_records": e["input_records"],
+                          "inputs": e["inputs"], "rejected": e["rejected"]})
+    manifest = mf.build_manifest(out_dir, stats, first["tokenizer"], first["dtype"],
+                                 {**first.get("settings", {}), "merged_from": [d for d, _ in manifests],
+                                  "merge_target_bytes": target_bytes})
+    for i, sh in enumerate(s for s in stats if s["prefix"]):
+        manifest["shards"][i]["merged_from"] = sh["merged_from"]
+    mf.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
+    return manifest

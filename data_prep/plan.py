@@ -1,0 +1,86 @@
+"""plan: what preparing a corpus of a given size costs, from a short calibration on a sample.
+
+Calibration runs the real encoder (fast path included) on one core over a sample of the corpus (or the embedded
+stdlib sample) and measures bytes per token, bytes per document and MB/s per core. From those and the corpus size it
+prints expected tokens, shards, output size, wall time per cluster size, and how many of those tokens a training run
+can consume (compute-bound: 6 x params FLOPs per token at a given MFU; and the Chinchilla 20 tokens/param rule).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, List, Optional
+
+from .fast_path import FastEncoder
+from .tokenizers import load_tokenizer, optimal_dtype
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
+
+
+def calibrate(sample_inputs: List[str], tokenizer: str, max_bytes: int = 8 << 20, text_field: str = "text") -> Dict:
+    from .train_tokenizer import sample_texts
+
+    tok = load_tokenizer(tokenizer)
+    enc = FastEncoder(tok)
+    texts = list(sample_texts(sample_inputs, text_field, max_bytes))
+    enc.self_check(texts[:32])
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    t0 = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), 128):
+        tokens += sum(len(x) + 1 for x in enc.encode_batch(texts[i : i + 128]))
+    secs = time.perf_counter() - t0
+    return {"sample_bytes": nbytes, "sample_docs": len(texts), "tokens": tokens, "seconds": secs,
+            "bytes_per_token": nbytes / tokens, "bytes_per_doc": nbytes / max(len(texts), 1),
+            "mb_per_s_per_core": nbytes / secs / 1e6, "fast_path": enc.active, "vocab_size": tok.info.vocab_size}
+
+
+def plan(corpus_bytes: float, cal: Dict, nodes_options: List[int], cores_per_node: int, shard_bytes: int,
+         model_params: float = 0.0, gpus: int = 0, gpu: str = "H100", mfu: float = 0.4, days: float = 30.0,
+         efficiency: float = 0.8) -> str:
+    itemsize = 2 if optimal_dtype(cal["vocab_size"]).__name__ == "uint16" else 4
+    tokens = corpus_bytes / cal["bytes_per_token"]
+    docs = corpus_bytes / cal["bytes_per_doc"]
+    shards = math.ceil(corpus_bytes / shard_bytes)
+    out_bytes = tokens * itemsize + docs * (4 + 8 + 8)  # tokens + per-sequence length, pointer, doc index
+    lines = [
+        f"calibration: {cal['sample_bytes'] / 1e6:.1f} MB sample, {cal['bytes_per_token']:.2f} bytes/token, "
+        f"{cal['mb_per_s_per_core']:.2f} MB/s per core (fast path {'on' if cal['fast_path'] else 'off'})",
+        f"corpus: {_h(corpus_bytes)}B -> about {_h(tokens)} tokens, {_h(docs)} documents",
+        f"output: {shards:,} shards of ~{_h(shard_bytes)}B input each, {_h(out_bytes)}B on disk "
+        f"({itemsize}-byte tokens); a blend over more than 32,767 shards needs `merge` first",
+        "wall time (at {:.0%} parallel efficiency):".format(efficiency),
+    ]
+    per_core = cal["mb_per_s_per_core"] * 1e6 * efficiency
+    for n in nodes_options:
+        secs = corpus_bytes / (per_core * n * cores_per_node)
+        lines.append(f"  {n:5d} node(s) x {cores_per_node} cores: {_duration(secs)}")
+    lines.append(f"  core-years: {corpus_bytes / (cal['mb_per_s_per_core'] * 1e6) / 3.156e7:,.1f}")
+    if model_params:
+        chin = 20 * model_params
+        lines.append(f"training a {_h(model_params)}-parameter model:")
+        lines.append(f"  Chinchilla-optimal (20 tokens/param): {_h(chin)} tokens = {chin / tokens:.2%} of this corpus")
+        if gpus:
+            flops = gpus * PEAK_BF16.get(gpu, 989e12) * mfu * days * 86400
+            budget = flops / (6 * model_params)
+            lines.append(f"  compute budget {gpus} x {gpu} at {mfu:.0%} MFU for {days:g} days: {_h(budget)} tokens "
+                         f"= {budget / tokens:.2%} of this corpus")
+    return "\n".join(lines)
+
+
+def _h(x: float) -> str:
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {unit}"
+    return f"{x:.0f} "
+
+
+def _duration(secs: float) -> str:
+    if secs < 3600:
+        return f"{secs / 60:.1f} min"
+    if secs < 86400 * 2:
+        return f"{secs / 3600:.1f} h"
+    if secs < 86400 * 365:
+        return f"{secs / 86400:.1f} days"
+    return f"{secs / 86400 / 365:.1f} years"

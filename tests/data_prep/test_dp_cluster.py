@@ -1,0 +1,231 @@
+"""Cluster-scale data prep: slices, hostfile over real ssh, Slurm scripts, merge, blend, plan."""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dp_helpers import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
+
+from data_prep import manifest as mf
+from data_prep.pipeline import Settings, run
+from data_prep.shards import ShardWriter
+
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, texts):
+    d = tmp_path_factory.mktemp("cluster_in")
+    write_jsonl(d / "big.jsonl", [{"text": t} for t in texts[:30]])
+    for i in range(4):
+        write_jsonl(d / f"s{i}.jsonl", [{"text": t} for t in texts[30 + 2 * i: 32 + 2 * i]])
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus, sp_model):
+    out = tmp_path_factory.mktemp("cluster_ref") / "out"
+    run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000, quiet=True))
+    return tree_bytes(out)
+
+
+def _targs(corpus, out, sp_model):
+    return [str(corpus), "-o", str(out), "-t", sp_model, "--shard-size", "30000"]
+
+
+def _shared_files(tree):
+    """Everything but per-run logs: shards, stats, reject logs, plan and manifest."""
+    return {k: v for k, v in tree.items() if not k.startswith("logs/")}
+
+
+def test_slices_in_any_order_then_merge_equal_one_local_run(tmp_path, corpus, sp_model, reference):
+    out = tmp_path / "out"
+    for i in (2, 0):
+        r = run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000,
+                         slice_index=i, slice_count=3, quiet=True))
+        assert r is None  # other slices still missing: no manifest yet
+    r = run_cli("tokenize", *_targs(corpus, out, sp_model), "--merge-only", check=False)
+    assert r.returncode == 1 and "not complete" in r.stderr and not (out / "manifest.json").exists()
+    r = run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000,
+                     slice_index=1, slice_count=3, quiet=True))
+    assert r is not None  # the last slice to finish writes the manifest
+    got = tree_bytes(out)
+    got.pop("failed_units.json", None)
+    assert got == reference
+
+
+def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path, corpus, sp_model, reference):
+    from data_prep.slurm import render
+
+    paths = render(["in", "-o", "out", "-t", "tok"], 2500, str(tmp_path / "big"), REPO, PY, str(tmp_path),
+                   max_array_size=1001)
+    arrays = [p for p in paths if p.endswith(".sbatch") and "array_" in p]
+    assert len(arrays) == 3
+    texts = [open(p).read() for p in arrays]
+    assert [t.split("--array=")[1].split()[0] for t in texts] == ["0-999", "0-999", "0-499"]
+    assert ["SLURM_ARRAY_TASK_ID + 0 ", "SLURM_ARRAY_TASK_ID + 1000 ", "SLURM_ARRAY_TASK_ID + 2000 "] == [
+        t.split("SLICE=$(( ")[1].split(")")[0] for t in texts]
+    for p in paths:
+        subprocess.run(["bash", "-n", p], check=True)
+    assert "afterany" in open(paths[-1]).read()
+
+    # a real run: each array task executed as Slurm would (SLURM_ARRAY_TASK_ID set), then finalize
+    out = tmp_path / "out"
+    r = run_cli("slurm", "--tasks", "3", "--scripts-dir", tmp_path / "s", "--dry-run", "--cpus-per-task", "1", "--",
+                *_targs(corpus, out, sp_model))
+    assert "#SBATCH --array=0-2" in r.stdout
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for task in (0, 2):
+        subprocess.run(["bash", str(tmp_path / "s" / "array_0000.sbatch")], check=True, capture_output=True,
+                       env=dict(env, SLURM_ARRAY_TASK_ID=str(task), SLURM_CPUS_PER_TASK="1"))
+    # task 1 "failed": a rerun with --only-incomplete resubmits just that slice
+    r = run_cli("slurm", "--tasks", "3", "--scripts-dir", tmp_path / "s2", "--dry-run", "--only-incomplete", "--",
+                *_targs(corpus, out, sp_model))
+    assert "#SBATCH --array=1\n" in r.stdout
+    subprocess.run(["bash", str(tmp_path / "s2" / "array_0000.sbatch")], check=True, capture_output=True,
+                   env=dict(env, SLURM_ARRAY_TASK_ID="1"))
+    subprocess.run(["bash", str(tmp_path / "s2" / "finalize.sbatch")], check=True, capture_output=True, env=env)
+    got = tree_bytes(out)
+    assert got == reference
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A real sshd on loopback (temporary keys, free port), two host aliases on 127.0.0.1 and 127.0.0.2."""
+    from tests.launch.launch_helpers import SSHD, free_port, wait_for_ssh
+
+    if not os.path.exists(SSHD):
+        pytest.fail("sshd is not installed: run launch/install_system_deps.sh")
+    d = tmp_path_factory.mktemp("dp_sshd")
+    port = free_port()
+    for k in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / k)], check=True)
+    shutil.copy(d / "user_key.pub", d / "authorized_keys")
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {d / 'host_key'}\n"
+        f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n")
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    config = d / "ssh_config"
+    config.write_text("".join(
+        f"Host {alias}\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {d / 'user_key'}\n"
+        "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        for alias, addr in (("prep1", "127.0.0.1"), ("prep2", "127.0.0.2"), ("prepdead", "127.0.0.3"))))
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        wait_for_ssh(config, "prep1", deadline)
+        wait_for_ssh(config, "prep2", deadline)
+        yield config
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_hostfile_executor_over_real_ssh(tmp_path, corpus, sp_model, reference, sshd):
+    env = dict(os.environ, LAUNCH_SSH_CONFIG=str(sshd), LAUNCH_SSH_TIMEOUT="3", OMP_NUM_THREADS="1")
+    out = tmp_path / "out"
+    # one node unreachable: the other's units complete, the run fails naming the missing units
+    (tmp_path / "hosts_bad").write_text("prep1 slots=1\nprepdead slots=1\n")
+    r = subprocess.run(["bash", f"{REPO}/launch/prep.sh", "--hostfile", str(tmp_path / "hosts_bad"), "--log-dir",
+                        str(tmp_path / "logs1"), "--", *_targs(corpus, out, sp_model)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1 and "prepdead" in r.stderr and "not complete" in r.stderr
+    assert not (out / "manifest.json").exists()
+    done_before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.stats.json")}
+    assert done_before, "the reachable node must have completed its units"
+    # rerun on two good nodes (a different node count is fine): only the missing units are done
+    (tmp_path / "hosts").write_text("# two loopback nodes\nprep1 slots=1\nprep2 slots=2\n")
+    r = subprocess.run(["bash", f"{REPO}/launch/prep.sh", "--hostfile", str(tmp_path / "hosts"), "--log-dir",
+                        str(tmp_path / "logs2"), "--", *_targs(corpus, out, sp_model)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert all((out / n).stat().st_mtime_ns == t for n, t in done_before.items())
+    got = tree_bytes(out)
+    got.pop("failed_units.json", None)
+    assert got == reference
+    assert sorted(os.listdir(tmp_path / "logs2")) == ["prep_0_prep1.log", "prep_1_prep2.log"]
+
+
+def _tiny_shards(d, n, rng):
+    stats, all_docs = [], []
+    for i in range(n):
+        name = f"shard_{i:06d}"
+        w = ShardWriter(str(d / name), np.uint16)
+        docs = [rng.integers(0, 1000, size=int(rng.integers(1, 30))).astype(np.uint16)
+                for _ in range(int(rng.integers(1, 4)))]
+        for x in docs:
+            w.add_document([x])
+        st = w.finalize()
+        all_docs += [x.tolist() for x in docs]
+        stats.append({"prefix": name, **st, "input_records": len(docs) + 1, "inputs": [{"path": f"f{i}"}],
+                      "rejected": {"empty_text": 1}})
+    tok = {"type": "sentencepiece", "path": "x", "vocab_size": 1000, "eod_id": 2, "bos_id": None, "pad_id": None,
+           "sha256": "t"}
+    m = mf.build_manifest(str(d), stats, tok, "uint16", {})
+    mf.atomic_write(str(d / "manifest.json"), mf.dumps(m))
+    return all_docs
+
+
+def test_merge_1000_shards_streaming(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    want = _tiny_shards(src, 1000, np.random.default_rng(1))
+    out = tmp_path / "merged"
+    code = ("import resource, sys; from data_prep.cli import main; rc = main(sys.argv[1:]); "
+            "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    r = subprocess.run([PY, "-c", code, "merge", str(src), "-o", str(out), "--target-size", "20000", "-q"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr
+    rss_mb = int(r.stdout.split("MAXRSS")[1]) / 1024
+    assert rss_mb < 200, f"merge peak RSS {rss_mb:.0f} MB"
+    m, docs = read_all_docs(out)
+    assert docs == want
+    assert 1 < len(m["shards"]) < 20 and all(s["bytes"] <= 20000 + 100 for s in m["shards"][:-1])
+    assert m["totals"]["rejected"] == {"empty_text": 1000}
+    assert m["totals"]["input_records"] == m["totals"]["documents"] + 1000
+    from data_prep.verify import verify
+
+    assert verify(str(out)) == []
+
+
+def test_blend_weights_epochs_and_prefix_limit(tmp_path):
+    from data_prep.blend import build_blend, parse_sources
+
+    a, b = tmp_path / "web", tmp_path / "code"
+    for d, seed in ((a, 2), (b, 3)):
+        d.mkdir()
+        _tiny_shards(d, 3, np.random.default_rng(seed))
+    ma, mb = mf.read_manifest(str(a)), mf.read_manifest(str(b))
+    out = build_blend(parse_sources([f"web={a}:0.75", f"code={b}:0.25"]), token_budget=1000)
+    weights = out["blend"][0::2]
+    assert abs(sum(weights) - 1) < 1e-9
+    assert abs(sum(weights[:3]) - 0.75) < 1e-9
+    assert out["blend"][1] == str(a / ma["shards"][0]["prefix"])
+    assert weights[0] / weights[1] == pytest.approx(ma["shards"][0]["tokens"] / ma["shards"][1]["tokens"])
+    assert out["sources"][0]["epochs"] == pytest.approx(750 / ma["totals"]["tokens"])
+    assert out["sources"][1]["epochs"] == pytest.approx(250 / mb["totals"]["tokens"])
+    # past megatron-core's 32,767 prefixes: refused, with the merge command to run
+    big = tmp_path / "big"
+    big.mkdir()
+    fake = dict(ma, shards=[dict(ma["shards"][0], prefix=f"p{i}") for i in range(33000)])
+    (big / "manifest.json").write_text(json.dumps(fake))
+    with pytest.raises(ValueError, match="32767.*data_prep merge"):
+        build_blend(parse_sources([str(big)]))
+
+
+def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_model):
+    r = run_cli("plan", "--corpus-size", "10P", "--sample", corpus / "big.jsonl", "-t", sp_model, "--sample-size",
+                "200k", "--nodes", "1", "100", "--model-params", "130e9", "--gpus", "800")
+    out = r.stdout
+    assert "bytes/token" in out and "PB on disk" in out and "100 node(s)" in out
+    assert "Chinchilla-optimal" in out and "% of this corpus" in out
