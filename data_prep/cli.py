@@ -46,6 +46,10 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                    help="re-encode this share of documents whole during the run; stop on any mismatch")
     p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
                    help="run only units with index %% N == I (one node of N); the last to finish writes the manifest")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: a process pool of --workers; ray: one Ray task per unit")
+    p.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -68,7 +72,7 @@ def cmd_tokenize(a) -> int:
                  workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
                  eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
                  verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0], slice_count=a.slice[1],
-                 merge_only=a.merge_only)
+                 merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
     try:
         m = run(s)
     except RunFailed as e:

@@ -50,6 +50,8 @@ class Settings:
     slice_index: int = 0  # this node runs units with index % slice_count == slice_index
     slice_count: int = 1
     merge_only: bool = False  # do no unit work: write the manifest if all units are complete, else list them
+    executor: str = "local"  # local (process pool) | ray (tasks on a Ray cluster)
+    ray_address: Optional[str] = None  # None: start a local Ray instance; "auto" or ray://host:port: join one
     batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
     quiet: bool = False
 
@@ -385,7 +387,9 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
     failed = []
     total_bytes = sum(u.nbytes for u in todo)
     with Progress(total_bytes, quiet=settings.quiet) as bar:
-        if settings.workers <= 1 or len(todo) <= 1:
+        if settings.executor == "ray":
+            _execute_ray(todo, settings, fp, done, failed, bar)
+        elif settings.workers <= 1 or len(todo) <= 1:
             q = queue_mod.SimpleQueue()
             _init_worker(q)
             try:
@@ -411,6 +415,33 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
                 bar.drain(q)
     failed.sort(key=lambda f: f["unit"])
     return failed
+
+
+def _execute_ray(todo: List[Unit], settings: Settings, fp: str, done: dict, failed: list, bar) -> None:
+    """Each unit is one Ray task (1 CPU). The repo must be importable on every Ray node (shared file system)."""
+    try:
+        import ray
+    except ImportError as e:
+        raise RuntimeError("--executor ray needs the ray package (pip install ray, as pinned in requirements.txt)") \
+            from e
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PYTHONPATH": repo, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+    started = not ray.is_initialized()
+    if started:
+        kw = {"address": settings.ray_address} if settings.ray_address else {"num_cpus": max(1, settings.workers)}
+        ray.init(runtime_env={"env_vars": env}, log_to_driver=False, include_dashboard=False,
+                 configure_logging=False, **kw)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=2)(process_unit)
+        refs = {task.remote(u, settings, fp): u for u in todo}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for r in ready:
+                _collect(ray.get(r), refs[r], done, failed, bar)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _collect(res: dict, unit: Unit, done: dict, failed: list, bar) -> None:

@@ -229,3 +229,11 @@ def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_
     out = r.stdout
     assert "bytes/token" in out and "PB on disk" in out and "100 node(s)" in out
     assert "Chinchilla-optimal" in out and "% of this corpus" in out
+
+
+def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_model, reference):
+    out = tmp_path / "out"
+    m = run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000, workers=2,
+                     executor="ray", quiet=True))
+    assert m is not None
+    assert tree_bytes(out) == reference
