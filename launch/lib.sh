@@ -1,6 +1,7 @@
 # Shared by train.sh, preflight.sh and stop.sh (sourced, not run): argument parsing, the node plan from the
 # hostfile, ssh with the user's config, and the checks that run before any training process starts.
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # the globals set here are read by the scripts that source this file
 
 LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$LAUNCH_DIR/.." && pwd)

@@ -6,6 +6,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# shellcheck disable=SC2154  # usage_common comes from lib.sh
 usage() {
   cat >&2 <<USAGE
 usage: launch/preflight.sh RECIPE --hostfile FILE [options] [-- section.key=value ...]

@@ -28,7 +28,7 @@ if [ "${1:-}" = --local ]; then
   stop_local "$2"
   exit 0
 fi
-case "${1:-}" in -h|--help) sed -n '2,7p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,6p' "$0"; exit 0 ;; esac
 
 target=${1:-}
 if [ -z "$target" ]; then

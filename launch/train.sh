@@ -4,6 +4,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# shellcheck disable=SC2154  # usage_common comes from lib.sh
 usage() {
   cat >&2 <<EOF
 usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value ...]
@@ -57,6 +58,7 @@ rank_range() { local i=$1 first=0 j; for ((j = 0; j < i; j++)); do first=$((firs
 
 ds_include() { local i out=""; for i in "${!HOSTS[@]}"; do out+="${HOSTS[$i]}:${DEVICES[$i]}@"; done; echo "${out%@}"; }
 if [ "$BACKEND" = deepspeed ]; then
+  # shellcheck disable=SC2046  # host names and slot lists are single words
   WORLD_INFO=$("$PY" -c 'import base64, json, sys
 hosts = sys.argv[1::2]; devs = sys.argv[2::2]
 info = {h: [int(d) for d in ds.split(",")] for h, ds in zip(hosts, devs)}

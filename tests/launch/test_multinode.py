@@ -29,7 +29,7 @@ def real_training(tmp_path, corpus, *args, env):
     ckpt = tmp_path / "ckpt"
     r = run_launch("train.sh", REAL_RECIPE, *args, "--master-port", free_port(), "--log-dir", tmp_path / "logs",
                    "--quiet", "--", f"data.manifests=[{corpus}]", f"checkpoint.dir={ckpt}", "parallel.tp=2",
-                   "training.train_steps=4", env=env, timeout=180)
+                   "training.train_steps=4", env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     records = [json.loads(l) for l in (ckpt / "logs" / "metrics.jsonl").read_text().splitlines()]
     return {rec["step"]: rec["loss"] for rec in records if "loss" in rec}
@@ -42,6 +42,7 @@ def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"), max_bytes=200_000)
 
 
+@pytest.mark.timeout(600)
 def test_real_training_two_nodes_deepspeed_matches_local(ssh_cluster, corpus, tmp_path):
     _, hostfile = ssh_cluster
     local = real_training(tmp_path / "local", corpus, "--backend", "local", "--num-gpus", 4, env=launch_env())
@@ -120,9 +121,10 @@ def _start_long_run(ssh_cluster, tmp_path, backend, run_id):
     pytest.fail(f"the run never reached step 1: {proc.communicate()}")
 
 
-def test_killed_rank_stops_every_node(ssh_cluster, tmp_path):
-    run_id = f"killtest-{os.getpid()}"
-    proc, logs = _start_long_run(ssh_cluster, tmp_path, "torchrun-ssh", run_id)
+@pytest.mark.parametrize("backend", ["torchrun-ssh", "deepspeed"])
+def test_killed_rank_stops_every_node(ssh_cluster, tmp_path, backend):
+    run_id = f"killtest-{backend}-{os.getpid()}"
+    proc, logs = _start_long_run(ssh_cluster, tmp_path, backend, run_id)
     victim = _rank_pid(run_id, 2)  # rank 2 = the first rank on node2
     assert victim, "rank 2's training process not found"
     t0 = time.time()
