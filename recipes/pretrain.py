@@ -18,13 +18,13 @@ import warnings
 from recipes.loading import RecipeError, load_recipe
 
 
-def validate_recipe(recipe, world_size: int) -> None:
-    """The shared validator when it exists; a minimal local check otherwise."""
-    try:
-        from recipes.validation import validate
-    except ImportError:
-        validate = _minimal_validate
-    validate(recipe, world_size)
+def validate_recipe(recipe, world_size: int, show_warnings: bool = True) -> None:
+    """The shared cross-field rules (raise RecipeError listing every error), then the limits of this machine."""
+    from recipes.validation import validate
+
+    for w in validate(recipe, world_size):
+        if show_warnings:
+            print(w, file=sys.stderr)
     _check_runs_here(recipe)
 
 
@@ -37,32 +37,6 @@ def _check_runs_here(recipe) -> None:
         # megatron-core's sequence-parallel linears gather into a CUDA-only buffer (GlobalMemoryBuffer).
         raise RecipeError("parallel.sequence_parallel = true needs CUDA GPUs (megatron-core's sequence-parallel "
                           "linears use a CUDA buffer); set parallel.sequence_parallel=false for CPU runs")
-
-
-def _minimal_validate(recipe, world_size: int) -> None:  # fallback until recipes.validation lands
-    from recipes.layout import Layout
-
-    m, p = recipe.model, recipe.parallel
-    errs = []
-    if world_size % (p.tp * p.pp):
-        errs.append(f"world size {world_size} is not divisible by parallel.tp x parallel.pp = {p.tp} x {p.pp}")
-    else:
-        layout = Layout.from_recipe(recipe, world_size)
-        if layout.world_size != world_size:
-            errs.append(f"parallel.dp = {layout.dp} gives {layout.world_size} ranks, not {world_size}")
-        if recipe.training.global_batch % (layout.micro_batch * layout.dp):
-            errs.append(f"training.global_batch = {recipe.training.global_batch} must be a multiple of "
-                        f"parallel.micro_batch x dp = {layout.micro_batch} x {layout.dp}")
-    if m.num_attention_heads % p.tp or m.query_groups % p.tp:
-        errs.append(f"model.num_attention_heads ({m.num_attention_heads}) and num_query_groups ({m.query_groups}) "
-                    f"must be divisible by parallel.tp = {p.tp}")
-    if p.pp > m.num_layers:
-        errs.append(f"parallel.pp = {p.pp} exceeds model.num_layers = {m.num_layers}")
-    if p.pp > 1 and p.zero_stage > 1:
-        errs.append(f"parallel.zero_stage = {p.zero_stage} cannot run with pipeline parallelism (pp = {p.pp}); "
-                    "use zero_stage 1 or pp 1")
-    if errs:
-        raise RecipeError("recipe refused:\n  - " + "\n  - ".join(errs))
 
 
 def _free_port() -> int:
@@ -78,7 +52,7 @@ def launch_local(n: int, argv: list[str]) -> int:
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
     procs = []
     for r in range(n):
-        e = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        e = dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1")
         procs.append(subprocess.Popen([sys.executable, "-m", "recipes.pretrain", *argv], env=e))
 
     def forward(signum, frame):  # pre-emption: pass the signal on; workers save and exit
@@ -115,7 +89,9 @@ def main(args: list[str] | None = None) -> int:
     try:
         recipe = load_recipe(ns.config, ns.overrides)
         world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
-        validate_recipe(recipe, world)
+        # Warnings once: from the --local launcher, or from rank 0 under a launcher.
+        validate_recipe(recipe, world, show_warnings=bool(ns.local) or os.environ.get("RANK", "0") == "0"
+                        and not os.environ.get("RECIPES_LOCAL_WORKER"))
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
