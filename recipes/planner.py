@@ -126,9 +126,14 @@ def hardware_flops_per_step(model_cfg, global_batch: int, recompute: str = "none
 def zero_model_state_bytes(params: float, dp: int, zero_stage: int, precision: str = "bf16") -> dict[str, float]:
     """Bytes per GPU of parameters, gradients and optimizer states (ZeRO paper, mixed-precision Adam, K = 12).
 
-    fp32 training keeps 4-byte params and grads and 8 bytes of Adam moments (no master copy).
+    fp32 training keeps 4-byte params and grads; plain Adam adds 8 bytes of moments, but DeepSpeed's ZeRO optimizers
+    (stage 1-3) also keep their own fp32 partition of the weights (single_partition_of_fp32_groups /
+    fp32_partitioned_groups_flat), so K = 12 again there.
     """
-    pb, gb, ob = (4, 4, 8) if precision == "fp32" else (2, 2, 12)
+    if precision == "fp32":
+        pb, gb, ob = 4, 4, (12 if zero_stage >= 1 else 8)
+    else:
+        pb, gb, ob = 2, 2, 12
     n = max(1, dp)
     return {
         "params": params * pb / (n if zero_stage >= 3 else 1),
@@ -216,6 +221,21 @@ class Estimate:
         return d
 
 
+def deepspeed_bucket_bytes(params: float, zero_stage: int, dp: int, elem_bytes: int,
+                           assume: Assumptions = Assumptions()) -> float:
+    """Gradient bucket DeepSpeed holds per GPU, read from deepspeed/runtime/zero and measured on CPU
+    (`python -m recipes.measure_zero`): ZeRO-1/2 allocate a reduce_bucket_size buffer for every backward (ZeRO-1 in
+    fp32, as its accumulator; ZeRO-2 in the parameters' dtype), ZeRO-3 allocates one at start-up, whatever the
+    model size; ZeRO-0's all-reduce flattens gradients bucket by bucket (at most their size)."""
+    if zero_stage == 1:
+        return assume.bucket_elements * 4
+    if zero_stage >= 2:
+        return assume.bucket_elements * elem_bytes
+    if dp > 1:
+        return min(params, assume.bucket_elements) * elem_bytes
+    return 0.0
+
+
 def _stage_layers(num_layers: int, pp: int) -> int:
     return -(-num_layers // pp)
 
@@ -285,7 +305,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     last_act = (n_l * per_layer + logits) if p > 1 else 0.0
     activations = max(first_act + (logits if p == 1 else 0.0), last_act)
 
-    bucket = min(2.0 * psi, assume.bucket_elements * 2) if layout.zero_stage >= 1 or n_dp > 1 else 0.0
+    bucket = deepspeed_bucket_bytes(psi, layout.zero_stage, n_dp, act_bytes, assume)
     gathered = 0.0
     if layout.zero_stage == 3:  # live gathered layer + the prefetched one
         split, rep = layer_parameters(model_cfg)
