@@ -10,6 +10,12 @@ command -v pdsh >/dev/null || need+=(pdsh)
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# Quiet on success; the whole apt output when something fails.
+if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "install_system_deps: could not install ${need[*]}; the launcher tests need them (ssh, sshd, pdsh)" >&2
+  exit 1
+fi
 echo "installed: ${need[*]}"

@@ -131,6 +131,9 @@ if [ "$BACKEND" = slurm ]; then
   say "submitted Slurm job ${out%%;*}; logs in $LOG_DIR; stop with launch/stop.sh $LOG_DIR"
   exit 0
 fi
+if [ "$BACKEND" = deepspeed ] && ! command -v pdsh >/dev/null; then
+  die "--backend deepspeed runs DeepSpeed's runner over pdsh, which is not installed: run launch/install_system_deps.sh (apt-get install pdsh), or use --backend torchrun-ssh" 2
+fi
 if [ "$BACKEND" != local ] && [ "$NO_PREFLIGHT" = 0 ]; then
   check_nodes_reachable "$LOG_DIR" || die "some nodes are not ready (see above); nothing was started" 4
 fi
