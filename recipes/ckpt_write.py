@@ -110,10 +110,17 @@ def _install(eng, recipe, tensors: dict, moments: tuple | None, meta: dict) -> N
                 eng.optimizer.state[p] = {"step": torch.tensor(float(step or 0)), "exp_avg": a.clone(),
                                           "exp_avg_sq": b.clone()}
     if moments is not None:
-        for group, lr in zip(eng.optimizer.param_groups, meta.get("param_group_lrs") or []):
-            group["lr"] = lr
-        if meta.get("lr_scheduler") and eng.engine.lr_scheduler is not None:
-            eng.engine.lr_scheduler.load_state_dict(meta["lr_scheduler"])
+        # One lr for all groups (recipes.engine gives decay / no-decay groups the same schedule); the number of
+        # groups per stage depends on the layout (a stage with only matrices has one), so take the first.
+        lrs = meta.get("param_group_lrs") or []
+        for group in eng.optimizer.param_groups:
+            if lrs:
+                group["lr"] = lrs[0]
+        sched, saved = eng.engine.lr_scheduler, meta.get("lr_scheduler")
+        if saved and sched is not None:
+            sched.last_epoch = saved["last_epoch"]
+            sched._step_count = saved.get("_step_count", saved["last_epoch"] + 1)
+            sched._last_lr = [g["lr"] for g in eng.optimizer.param_groups]
 
 
 def _rank_main(state_dir: Path, out_dir: Path) -> int:
