@@ -215,3 +215,23 @@ def test_no_fit_says_what_would():
     msg = what_would_fit(cfg, small, 1536)
     assert "ZeRO-3" in msg and "GiB" in msg and "nodes" in msg
     assert all(lay.tp <= 8 for lay in candidate_layouts(cfg, small, 1536))
+
+
+# (billions, heads, hidden, layers, tp, pp, GPUs, batch, published hardware TFLOP/s per A100, full recompute)
+MEGATRON_RUNS = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+                 (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+                 (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+                 (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+                 (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163)]
+
+
+def test_compute_efficiency_stays_calibrated_to_megatron_table1():
+    # The three efficiency constants were fitted to these runs (a regression guard, not an independent check):
+    # a change to the compute, communication or bubble model that moves any run by more than 8% must be justified.
+    for billions, a, h, l, t, p, n, batch, published in MEGATRON_RUNS:
+        cl = ClusterConfig(nodes=n // 8, gpus_per_node=8, gpu_memory_gb=80, peak_tflops=312, intra_node_gbps=600,
+                           inter_node_gbps=200)
+        lay = Layout(tp=t, pp=p, dp=n // (t * p), zero_stage=1, micro_batch=1, recompute="full")
+        e = estimate(gpt_shape(l, h, a), cl, lay, batch)
+        assert e.fits, billions
+        assert abs(e.hardware_tflops_per_gpu / published - 1) < 0.08, (billions, e.hardware_tflops_per_gpu)
