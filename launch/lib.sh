@@ -18,13 +18,17 @@ setup_ssh() {
   if [ -n "${LAUNCH_SSH_CONFIG:-}" ]; then
     [ -r "$LAUNCH_SSH_CONFIG" ] || die "LAUNCH_SSH_CONFIG=$LAUNCH_SSH_CONFIG is not a readable file"
     SSH_OPTS=(-F "$LAUNCH_SSH_CONFIG" "${SSH_OPTS[@]}")
+    # A parent launch script (preflight --comm-check -> train.sh) already put its wrapper on PATH.
+    [ -x "${LAUNCH_SSH_SHIM:-}/ssh" ] && return 0
     local shim_dir
     shim_dir=$(mktemp -d "${TMPDIR:-/tmp}/launch-ssh.XXXXXX")
+    SSH_SHIM_DIR=$shim_dir
+    trap 'rm -rf "$SSH_SHIM_DIR"' EXIT
     local real_ssh
     real_ssh=$(PATH=${PATH#"$shim_dir:"} command -v ssh) || die "ssh is not installed (apt-get install openssh-client)"
     printf '#!/bin/sh\nexec %q -F %q "$@"\n' "$real_ssh" "$LAUNCH_SSH_CONFIG" >"$shim_dir/ssh"
     chmod +x "$shim_dir/ssh"
-    export PATH="$shim_dir:$PATH"
+    export PATH="$shim_dir:$PATH" LAUNCH_SSH_SHIM=$shim_dir
     export PDSH_SSH_ARGS_APPEND="${PDSH_SSH_ARGS_APPEND:-} -F $LAUNCH_SSH_CONFIG"
   fi
 }

@@ -26,7 +26,7 @@ device=$(sed -n 's/^device=//p' <<<"$facts")
 ckpt=$(sed -n 's/^checkpoint_dir=//p' <<<"$facts")
 mapfile -t data_paths < <(sed -n 's/^data_path=//p' <<<"$facts")
 work=$(mktemp -d "${TMPDIR:-/tmp}/preflight.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" "${SSH_SHIM_DIR:-}"' EXIT
 marker=".preflight-shared-$$-$RANDOM"
 if [ -n "$ckpt" ]; then
   mkdir -p "$ckpt" 2>/dev/null && touch "$ckpt/$marker" 2>/dev/null \
@@ -90,5 +90,6 @@ if [ "$COMM_CHECK" = 1 ]; then
   [ -z "$MASTER_ADDR_OPT" ] || args+=(--master-addr "$MASTER_ADDR_OPT")
   [ -z "$LOG_DIR" ] || args+=(--log-dir "$LOG_DIR")
   [ -z "${EXTRA_ENV// /}" ] || args+=(--env "$(echo $EXTRA_ENV | tr ' ' ,)")
-  exec "$LAUNCH_DIR/train.sh" "${args[@]}" -- "${OVERRIDES[@]}"
+  "$LAUNCH_DIR/train.sh" "${args[@]}" -- "${OVERRIDES[@]}"
+  exit $?
 fi
