@@ -1,7 +1,7 @@
 """`python -m recipes.plan`: rank every parallel layout of a model on a cluster and explain the recommended one.
 
-    python -m recipes.plan models/glm-130b --cluster clusters/a100-80gb --nodes 100 --global-batch 4800 \
-        --corpus-bytes 10PB --epochs 1
+    python -m recipes.plan configs/examples/a-glm-130b-100x8-a100.yaml --corpus-bytes 10PB --epochs 1
+    python -m recipes.plan models/glm-130b --cluster clusters/a100-80gb --nodes 100 --global-batch 4800
     python -m recipes.plan configs/examples/c-llama-7b-one-node.yaml --json
     python -m recipes.plan models/llama-7b --cluster clusters/h100-80gb --write-recipe /tmp/run.yaml
 
@@ -61,7 +61,7 @@ def _positive(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m recipes.plan", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m recipes.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source", help="model preset (models/llama-7b) or recipe file")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.global_batch=512")
