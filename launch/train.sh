@@ -17,7 +17,11 @@ EOF
 
 QUIET=0
 args=()
-for a in "$@"; do [ "$a" = --quiet ] && QUIET=1 || args+=("$a"); done
+seen_dashdash=0
+for a in "$@"; do
+  [ "$a" = -- ] && seen_dashdash=1
+  if [ "$a" = --quiet ] && [ "$seen_dashdash" = 0 ]; then QUIET=1; else args+=("$a"); fi
+done
 parse_args "${args[@]}"
 setup_ssh
 plan_nodes
@@ -121,6 +125,12 @@ if [ "$DRY_RUN" = 1 ]; then
 fi
 
 # --- start ---------------------------------------------------------------------------------------------------------
+# A reused --log-dir: keep the previous run's logs aside (their LAUNCH-FAIL lines must not stop this run).
+if compgen -G "$LOG_DIR/*.log" >/dev/null || [ -e "$LOG_DIR/stop_requested" ]; then
+  prev="$LOG_DIR/previous-$(date +%Y%m%d-%H%M%S)-$$"
+  mkdir -p "$prev" && mv "$LOG_DIR"/*.log "$LOG_DIR"/stop_requested "$LOG_DIR"/hosts.d "$prev"/ 2>/dev/null
+  say "moved the previous run's logs in $LOG_DIR to $prev"
+fi
 printf '%s\n' "${HOSTS[@]}" >"$LOG_DIR/hosts"
 echo "$BACKEND" >"$LOG_DIR/backend"
 echo "${LAUNCH_SSH_CONFIG:-}" >"$LOG_DIR/ssh_config"
