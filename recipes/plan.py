@@ -294,7 +294,8 @@ def main(argv=None) -> int:
                             precision=recipe.training.precision, train_tokens=tokens, assume=assume)
         rec = recommend(ests)
         if rec is None:
-            raise RecipeError(f"no layout fits {recipe.model.num_layers} layers x {recipe.model.hidden_size} hidden "
+            raise RecipeError(f"no layout {'fits' if ests else 'is valid for'} {recipe.model.num_layers} layers x "
+                              f"{recipe.model.hidden_size} hidden "
                               f"on {recipe.cluster.world_size} x {recipe.cluster.gpu}: "
                               + what_would_fit(recipe.model, recipe.cluster, recipe.training.global_batch,
                                                precision=recipe.training.precision, assume=assume))

@@ -473,8 +473,10 @@ def what_would_fit(model_cfg, cluster, global_batch: int, *, precision: str = "b
     """A sentence telling the user what would make some layout fit: more nodes, or a bigger GPU."""
     ests = plan_layouts(model_cfg, cluster, global_batch, precision=precision, assume=assume)
     if not ests:
-        return (f"no layout divides: global batch {global_batch} must be a multiple of micro-batch x dp for some "
-                f"tp x pp x dp = {cluster.world_size}; pick a global batch that is a multiple of the GPU count")
+        return (f"tp must divide the heads ({model_cfg.num_attention_heads}), the query groups "
+                f"({model_cfg.query_groups}) and gpus_per_node ({cluster.gpus_per_node}); pp <= layers "
+                f"({model_cfg.num_layers}); and global batch {global_batch} must be a multiple of micro-batch x dp "
+                f"with tp x pp x dp = {cluster.world_size}: pick a global batch that is a multiple of the GPU count")
     smallest = min(ests, key=lambda e: e.memory_gib["total"])
     msg = (f"the leanest layout searched ({smallest.layout.describe()}; ZeRO-3, full recompute and micro-batch 1 "
            f"were all tried) needs {smallest.memory_gib['total']:.1f} GiB per GPU "
