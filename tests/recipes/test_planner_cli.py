@@ -83,6 +83,8 @@ def test_no_layout_fits_exit_2_and_says_what_would(capsys):
     (["models/gpt-17b"], "did you mean"),
     (["models/tiny"], "--global-batch"),
     (["models/tiny", "--global-batch", "8", "model.hidden_size=-3"], "model.hidden_size"),
+    (["models/tiny", "--cluster", "clusters/h100-80gb", "--gpus-per-node", "16", "--global-batch", "7"],
+     "no layout is valid"),
 ])
 def test_bad_input_exit_2(capsys, argv, expect):
     rc, _, err = run_plan(capsys, *argv)
