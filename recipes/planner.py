@@ -187,7 +187,10 @@ class Assumptions:
     elementwise_hidden: int = 1024
     intra_link_efficiency: float = 0.4  # NCCL bus bandwidth / datasheet NVLink (bidirectional) figure
     inter_link_efficiency: float = 0.8  # NCCL bus bandwidth / InfiniBand line rate per node
-    overlap_efficiency: float = 0.8  # share of an overlap window that hides communication (ZeRO-2 reduce-scatter)
+    # ZeRO-2 reduce-scatters hide behind the backward only with DeepSpeed's overlap_comm=true (a GPU setting; the
+    # CPU-safe recipes/ds_config.py currently writes false): then this share of the backward hides them.
+    overlap_comm: bool = True
+    overlap_efficiency: float = 0.8
     zero3_overlap: float = 0.5  # ZeRO-3 fetches weights module by module with a bounded prefetch: half hidden
     latency_intra_s: float = 2e-6  # NCCL latency per ring step over NVLink
     latency_inter_s: float = 5e-6  # NCCL latency per ring step over InfiniBand
@@ -379,7 +382,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
         elif z == 2:  # reduce-scatter every micro-batch (overlapped with its backward) + one all-gather
             rs = _ring(grad_bytes, n_dp, bw, "reduce_scatter")
             comm = m * rs + _ring(grad_bytes, n_dp, bw, "all_gather")
-            window = m * min(rs, backward_mb * assume.overlap_efficiency)
+            window = m * min(rs, backward_mb * assume.overlap_efficiency) if assume.overlap_comm else 0.0
         else:  # ZeRO-3: all-gather params forward and backward + reduce-scatter grads, every micro-batch (1.5x)
             comm = m * (2 * _ring(grad_bytes, n_dp, bw, "all_gather") + _ring(grad_bytes, n_dp, bw, "reduce_scatter"))
             window = m * t_mb * assume.zero3_overlap
