@@ -162,7 +162,7 @@ states each) does; ZeRO-2/3 are within 1% and not needed, and PP=2 would only ad
 
 `python -m recipes.measure_zero` builds the model through `recipes.engine.initialize` (the training path), runs a
 step of two micro-batches, then counts every live tensor storage after each backward of a second step, and compares
-with the planner (`tests/recipes/test_planner_zero_measured.py` runs the same on a smaller shape):
+with the planner (`tests/recipes/test_planner_real.py` runs the same on a smaller shape):
 
 {block(MEASURE, False)}
 Model states match exactly once the planner counts, for fp32 training, the fp32 master partition DeepSpeed's ZeRO

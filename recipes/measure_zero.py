@@ -50,7 +50,7 @@ def _worker(recipe_path: str, overrides: list[str], stages: list[int], dp: int) 
     """One process of the measurement: every ZeRO stage in turn (imports and process groups are paid once)."""
     import torch
 
-    from recipes.engine import init_distributed, init_parallel_state
+    from recipes.engine import init_distributed, init_parallel_state, pick_device
     from recipes.layout import Layout
     from recipes.loading import load_recipe
 
@@ -59,8 +59,7 @@ def _worker(recipe_path: str, overrides: list[str], stages: list[int], dp: int) 
         recipe = load_recipe(recipe_path, overrides + [f"parallel.zero_stage={zero_stage}", "parallel.tp=1",
                                                        "parallel.pp=1", f"parallel.dp={dp}", "parallel.micro_batch=1",
                                                        f"training.global_batch={2 * dp}"])  # 2 micro-batches/step
-        if not torch.distributed.is_initialized():
-            device = init_distributed(recipe)
+        device = init_distributed(recipe) if not torch.distributed.is_initialized() else pick_device(recipe)
         layout = Layout.from_recipe(recipe, dp)
         init_parallel_state(layout)
         results.append(_measure_stage(recipe, layout, device))
