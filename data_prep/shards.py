@@ -26,9 +26,10 @@ HEADER_BYTES = 9 + 8 + 1 + 8 + 8
 CHUNK = 1 << 20  # entries per chunk when copying index arrays
 
 
-def _fsync_file(f) -> None:
+def _fsync_file(f, really: bool = True) -> None:
     f.flush()
-    os.fsync(f.fileno())
+    if really:
+        os.fsync(f.fileno())
 
 
 def fsync_dir(path: str) -> None:
@@ -47,8 +48,9 @@ def tmp_paths(prefix: str) -> List[str]:
 
 
 class ShardWriter:
-    def __init__(self, prefix: str, dtype, flush_tokens: int = 1 << 22):
+    def __init__(self, prefix: str, dtype, flush_tokens: int = 1 << 22, fsync: bool = True):
         self.prefix = prefix
+        self.fsync = fsync
         self.dtype = np.dtype(dtype)
         self.flush_tokens = flush_tokens
         for p in tmp_paths(prefix):  # leftovers of a killed run
@@ -117,13 +119,13 @@ class ShardWriter:
             with open(self.prefix + ".doc.tmp", "rb") as f:
                 for block in iter(lambda: f.read(8 * CHUNK), b""):
                     put(block)
-            _fsync_file(out)
+            _fsync_file(out, self.fsync)
         return sha.hexdigest()
 
     def finalize(self) -> dict:
         self.flush()
         for f in (self.bin, self.lens, self.docs):
-            _fsync_file(f)
+            _fsync_file(f, self.fsync)
             f.close()
         idx_sha = self._write_index(self.prefix + ".idx.tmp")
         nbytes = os.path.getsize(self.prefix + ".bin.tmp")
@@ -132,7 +134,8 @@ class ShardWriter:
         os.replace(self.prefix + ".idx.tmp", self.prefix + ".idx")
         for p in (self.prefix + ".len.tmp", self.prefix + ".doc.tmp"):
             os.remove(p)
-        fsync_dir(os.path.dirname(self.prefix) or ".")
+        if self.fsync:
+            fsync_dir(os.path.dirname(self.prefix) or ".")
         return {
             "documents": self.documents,
             "sequences": self.sequences,
