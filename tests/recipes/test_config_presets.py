@@ -94,3 +94,16 @@ def test_extends_loop_is_reported(tmp_path):
 
 def test_preset_names_with_dots_resolve():
     assert count_parameters(model_of("gpt-1.3b")) != count_parameters(model_of("gpt-13b"))
+
+
+def test_presets_cli_lists_every_preset_with_its_count(capsys):
+    import json
+
+    from recipes import presets
+
+    assert presets.main(["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    models = {r["preset"]: r["parameters"] for r in doc["models"]}
+    for name in MODEL_PRESETS:
+        assert models[f"models/{name}"] == count_parameters(model_of(name))
+    assert {f"clusters/{c}" for c in CLUSTERS} <= {c["preset"] for c in doc["clusters"]}
