@@ -406,12 +406,17 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
                                      initargs=(q,)) as pool:
                 futures = {pool.submit(process_unit, u, settings, fp): u for u in todo}
                 pending = set(futures)
-                while pending:
-                    bar.drain(q, timeout=0.2)
-                    finished = [f for f in pending if f.done()]
-                    for f in finished:
-                        pending.discard(f)
-                        _collect(f.result(), futures[f], done, failed, bar)
+                try:
+                    while pending:
+                        bar.drain(q, timeout=0.2)
+                        finished = [f for f in pending if f.done()]
+                        for f in finished:
+                            pending.discard(f)
+                            _collect(f.result(), futures[f], done, failed, bar)
+                except BaseException:
+                    # a bug, a fast-path mismatch, a full disk or Ctrl-C: stop now, do not start more units
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
                 bar.drain(q)
     failed.sort(key=lambda f: f["unit"])
     return failed
