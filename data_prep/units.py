@@ -45,9 +45,16 @@ class Unit:
         return total
 
     def key(self) -> str:
-        """Identity of the unit's input (paths, ranges, file sizes): part of its completion check."""
-        desc = [p.as_dict() | {"size": _size(p.path)} for p in self.pieces]
+        """Identity of the unit's input (paths, ranges, sizes, modification times): part of its completion check,
+        so an input rewritten in place is redone on resume."""
+        desc = [p.as_dict() | {"size": _size(p.path), "mtime_ns": _mtime(p.path)} for p in self.pieces]
         return hashlib.sha256(orjson.dumps(desc)).hexdigest()
+
+
+def _mtime(path: str) -> int:
+    if os.path.isdir(path):
+        return max((os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(path) for f in fs), default=0)
+    return os.stat(path).st_mtime_ns
 
 
 def _size(path: str) -> int:
