@@ -45,9 +45,14 @@ def resolve_tag(ckpt_dir: str | Path, tag: str | None = None) -> Path:
     if tag is None:
         latest = root / "latest"
         if not latest.is_file():
-            found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step"))
-            hint = f"; tags found: {', '.join(found)} (pass --tag one of them)" if found else \
-                "; no global_step* tags either: is this a training checkpoint directory (checkpoint.dir)?"
+            found = [t for _, t in ckpt._tags(root)]
+            newest = ckpt.newest_complete(str(root), log=lambda *_: None)
+            if newest:
+                hint = f"; tags found: {', '.join(found)}; pass --tag {newest} (the newest complete one)"
+            elif found:
+                hint = f"; tags found: {', '.join(found)}, none complete (no complete.json): the saves were interrupted"
+            else:
+                hint = "; no global_step* tags either: is this a training checkpoint directory (checkpoint.dir)?"
             raise CheckpointError(f"{root}: no `latest` file naming the checkpoint tag{hint}")
         tag = latest.read_text().strip()
     tag_dir = root / tag
@@ -203,6 +208,7 @@ def _merge(per_tp: list[dict], swiglu: bool, vocab_size: int) -> OrderedDict:
         if list(d) != names:
             raise CheckpointError(f"TP rank {r} holds different parameters than TP rank 0: "
                                   f"{sorted(set(d) ^ set(names))[:5]}")
+    names.sort(key=lambda n: (int(n.split(".", 1)[0]), n))  # one order whatever file the tensors came from
     return OrderedDict((n, strip_vocab(n, merge_tp(n, [d[n] for d in per_tp], swiglu).float(), vocab_size))
                        for n in names)
 
