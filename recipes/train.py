@@ -209,9 +209,10 @@ def run(recipe, quiet: bool = False) -> int:
         step += 1
         consumed += t.global_batch
 
-        grad_norm = eng.engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-        skipped = (not math.isfinite(loss)) or eng.optimizer.last_skipped or not math.isfinite(grad_norm)
+        grad_norm = eng.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0 without fp16)
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        bad_norm = grad_norm is not None and not math.isfinite(grad_norm)
+        skipped = (not math.isfinite(loss)) or eng.optimizer.last_skipped or bad_norm
         if skipped:
             nan_skips_total += 1
             consecutive_skips += 1

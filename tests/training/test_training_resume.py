@@ -70,3 +70,24 @@ def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert sorted(got) == [STEPS - 1, STEPS]
     assert [got[s] for s in got] == [ref[s] for s in got]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=["SIGTERM"])
+def test_preemption_signal_saves_and_exits_cleanly(sig, uninterrupted, corpus, tmp_path):
+    """SIGTERM (SIGUSR1 alike) to the job: every rank finishes the current step, a complete checkpoint is written,
+    exit code 0; the next start resumes from it and continues bit for bit."""
+    cmd = pretrain_cmd(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-3000:]
+    stopped = max(losses(tmp_path))
+    assert stopped < STEPS and "stopped by signal" in stdout, stdout
+    assert (tmp_path / f"global_step{stopped}" / "complete.json").is_file()
+
+    out = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
+    assert f"resumed from {tmp_path / f'global_step{stopped}'}" in out.stdout
+    ref, got = losses(uninterrupted), losses(tmp_path)
+    assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
