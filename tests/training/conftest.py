@@ -47,3 +47,8 @@ def train_records(run_dir: Path) -> list[dict]:
 def losses(run_dir: Path) -> dict[int, float]:
     """step -> loss; a resumed run's later records win (they are appended after the interrupted run's)."""
     return {r["step"]: r["loss"] for r in train_records(run_dir)}
+
+
+def val_losses(run_dir: Path) -> dict[int, float]:
+    path = run_dir / "logs" / "metrics.jsonl"
+    return {r["step"]: r["val_loss"] for r in map(json.loads, path.read_text().splitlines()) if "val_loss" in r}
