@@ -1,5 +1,5 @@
-"""Reshape: a checkpoint saved at TP=2 x PP=2 x DP=2 resumes at TP=2 x PP=1 x DP=4 and trains on as if nothing
-happened.
+"""Reshape: a checkpoint saved at TP=2 x PP=2 x DP=2 resumes at TP=1 x PP=2 x DP=2 (4 processes: TP merged, the
+pipeline cut moved, half the ranks gone) and trains on as if nothing happened.
 
 Reference: the same 2 x 2 x 2 run went on from its step-3 checkpoint to step 6 without interruption. The reshaped
 run resumes from the step-3 checkpoint (weights, fp32 masters, Adam moments and step, lr schedule position,
@@ -23,8 +23,8 @@ REL_TOL = 2e-5
 
 @pytest.fixture(scope="module")
 def reshaped(llama_222, tmp_path_factory):
-    out = tmp_path_factory.mktemp("reshape") / "tp2_pp1_dp4"
-    reshape(str(llama_222.path), str(out), llama_222.recipe(), parse_target("tp=2,pp=1,dp=4"), tag="global_step3",
+    out = tmp_path_factory.mktemp("reshape") / "tp1_pp2_dp2"
+    reshape(str(llama_222.path), str(out), llama_222.recipe(), parse_target("tp=1,pp=2,dp=2"), tag="global_step3",
             quiet=True)
     return out
 
@@ -33,8 +33,8 @@ def test_optimizer_state_preserved(llama_222, reshaped):
     model_cfg = llama_222.recipe().model
     before = read_full_state(llama_222.path, model_cfg, tag="global_step3", with_moments=True)
     after = read_full_state(reshaped, model_cfg, with_moments=True)
-    assert after.meta["source_layout"]["tp"] == 2 and after.meta["source_layout"]["pp"] == 1
-    assert after.meta["source_layout"]["dp"] == 4
+    assert after.meta["source_layout"]["tp"] == 1 and after.meta["source_layout"]["pp"] == 2
+    assert after.meta["source_layout"]["dp"] == 2
     for key in ("1.self_attention.linear_qkv.weight", "4.mlp.linear_fc1.weight", "0.word_embeddings.weight"):
         for part in ("weights", "exp_avg", "exp_avg_sq"):
             a, b = getattr(before, part)[key], getattr(after, part)[key]
@@ -48,8 +48,8 @@ def test_optimizer_state_preserved(llama_222, reshaped):
 
 def test_resumed_losses_continue(llama_222, reshaped):
     ref = losses(llama_222.path)
-    pretrain(8, llama_222.config, llama_222.overrides + [f"checkpoint.dir={reshaped}", "parallel.tp=2",
-                                                          "parallel.pp=1"])
+    pretrain(4, llama_222.config, llama_222.overrides + [f"checkpoint.dir={reshaped}", "parallel.tp=1",
+                                                          "parallel.pp=2"])
     got = losses(reshaped)
     assert sorted(got) == [4, 5, 6], f"the reshaped run did not resume at step 4: {got}"
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
