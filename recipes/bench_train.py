@@ -44,23 +44,16 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_engine(recipe, layout, device, steps: int, warmup: int) -> list[float]:
+def engine_stepper(recipe, layout, device, total_steps: int):
+    """One recipe training step per call (DeepSpeed engine, our train_step)."""
     from recipes.engine import initialize
     from recipes.train import train_step
 
-    eng = initialize(recipe, layout, device, total_steps=steps + warmup)
-    times = []
-    for i, mbs in enumerate(synthetic_steps(recipe, layout, device, steps + warmup)):
-        _sync(device)
-        t0 = time.perf_counter()
-        train_step(eng, mbs)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
+    eng = initialize(recipe, layout, device, total_steps=total_steps)
+    return lambda mbs: train_step(eng, mbs)
 
 
-def time_plain_pytorch(recipe, layout, device, steps: int, warmup: int) -> list[float]:
+def plain_pytorch_stepper(recipe, layout, device, total_steps: int):
     """The baseline: what a hand-written loop over the same module does per step."""
     from recipes.engine import lr_multiplier
     from recipes.model import PlainDecoder
@@ -68,21 +61,31 @@ def time_plain_pytorch(recipe, layout, device, steps: int, warmup: int) -> list[
     model = PlainDecoder(recipe, layout).to(device)
     o = recipe.training.optimizer
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                            weight_decay=o.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier(recipe, steps + warmup))
-    times = []
-    for i, mbs in enumerate(synthetic_steps(recipe, layout, device, steps + warmup)):
-        _sync(device)
-        t0 = time.perf_counter()
+                            weight_decay=o.weight_decay, fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier(recipe, total_steps))
+
+    def step(mbs):
         for tokens, (labels, mask) in mbs:
             (model(tokens, labels, mask) / len(mbs)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.training.grad_clip)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+
+    return step
+
+
+def time_steps(steppers: dict, batches, device, warmup: int) -> dict[str, list[float]]:
+    """Alternate the steppers step by step, so load changes on a shared machine hit both alike."""
+    times = {name: [] for name in steppers}
+    for i, mbs in enumerate(batches):
+        for name, step in steppers.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            step(mbs)
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
     return times
 
 
@@ -119,8 +122,12 @@ def main(argv=None) -> int:
     torch.manual_seed(recipe.training.seed)
     rank0 = torch.distributed.get_rank() == 0
 
-    engine_times = time_engine(recipe, layout, device, ns.steps, ns.warmup)
-    step = statistics.median(engine_times)
+    total = ns.steps + ns.warmup
+    steppers = {"recipe": engine_stepper(recipe, layout, device, total)}
+    if not ns.gpu:
+        steppers["plain"] = plain_pytorch_stepper(recipe, layout, device, total)
+    times = time_steps(steppers, synthetic_steps(recipe, layout, device, total), device, ns.warmup)
+    step = statistics.median(times["recipe"])
     tokens = recipe.training.global_batch * recipe.model.seq_length
     tflops = model_flops_per_step(recipe.model, recipe.training.global_batch) / step / world / 1e12
     result = {"recipe": recipe.name, "layout": layout.describe(), "device": str(device),
@@ -129,7 +136,7 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     if not ns.gpu:
-        plain = statistics.median(time_plain_pytorch(recipe, layout, device, ns.steps, ns.warmup))
+        plain = statistics.median(times["plain"])
         result.update({"plain_pytorch_step_time_s": plain, "overhead_ratio": step / plain})
     if rank0:
         for k, v in result.items():
