@@ -7,7 +7,8 @@ Where the tensors live in DeepSpeed's files:
   * PP = 1, ZeRO 0/1/2: `mp_rank_TT_model_states.pt` ['module'].
   * ZeRO-3: weights only in the fp32 partitions of `zero_pp_rank_D_mp_rank_TT_optim_states.pt`.
   * ZeRO >= 1: fp32 master weights and Adam moments as flat per-DP-rank partitions in the optim files, unflattened
-    with DeepSpeed's own zero_to_fp32 merge (same packing for the moments as for the masters).
+    with DeepSpeed's own zero_to_fp32 merge (same packing for the moments as for the masters). Weights are read
+    from here whenever ZeRO >= 1 (exact fp32 masters also for bf16/fp16 runs); from the model-states files for ZeRO-0.
 The model-parallel rank of a file is `stage * TP + tp_rank` (DeepSpeed's grid, TP fastest).
 """
 from __future__ import annotations
@@ -153,7 +154,8 @@ def _local_weights_from_module_files(tag_dir: Path, lay: SourceLayout) -> list[d
 
 
 def _silently(fn, *args):
-    with contextlib.redirect_stdout(io.StringIO()):  # zero_to_fp32 prints progress of its own
+    # zero_to_fp32 prints (stdout) and shows tqdm bars (stderr) of its own
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return fn(*args)
 
 
@@ -239,7 +241,9 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
         raise CheckpointError(f"{tag_dir}: ZeRO-0 checkpoints keep the optimizer as a torch state dict without "
                               "parameter names; reshape needs ZeRO-1/2/3 (train with parallel.zero_stage >= 1)")
     state = FullState(weights=OrderedDict())
-    if lay.zero_stage == 3 or with_moments:
+    # ZeRO >= 1 keeps fp32 master weights in the optimizer partitions: exact even when the run trained in bf16/fp16
+    # (the model-states files then hold 16-bit copies). ZeRO-0 has only the model-states files.
+    if lay.zero_stage >= 1:
         zero = {mp: _local_from_zero(tag_dir, lay, mp, keys) for mp in mp_ranks}
         state.weights = _merge(_per_tp(lay, {mp: z["fp32"] for mp, z in zero.items()}), swiglu, model_cfg.vocab_size)
         if with_moments:

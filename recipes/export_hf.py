@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.hf_convert import UnsupportedModel
 
     log = (lambda *_: None) if ns.quiet else (lambda s: print(s, file=sys.stderr))
+    if ns.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
         export(ns.checkpoint, ns.out, recipe, tag=ns.tag, log=log)

@@ -5,7 +5,8 @@ Runs are shared across test files (session scope) so that each layout trains onc
   llama_222   Llama-family recipe, TP=2 x PP=2 x DP=2, ZeRO-1, 6 steps, checkpoints at steps 3 and 6
   llama_111   the same recipe at 1 x 1 x 1, 6 steps
   gpt_22      GPT-family recipe (learned positions, LayerNorm, GeLU, biases, tied embeddings), TP=2 x PP=2, 4 steps
-  gpt_11      the same at 1 x 1, 4 steps
+  gpt_11      the same at 1 x 1, ZeRO-0 (weights from the model-states file), 4 steps
+  llama_z3    the Llama recipe at TP=2 x DP=1, ZeRO-3 (weights only in the optimizer partitions), 6 steps
 """
 from __future__ import annotations
 
@@ -148,4 +149,11 @@ def gpt_22(tmp_path_factory, corpus, gpt_recipe) -> Run:
 
 @pytest.fixture(scope="session")
 def gpt_11(tmp_path_factory, corpus, gpt_recipe) -> Run:
-    return _train(tmp_path_factory, corpus, "gpt_11", 1, gpt_recipe, ["training.train_steps=4"])
+    return _train(tmp_path_factory, corpus, "gpt_11", 1, gpt_recipe,
+                  ["training.train_steps=4", "parallel.zero_stage=0"])
+
+
+@pytest.fixture(scope="session")
+def llama_z3(tmp_path_factory, corpus) -> Run:
+    return _train(tmp_path_factory, corpus, "llama_z3", 2, RECIPE,
+                  ["parallel.tp=2", "parallel.zero_stage=3", "training.train_steps=6"])

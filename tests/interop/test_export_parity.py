@@ -26,7 +26,7 @@ TOL = 1e-4
 def exports(request, tmp_path_factory):
     """Export each run once: name -> (run, HF dir)."""
     out = {}
-    for name in ("llama_222", "llama_111", "gpt_22", "gpt_11"):
+    for name in ("llama_222", "llama_111", "llama_z3", "gpt_22", "gpt_11"):
         run = request.getfixturevalue(name)
         hf_dir = tmp_path_factory.mktemp("hf") / name
         if name == "llama_222":  # once through the CLI, as a user runs it
@@ -49,6 +49,7 @@ def _tokens(vocab, seed=0, shape=(2, 64)):
 
 
 @pytest.mark.parametrize("name,arch", [("llama_222", "LlamaForCausalLM"), ("llama_111", "LlamaForCausalLM"),
+                                       ("llama_z3", "LlamaForCausalLM"),
                                        ("gpt_22", "GPT2LMHeadModel"), ("gpt_11", "GPT2LMHeadModel")])
 def test_logits_match_our_model(exports, name, arch):
     run, hf_dir = exports[name]
@@ -64,10 +65,8 @@ def test_logits_match_our_model(exports, name, arch):
     assert diff <= TOL, f"{name}: exported logits differ from ours by {diff:.2e}"
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt"])
-def test_exports_of_different_layouts_agree(exports, family):
-    big = "llama_222" if family == "llama" else "gpt_22"
-    small = "llama_111" if family == "llama" else "gpt_11"
+@pytest.mark.parametrize("big,small", [("llama_222", "llama_111"), ("llama_z3", "llama_111"), ("gpt_22", "gpt_11")])
+def test_exports_of_different_layouts_agree(exports, big, small):
     a, b = _hf(exports[big][1]), _hf(exports[small][1])
     tokens = _tokens(a.config.vocab_size, seed=1)
     with torch.no_grad():
