@@ -96,7 +96,14 @@ def _encoder(settings: Settings, sample: List[str]) -> FastEncoder:
     if _STATE.get("enc_key") != key:
         tok = load_tokenizer(settings.tokenizer, settings.eod_id)
         enc = FastEncoder(tok, enabled=settings.fast_path)
-        enc.self_check(sample[:64])
+        # self-check on the first documents, up to ~256k characters (it encodes them twice)
+        check, chars = [], 0
+        for t in sample[:64]:
+            if check and chars + len(t) > 256_000:
+                break
+            check.append(t)
+            chars += len(t)
+        enc.self_check(check)
         _STATE["enc_key"], _STATE["enc"] = key, enc
     return _STATE["enc"]
 
