@@ -5,7 +5,7 @@
 
 The recipe is `--config` (+ the overrides the run used), else CKPT_DIR/recipe.yaml (written by import_hf / reshape).
 Writes config.json, model.safetensors, generation_config.json, the tokenizer (sentencepiece .model from
-data.tokenizer or the first manifest's tokenizer.path -> LlamaTokenizer: tokenizer.json + tokenizer.model) and
+data.tokenizer or the first manifest's tokenizer.path -> tokenizer.json + tokenizer.model) and
 export_info.json, into a temporary sibling directory renamed to HF_DIR only when complete.
 """
 from __future__ import annotations
@@ -58,14 +58,42 @@ def special_ids(sp_model: Path | None) -> dict:
 
 
 def write_tokenizer(sp_model: Path, out: Path) -> None:
-    """sentencepiece .model -> LlamaTokenizer files (transformers converts the .model with its own extractor)."""
+    """sentencepiece .model -> a transformers fast tokenizer (tokenizer.json) that encodes exactly like sentencepiece.
+
+    transformers converts the .model (its LlamaTokenizer conversion: BPE pieces, merges, byte fallback); its
+    Metaspace pre-tokenizer skips sentencepiece's dummy prefix when a text already starts with a space, so the
+    prefix is applied as sentencepiece does (always) by a Prepend + Replace normalizer, and the result is saved as a
+    plain PreTrainedTokenizerFast (LlamaTokenizer would rebuild the pre-tokenizer when loaded).
+    """
     if sp_model.suffix != ".model":
         raise RecipeError(f"tokenizer {sp_model}: only sentencepiece .model files are exported; set data.tokenizer")
-    from transformers import LlamaTokenizer
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import normalizers
+    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(sp_model.read_bytes())
+    norm = proto.normalizer_spec
+    if norm.name != "identity" or norm.remove_extra_whitespaces:
+        warnings.warn(f"{sp_model}: normalization '{norm.name}' (remove_extra_whitespaces="
+                      f"{norm.remove_extra_whitespaces}) is not reproduced by the exported tokenizer; texts that "
+                      "this normalization changes may encode differently in transformers")
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(sp_model, Path(tmp) / "tokenizer.model")
-        tok = LlamaTokenizer.from_pretrained(tmp, add_bos_token=False, add_eos_token=False, legacy=False)
+        converted = LlamaTokenizer.from_pretrained(tmp, add_bos_token=False, add_eos_token=False, legacy=False)
+    backend = converted.backend_tokenizer
+    steps = ([normalizers.Prepend("▁")] if norm.add_dummy_prefix else []) + [normalizers.Replace(" ", "▁")]
+    backend.normalizer = normalizers.Sequence(steps)
+    backend.pre_tokenizer = None
+    sp = spm.SentencePieceProcessor(model_file=str(sp_model))
+
+    def piece(i):
+        return sp.id_to_piece(i) if i >= 0 else None
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=piece(sp.bos_id()), eos_token=piece(sp.eos_id()),
+                                  unk_token=piece(sp.unk_id()), pad_token=piece(sp.pad_id()),
+                                  clean_up_tokenization_spaces=False)
     tok.save_pretrained(str(out))
     shutil.copy(sp_model, out / "tokenizer.model")
 

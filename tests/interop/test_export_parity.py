@@ -91,18 +91,20 @@ def test_greedy_generation_matches(exports, corpus, name):
 
 
 def test_tokenizer_loads_offline_and_encodes_like_sentencepiece(exports, corpus):
-    """Documents as the corpus has them (code: indentation, newlines, digits, non-ASCII via byte fallback)."""
+    """Documents as the corpus has them (code: indentation, newlines, digits, non-ASCII via byte fallback) and the
+    edge cases where a Metaspace pre-tokenizer would differ from sentencepiece's dummy prefix (leading spaces)."""
     import sentencepiece as spm
     from transformers import AutoTokenizer
 
     hf_dir = exports["llama_222"][1]
     tok = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
     sp = spm.SentencePieceProcessor(model_file=corpus["sp_model"])
-    samples = corpus["texts"][:20] + ["x = 12345  # ünïcode ✓ 漢字\n\tpass", "Hello world"]
+    samples = corpus["texts"][:20] + ["x = 12345  # ünïcode ✓ 漢字\n\tpass", "Hello world", " lead", "  two  spaces",
+                                      "   ", "\n\nx", ""]
     for text in samples:
         assert tok.encode(text, add_special_tokens=False) == sp.encode(text), text[:60]
-    assert tok.decode(sp.encode(samples[-2])) == samples[-2]
-    assert (tok.bos_token_id, tok.eos_token_id) == (sp.bos_id(), sp.eos_id())
+        assert tok.decode(sp.encode(text)) == text, text[:60]
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (sp.bos_id(), sp.eos_id(), sp.pad_id())
     import json
 
     gen = json.loads((hf_dir / "generation_config.json").read_text())
