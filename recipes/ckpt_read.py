@@ -104,7 +104,6 @@ def detect_layout(tag_dir: Path) -> SourceLayout:
     mp_files = sorted(int(m.group(1)) for n in names if (m := _MP_FILE.match(n)))
     z3_files = [(int(m.group(1)), int(m.group(2))) for n in names if (m := _Z3_MODEL_FILE.match(n))]
     if z3_files:
-        first = _load(tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt")
         tp = 1 + max(mp for _, mp in z3_files)
         dp = 1 + max(d for d, _ in z3_files)
         return SourceLayout(tp=tp, pp=1, dp=dp, zero_stage=3, pipeline_files=False)
