@@ -5,7 +5,8 @@ Layout on disk (DeepSpeed's own, plus two small files of ours per tag):
   <dir>/global_step<N>/rng_rank<R>.pt  each rank's RNG states
   <dir>/global_step<N>/complete.json   written by rank 0 only after every rank finished saving: step, consumed
                                        samples and the list of files with their sizes
-  <dir>/latest                         DeepSpeed's pointer (users' habit); we do not trust it on resume
+  <dir>/latest                         DeepSpeed's pointer (users' habit), written by us after complete.json; resume
+                                       still checks markers itself (a damaged newest tag is skipped)
 
 On resume the newest tag whose complete.json exists and whose listed files are all present with the recorded sizes
 is loaded; an interrupted or damaged save is skipped with a message saying so.
@@ -72,7 +73,8 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, l
     """Collective: every rank calls it. Returns the tag."""
     tag = tag_for(step)
     root = Path(ckpt_dir)
-    engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=True)
+    # `latest` is ours to write, after the marker: it never names a partial save.
+    engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
     torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")
     _barrier()  # every rank's files are written before the marker
     if _rank() == 0:
@@ -80,6 +82,7 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, l
                  for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
         marker = {"step": step, "client_state": client_state, "files": files}
         _write_atomic(root / tag / MARKER, json.dumps(marker, indent=1))
+        _write_atomic(root / "latest", tag)
         _prune(root, keep_last, log)
         log(f"checkpoint: saved {root / tag} ({len(files)} files)")
     _barrier()

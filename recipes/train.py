@@ -42,7 +42,11 @@ class MetricsLog:
 
             self.tb = SummaryWriter(str(log_dir / "tensorboard"))
         if recipe.logging.wandb_project:
-            import wandb  # optional dependency: only imported when configured
+            try:
+                import wandb  # optional dependency: only imported when configured
+            except ImportError:
+                raise RuntimeError("logging.wandb_project is set but wandb is not installed: pip install wandb, "
+                                   "or remove logging.wandb_project (TensorBoard and metrics.jsonl need nothing)")
 
             self.wandb = wandb.init(project=recipe.logging.wandb_project, name=recipe.name,
                                     config=recipe.model_dump(), dir=str(log_dir))

@@ -47,6 +47,8 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_pa
         proc.wait()
     killed_at = max(losses(tmp_path))
     assert killed_at < STEPS
+    latest = (tmp_path / "latest").read_text().strip()  # never names a partial save
+    assert (tmp_path / latest / "complete.json").is_file()
 
     resumed = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
     assert "resumed from" in resumed.stdout, resumed.stdout
