@@ -13,6 +13,7 @@ from conftest import pretrain
     (["parallel.pp=2", "parallel.zero_stage=2"], "zero_stage"),    # DeepSpeed's pipeline engine refuses ZeRO-2/3
     (["training.global_batch=6", "parallel.tp=1"], "global_batch"),  # 6 samples over DP=4
     (["parallel.tp=2", "parallel.sequence_parallel=true"], "sequence_parallel"),  # CUDA-only in megatron-core
+    (["training.precision=fp16", "training.loss_scale=0"], "fp16"),  # DeepSpeed has no fp16 on CPU
 ])
 def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_path):
     run_dir = tmp_path / "run"
