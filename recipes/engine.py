@@ -119,9 +119,12 @@ class GuardedAdamW(torch.optim.AdamW):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.last_skipped = False
+        self.check_finite = True  # off where DeepSpeed's ZeRO-1/2 optimizer already checks the global grad norm
 
     @torch.no_grad()
     def step(self, closure=None):
+        if not self.check_finite:
+            return super().step(closure)
         bad = torch.zeros(1, device=self._device())
         for group in self.param_groups:
             for p in group["params"]:
@@ -206,6 +209,7 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
         mpu = MegatronMPU()
     model.to(device)
     optimizer = build_optimizer(model, recipe, device)
+    optimizer.check_finite = layout.zero_stage not in (1, 2)  # ZeRO-1/2 skip on an inf/NaN grad norm themselves
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(recipe, total_steps))
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, mpu=mpu,
                                       config=ds_config, dist_init_required=False)
