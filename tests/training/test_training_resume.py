@@ -59,7 +59,9 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_pa
 
 
 def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
-    # Copy the finished run (tags global_step6 and global_step8), then damage the newest checkpoint.
+    # keep_last=2: of the saves at steps 2, 4, 6, 8 only the last two remain.
+    assert sorted(p.name for p in uninterrupted.glob("global_step*")) == ["global_step6", "global_step8"]
+    # Copy the finished run, then damage the newest checkpoint.
     subprocess.run(["cp", "-r", f"{uninterrupted}/.", str(tmp_path)], check=True)
     newest = tmp_path / f"global_step{STEPS}"
     victim = sorted(newest.glob("*optim_states.pt"))[0]
