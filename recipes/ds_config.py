@@ -23,7 +23,7 @@ def build_ds_config(recipe, layout: Layout) -> dict:
         "zero_optimization": _zero_section(layout),
         "zero_allow_untested_optimizer": True,  # torch AdamW on CPU is a plain torch optimizer
         "pipeline": {
-            # Pipe engine: activations between stages have a fixed shape, so skip the shape handshake per batch.
+            # Pipeline engine: full recompute checkpoints every decoder layer; activations cross stage boundaries whole.
             "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
             "pipe_partitioned": False,  # send whole activations between stages (simple, SP-safe)
             "grad_partitioned": False,
