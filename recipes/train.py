@@ -164,7 +164,10 @@ def run(recipe, quiet: bool = False) -> int:
     init_parallel_state(layout)
     torch.manual_seed(t.seed)
 
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state, tensor_parallel
+
+    if device.type == "cuda":  # megatron-core's CUDA RNG tracker (TP-aware streams) wants its seeds set
+        tensor_parallel.model_parallel_cuda_manual_seed(t.seed)
 
     ckpt_dir = recipe.checkpoint.dir
     log_dir = Path(recipe.logging.dir or (Path(ckpt_dir) / "logs" if ckpt_dir else "runs/logs"))
