@@ -120,6 +120,10 @@ def main(argv=None) -> int:
     layout = Layout.from_recipe(recipe, world)
     init_parallel_state(layout)
     torch.manual_seed(recipe.training.seed)
+    if device.type == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(recipe.training.seed)
     rank0 = torch.distributed.get_rank() == 0
 
     total = ns.steps + ns.warmup
