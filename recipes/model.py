@@ -62,7 +62,8 @@ SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
 
 
 # ----------------------------------------------------------------------------------------------------------- config
-def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, recompute: str = "none") -> TransformerConfig:
+def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
+                       recompute: str = "none") -> TransformerConfig:
     """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp`.
 
     Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off: they need CUDA
@@ -229,22 +230,26 @@ class EmbeddingPipe(nn.Module):
 class DecoderLayerPipe(TransformerLayer):
     """megatron-core's TransformerLayer with a one-tensor pipeline interface: hidden [s, b, h] -> [s, b, h].
 
-    The RoPE angles live here as a non-persistent buffer, so nothing but the hidden state crosses stage boundaries.
+    The RoPE angles (fp32) live here, so nothing but the hidden state crosses stage boundaries.
     """
 
     def __init__(self, config: TransformerConfig, model_cfg, layer_index: int, seed: int):
         with _Seeded(seed):
             super().__init__(config=config, submodules=layer_spec(config).submodules, layer_number=layer_index)
         self.use_rope = model_cfg.position_embedding == "rope"
+        # A plain attribute, not a buffer: DeepSpeed casts buffers to bf16/fp16, and angles up to seq_length radians
+        # must stay fp32 (bf16 would be off by whole radians at long positions).
+        self._rope = None
         if self.use_rope:
-            rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base)
-            self.register_buffer("rope", rope, persistent=False)
+            self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base)
 
     def forward(self, hidden):
         rope = None
         if self.use_rope:
+            if self._rope.device != hidden.device:
+                self._rope = self._rope.to(hidden.device)
             sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
-            rope = self.rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
+            rope = self._rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
         out, _ = super().forward(hidden, attention_mask=None, rotary_pos_emb=rope)
         return out
 
@@ -311,7 +316,8 @@ def layer_specs(model_cfg, config: TransformerConfig, seed: int):
 
     L = model_cfg.num_layers
     if model_cfg.tied_embeddings:
-        embed = TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed, tied_weight_attr="word_embeddings.weight")
+        embed = TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed,
+                              tied_weight_attr="word_embeddings.weight")
     else:
         embed = LayerSpec(EmbeddingPipe, config, model_cfg, seed)
     specs = [embed]

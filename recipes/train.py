@@ -243,7 +243,8 @@ def run(recipe, quiet: bool = False) -> int:
             if consecutive_skips >= t.max_consecutive_nan_skips:
                 raise NonFiniteLossError(
                     f"{consecutive_skips} consecutive steps had a non-finite loss or gradient (limit "
-                    f"training.max_consecutive_nan_skips = {t.max_consecutive_nan_skips}); lower training.optimizer.lr, "
+                    f"training.max_consecutive_nan_skips = {t.max_consecutive_nan_skips}); "
+                    "lower training.optimizer.lr, "
                     "use bf16 instead of fp16, or resume from an earlier checkpoint")
 
         if valid_batches is not None and eval_iters and step % t.eval_interval == 0:
