@@ -32,6 +32,9 @@ def init_distributed(recipe) -> torch.device:
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(minutes=recipe.training.dist_timeout_minutes)
     if device.type == "cuda":
+        # megatron-core's TP linears overlap their all-reduce with the weight-gradient GEMM only when kernels are
+        # issued in order on one hardware queue; must be set before the CUDA context exists.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         torch.cuda.set_device(device)
     else:
         # DeepSpeed's shared-memory all-reduce is a JIT-built C++ op used only for inference all-reduce; loading it
