@@ -75,7 +75,7 @@ def generate(hf_dir: Path, prompt: str, max_new_tokens: int = 48) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32)
     model.eval()
     ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
@@ -87,7 +87,7 @@ def generate(hf_dir: Path, prompt: str, max_new_tokens: int = 48) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipes.demo", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    ap.add_argument("--steps", type=int, default=80, help="training steps (default 80)")
+    ap.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     ap.add_argument("--corpus-mb", type=float, default=4.0, help="size of the sample corpus in MB (default 4)")
     ap.add_argument("--vocab", type=int, default=3000, help="tokenizer vocabulary size (default 3000)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -151,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         # 4. export to transformers, 5. generate with plain transformers
         hf_dir = out / "hf"
         st.run("export: Hugging Face transformers directory",
-               [py, "-m", "recipes.export_hf", "--checkpoint", str(out / "checkpoints"), "--out", str(hf_dir),
-                "--config", str(DEMO_RECIPE), *overrides])
+               [py, "-m", "recipes.export_hf", "--checkpoint", str(out / "checkpoints"), "--out", str(hf_dir)])
         t0 = time.time()
         text = generate(hf_dir, PROMPT)
         st.note("generate: greedy text from the exported model", time.time() - t0)

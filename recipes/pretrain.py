@@ -104,6 +104,9 @@ def main(args: list[str] | None = None) -> int:
 
     # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
+    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
     from recipes.train import run
 
     try:

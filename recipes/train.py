@@ -155,6 +155,16 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
 
 
 # ------------------------------------------------------------------------------------------------------------ run
+def save_resolved_recipe(recipe, ckpt_dir: Path) -> None:
+    """checkpoint.dir/recipe.yaml: the fully resolved recipe of the run, so export/reshape need no --config."""
+    import yaml
+
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_dir / "recipe.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    tmp.replace(ckpt_dir / "recipe.yaml")
+
+
 def run(recipe, quiet: bool = False) -> int:
     """Train `recipe` on this rank. Returns the exit code (0 done or stopped cleanly)."""
     t = recipe.training
@@ -173,6 +183,8 @@ def run(recipe, quiet: bool = False) -> int:
     log_dir = Path(recipe.logging.dir or (Path(ckpt_dir) / "logs" if ckpt_dir else "runs/logs"))
     cache_dir = recipe.data.cache_dir or str(Path(ckpt_dir or "runs") / "data_cache")
     log = MetricsLog(recipe, log_dir, enabled=rank == 0, quiet=quiet)
+    if rank == 0 and ckpt_dir:
+        save_resolved_recipe(recipe, Path(ckpt_dir))
     say = log.say
     notice = partial(log.say, always=True)
 
