@@ -58,8 +58,17 @@ def _manifest_path(entry: str) -> Path:
     return p
 
 
+def _blend_tokenizer(m: dict, path: Path) -> dict:
+    """A `data_prep blend` file (weighted sources, absolute prefixes) names no tokenizer: take its first source's."""
+    sources = m.get("sources") or []
+    if not sources:
+        return {}
+    return json.loads(_manifest_path(sources[0]["path"]).read_text()).get("tokenizer") or {}
+
+
 def load_blend(recipe) -> Blend:
-    """Prefixes and weights from data.blend, or from each manifest's blend (weights = tokens) in data.manifests."""
+    """Prefixes and weights from data.blend, or from each entry of data.manifests: a data_prep manifest.json (weights =
+    tokens) or a `data_prep blend` output (weights as blended, prefixes absolute)."""
     d = recipe.data
     tokenizer = None
     prefixes: list[str] = []
@@ -67,7 +76,7 @@ def load_blend(recipe) -> Blend:
     for entry in d.manifests:
         path = _manifest_path(entry)
         m = json.loads(path.read_text())
-        tok = TokenizerInfo.from_manifest(m.get("tokenizer") or {}, str(path))
+        tok = TokenizerInfo.from_manifest(m.get("tokenizer") or _blend_tokenizer(m, path), str(path))
         if tokenizer is not None and (tok.vocab_size, tok.eod) != (tokenizer.vocab_size, tokenizer.eod):
             raise DataError(f"{path}: tokenizer (vocab {tok.vocab_size}, eod {tok.eod}) differs from the first "
                             f"manifest's (vocab {tokenizer.vocab_size}, eod {tokenizer.eod}); use one tokenizer")
