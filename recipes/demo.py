@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [f"model.vocab_size={tok_info['vocab_size']}", f"data.manifests=[{manifest}]",
                      f"data.tokenizer={tok_info['path']}", f"checkpoint.dir={out / 'checkpoints'}",
                      f"logging.dir={out / 'logs'}", f"training.train_steps={ns.steps}",
+                     f"training.eval_interval={max(1, ns.steps // 4)}",
+                     f"checkpoint.save_interval={max(1, ns.steps // 2)}",
                      f"parallel.tp={tp}", f"parallel.pp={pp}", f"cluster.gpus_per_node={n_dev}"]
         if device == "cuda":
             overrides += ["cluster.backend=nccl", "cluster.device=cuda", "training.precision=bf16"]

@@ -63,28 +63,46 @@ def test_resume_skips_complete_units_and_redoes_damaged_ones(tmp_path, inputs, s
     assert redone == {victim, victim.replace(".bin", ".idx"), "shard_000003.bin", "shard_000003.idx"}
 
 
+def _run_until(args, env, out, kill_after=None):
+    """Start the CLI; return (seconds until its first unit completed, total seconds, killed?). With kill_after, the
+    whole process group is SIGKILLed that many seconds after the first unit completed (mid-shard, mid-rename,
+    mid-stats or mid-manifest, depending on the moment)."""
+    t0 = time.time()
+    p = subprocess.Popen(args, cwd=REPO, env=env, start_new_session=True)
+    first = None
+    while p.poll() is None:
+        if first is None and out.exists() and any(out.glob("*.stats.json")):
+            first = time.time() - t0
+        if first is not None and kill_after is not None and time.time() - t0 >= first + kill_after:
+            os.killpg(p.pid, signal.SIGKILL)  # the driver and its workers, mid-run
+            p.wait()
+            return first, time.time() - t0, True
+        time.sleep(0.002)
+    assert p.returncode == 0
+    return first if first is not None else time.time() - t0, time.time() - t0, False
+
+
 def test_sigkill_at_any_moment_then_rerun_is_byte_identical(tmp_path, inputs, sp_model):
     ref_dir = tmp_path / "ref"
-    run(Settings(inputs=[str(inputs)], output_dir=str(ref_dir), tokenizer=sp_model, shard_size=3_000, quiet=True))
+    run(Settings(inputs=[str(inputs)], output_dir=str(ref_dir), tokenizer=sp_model, shard_size=1_000, quiet=True))
     ref = tree_bytes(ref_dir)
-    out = tmp_path / "killed"
-    args = [sys.executable, "-m", "data_prep", "tokenize", str(inputs), "-o", str(out), "-t", sp_model,
-            "--shard-size", "3000", "-j", "1", "-q"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+
+    def cli(out, workers=1):
+        return [sys.executable, "-m", "data_prep", "tokenize", str(inputs), "-o", str(out), "-t", sp_model,
+                "--shard-size", "1000", "-j", str(workers), "-q"]
+
+    # Time one uninterrupted run, then kill fresh runs at spread-out moments of their unit work, so the kills land
+    # inside the work whatever this machine's speed.
+    first, total, _ = _run_until(cli(tmp_path / "timing"), env, tmp_path / "timing")
+    work = max(total - first, 0.01)
     kills = 0
-    for extra in (0.0, 0.02, 0.05, 0.1, 0.0, 0.03):
-        before = len(list(out.glob("*.stats.json"))) if out.exists() else 0
-        p = subprocess.Popen(args, cwd=REPO, env=env, start_new_session=True)
-        # kill right after one more unit completes (+ a little): lands mid-shard, mid-rename or mid-stats
-        while p.poll() is None and len(list(out.glob("*.stats.json"))) <= before:
-            time.sleep(0.005)
-        time.sleep(extra)
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)  # the driver and its workers, mid-run
-            kills += 1
-        p.wait()
-        if (out / "manifest.json").exists():  # killed after it finished: the manifest must then be the final one
+    for i, frac in enumerate((0.1, 0.3, 0.5, 0.7, 0.9)):
+        out = tmp_path / f"killed{i}"
+        _, _, killed = _run_until(cli(out), env, out, kill_after=frac * work)
+        kills += killed
+        if (out / "manifest.json").exists() and killed:  # killed after the manifest: it must be the final one
             assert (out / "manifest.json").read_bytes() == ref["manifest.json"]
-    assert kills >= 4, "the run finished before it could be killed; use a bigger input"
-    run_cli("tokenize", inputs, "-o", out, "-t", sp_model, "--shard-size", "3000", "-j", "2", "-q")
-    assert tree_bytes(out) == ref
+        run_cli("tokenize", inputs, "-o", out, "-t", sp_model, "--shard-size", "1000", "-j", "2", "-q")
+        assert tree_bytes(out) == ref, f"rerun after a SIGKILL at {frac:.0%} of the work differs from a clean run"
+    assert kills >= 3, f"only {kills} of 5 runs were still working when killed"

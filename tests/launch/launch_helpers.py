@@ -22,7 +22,9 @@ def free_port() -> int:
 
 def launch_env(**extra) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", LAUNCH_STOP_GRACE="5")
-    env.pop("LAUNCH_SSH_CONFIG", None)
+    # The launcher honours these from the caller's environment; the tests state their own.
+    for var in ("LAUNCH_SSH_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(var, None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

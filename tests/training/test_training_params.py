@@ -33,14 +33,23 @@ def _recipe(**model):
 def single_process_group():
     from megatron.core import parallel_state
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    # Another in-process test (e.g. the HF export checks) may already hold a world of one: reuse it, and tear down
+    # only what this fixture made.
+    made_world = not torch.distributed.is_initialized()
+    if made_world:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    made_groups = not parallel_state.model_parallel_is_initialized()
+    if made_groups:
+        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    assert torch.distributed.get_world_size() == 1 and parallel_state.get_tensor_model_parallel_world_size() == 1
     yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
+    if made_groups:
+        parallel_state.destroy_model_parallel()
+    if made_world:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
