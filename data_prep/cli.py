@@ -1,5 +1,5 @@
 """python -m data_prep <command>: tokenize, train-tokenizer, verify, stats/inspect, sample-corpus, demo, bench,
-merge, blend, plan, slurm."""
+bench-executors, merge, blend, plan, slurm."""
 
 from __future__ import annotations
 
@@ -132,6 +132,13 @@ def cmd_bench(a) -> int:
     from .bench import bench
 
     return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, tokenizer=a.tokenizer)
+
+
+def cmd_bench_executors(a) -> int:
+    from .bench_executors import bench_executors
+
+    return bench_executors(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, shard_size=a.shard_size,
+                           tokenizer=a.tokenizer)
 
 
 def _tokenize_parser() -> argparse.ArgumentParser:
@@ -270,6 +277,15 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("bench-executors", help="local pool vs hostfile (ssh, loopback) vs Ray: wall, units/s, MB/s, "
+                                               "MB/s per core, identical output")
+    p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench_executors")
+    p.add_argument("--corpus-mb", type=float, default=4.0)
+    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)), help="workers in all")
+    p.add_argument("--shard-size", type=parse_size, default="256k", help="input bytes per work unit")
+    p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
+    p.set_defaults(fn=cmd_bench_executors)
 
     p = sub.add_parser("merge", help="combine many shards into fewer of a target size, streaming")
     p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")

@@ -1,0 +1,82 @@
+"""A private sshd on loopback with temporary keys, and an ssh_config of host aliases for it (LAUNCH_SSH_CONFIG).
+
+The same recipe as the launcher tests' fixtures: lets benchmarks run the ssh-based launch scripts on one machine.
+Needs root (sshd drops privileges per session; root login by key only) and /usr/sbin/sshd.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from typing import Dict, Iterator, Optional
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def unavailable() -> Optional[str]:
+    """Why a loopback sshd cannot be started here, or None if it can."""
+    if not os.path.exists(SSHD):
+        return f"{SSHD} is missing (apt-get install openssh-server, or launch/install_system_deps.sh)"
+    if not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+        return "ssh / ssh-keygen are missing (apt-get install openssh-client)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(config: str, host: str, deadline: float) -> None:
+    last = ""
+    while time.time() < deadline:
+        r = subprocess.run(["ssh", "-F", config, "-o", "BatchMode=yes", host, "echo", "ready"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if r.stdout.strip() == "ready":
+            return
+        last = r.stderr
+        time.sleep(0.2)
+    raise RuntimeError(f"sshd on loopback never answered for {host}: {last.strip()}")
+
+
+@contextlib.contextmanager
+def loopback_sshd(d: str, aliases: Dict[str, str]) -> Iterator[str]:
+    """Start sshd listening on every address in ``aliases`` (alias -> 127.0.0.x); yield the ssh_config path."""
+    os.makedirs(d, exist_ok=True)
+    port = _free_port()  # a non-default port: never collides with a system sshd on 22
+    for k in ("host_key", "user_key"):
+        for p in (k, k + ".pub"):  # ssh-keygen asks before overwriting: start from nothing
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(d, p))
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(d, k)], check=True)
+    shutil.copy(os.path.join(d, "user_key.pub"), os.path.join(d, "authorized_keys"))
+    listen = "".join(f"ListenAddress {a}\n" for a in sorted(set(aliases.values())))
+    with open(os.path.join(d, "sshd_config"), "w") as f:
+        # StrictModes no: the temporary directory's permissions are not what sshd demands of a home directory.
+        f.write(f"Port {port}\n{listen}HostKey {d}/host_key\nPidFile {d}/sshd.pid\n"
+                f"AuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                "MaxStartups 100:30:200\nMaxSessions 100\nLogLevel ERROR\n")
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    config = os.path.join(d, "ssh_config")
+    with open(config, "w") as f:
+        # Throwaway host key: no known_hosts entry to check against or to leave behind.
+        f.write("".join(f"Host {alias}\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {d}/user_key\n"
+                        "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+                        "  LogLevel ERROR\n" for alias, addr in aliases.items()))
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory; absent where no sshd ever ran
+    with open(os.path.join(d, "sshd.log"), "w") as log:
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", os.path.join(d, "sshd_config")],
+                                stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.time() + 20
+        for alias in aliases:
+            _wait(config, alias, deadline)
+        yield config
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
