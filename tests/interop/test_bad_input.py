@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from conftest import RECIPE
+from interop_runs import RECIPE
 from recipes.export_hf import main as export_main
 from recipes.import_hf import main as import_main
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import RECIPE
+from interop_runs import RECIPE
 from recipes.ckpt_read import read_full_state
 from recipes.export_hf import export, main as export_main
 from recipes.import_hf import hf_recipe, import_hf

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import losses, pretrain
+from interop_runs import losses, pretrain
 from recipes.ckpt_read import read_full_state
 from recipes.loading import RecipeError
 from recipes.reshape import parse_target, reshape

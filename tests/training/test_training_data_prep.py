@@ -6,7 +6,7 @@ import math
 import subprocess
 import sys
 
-from conftest import REPO, pretrain, train_records, worker_env
+from training_runs import REPO, pretrain, train_records, worker_env
 
 
 def test_loss_falls_on_data_prep_shards(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import pretrain
+from training_runs import pretrain
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 3])  # ZeRO-1 skips inside DeepSpeed; ZeRO-0/3 via our guard too

@@ -19,7 +19,7 @@ import math
 
 import pytest
 
-from conftest import losses, pretrain, train_records, val_losses
+from training_runs import losses, pretrain, train_records, val_losses
 
 STEPS = 6
 REL_TOL = 2e-5

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import pretrain
+from training_runs import pretrain
 
 
 @pytest.mark.parametrize("overrides, expect", [

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO, losses, pretrain, pretrain_cmd, worker_env
+from training_runs import REPO, losses, pretrain, pretrain_cmd, worker_env
 
 STEPS = 8
 # PP=2 x DP=2 (ZeRO-1): the pipeline engine's per-layer files and DP-sharded optimizer states are both exercised.
