@@ -61,6 +61,26 @@ def write_checkpoint(state_dir: Path, out_dir: Path, world_size: int, quiet: boo
 
 
 # ------------------------------------------------------------------------------------------------- in each rank
+def publish_checkpoint(out: Path, world_size: int, weights: dict, meta: dict, recipe, exp_avg: dict | None = None,
+                       exp_avg_sq: dict | None = None, quiet: bool = False) -> Path:
+    """Full state -> a training checkpoint at `recipe`'s layout, built in a hidden sibling directory and renamed to
+    `out` only when complete, so an interrupted import/reshape never leaves anything that looks like a checkpoint."""
+    import shutil
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        save_full_state(work / "full_state", weights, meta, recipe, exp_avg, exp_avg_sq)
+        write_checkpoint(work / "full_state", work / "checkpoint", world_size, quiet=quiet)
+        if out.exists():
+            out.rmdir()  # callers refuse a non-empty out; an empty one is replaced
+        os.replace(work / "checkpoint", out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def _zero_optimizer(eng):
     opt = eng.engine.optimizer
     return opt if hasattr(opt, "single_partition_of_fp32_groups") else None

@@ -12,10 +12,7 @@ rank) with DeepSpeed's own save, plus CKPT_DIR/recipe.yaml (the merged recipe, f
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -42,7 +39,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipes.ckpt_write import save_full_state, write_checkpoint
+    from recipes.ckpt_write import publish_checkpoint
     from recipes.hf_convert import from_llama
     from recipes.pretrain import validate_recipe
 
@@ -56,20 +53,10 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     weights = from_llama(model.state_dict(), recipe.model)
     del model
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        meta = {"client_state": {"step": 0, "consumed_samples": 0, "nan_skips_total": 0},
-                "source": str(Path(hf_dir).resolve())}
-        save_full_state(work / "full_state", weights, meta, recipe)
-        log(f"import: {hf_dir} -> TP={p.tp} x PP={p.pp} x DP={p.dp}, ZeRO-{p.zero_stage}; writing with {world} "
-            "processes")
-        write_checkpoint(work / "full_state", work / "checkpoint", world, quiet=quiet)
-        if out.exists():
-            out.rmdir()
-        os.replace(work / "checkpoint", out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    meta = {"client_state": {"step": 0, "consumed_samples": 0, "nan_skips_total": 0},
+            "source": str(Path(hf_dir).resolve())}
+    log(f"import: {hf_dir} -> TP={p.tp} x PP={p.pp} x DP={p.dp}, ZeRO-{p.zero_stage}; writing with {world} processes")
+    publish_checkpoint(out, world, weights, meta, recipe, quiet=quiet)
     log(f"import: wrote {out}; continue pretraining with python -m recipes.pretrain --config {out}/recipe.yaml "
         f"--local {world} (or your launcher) checkpoint.dir={out}")
     return out

@@ -15,10 +15,7 @@ Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -62,7 +59,7 @@ def target_recipe(recipe, target: dict, source_zero: int):
 
 def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False) -> Path:
     from recipes.ckpt_read import detect_layout, read_full_state, resolve_tag
-    from recipes.ckpt_write import save_full_state, write_checkpoint
+    from recipes.ckpt_write import publish_checkpoint
 
     log = (lambda *_: None) if quiet else (lambda s: print(s, file=sys.stderr))
     out = Path(out_dir)
@@ -71,18 +68,9 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     source = detect_layout(resolve_tag(ckpt_dir, tag))
     new, world = target_recipe(recipe, target, source.zero_stage)
     state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True, log=log)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        save_full_state(work / "full_state", state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq)
-        log(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
-            f"ZeRO-{new.parallel.zero_stage}; writing with {world} processes")
-        write_checkpoint(work / "full_state", work / "checkpoint", world, quiet=quiet)
-        if out.exists():
-            out.rmdir()
-        os.replace(work / "checkpoint", out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    log(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
+        f"ZeRO-{new.parallel.zero_stage}; writing with {world} processes")
+    publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
     log(f"reshape: wrote {out}; resume with python -m recipes.pretrain ... checkpoint.dir={out} "
         f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
