@@ -44,8 +44,9 @@ def _wait(config: str, host: str, deadline: float) -> None:
 
 
 @contextlib.contextmanager
-def loopback_sshd(d: str, aliases: Dict[str, str]) -> Iterator[str]:
-    """Start sshd listening on every address in ``aliases`` (alias -> 127.0.0.x); yield the ssh_config path."""
+def loopback_sshd(d: str, aliases: Dict[str, str], unreachable: Optional[Dict[str, str]] = None) -> Iterator[str]:
+    """Start sshd listening on every address in ``aliases`` (alias -> 127.0.0.x); yield the ssh_config path.
+    ``unreachable`` aliases get config entries but no listener: a dead node, for failure tests."""
     os.makedirs(d, exist_ok=True)
     port = _free_port()  # a non-default port: never collides with a system sshd on 22
     for k in ("host_key", "user_key"):
@@ -67,7 +68,7 @@ def loopback_sshd(d: str, aliases: Dict[str, str]) -> Iterator[str]:
         # Throwaway host key: no known_hosts entry to check against or to leave behind.
         f.write("".join(f"Host {alias}\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {d}/user_key\n"
                         "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
-                        "  LogLevel ERROR\n" for alias, addr in aliases.items()))
+                        "  LogLevel ERROR\n" for alias, addr in {**aliases, **(unreachable or {})}.items()))
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory; absent where no sshd ever ran
     with open(os.path.join(d, "sshd.log"), "w") as log:
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", os.path.join(d, "sshd_config")],

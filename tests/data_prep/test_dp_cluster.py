@@ -3,10 +3,8 @@
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -99,36 +97,14 @@ def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path,
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """A real sshd on loopback (temporary keys, free port), two host aliases on 127.0.0.1 and 127.0.0.2."""
-    from tests.launch.launch_helpers import SSHD, free_port, wait_for_ssh
+    from data_prep.loopback_ssh import loopback_sshd, unavailable
 
-    if not os.path.exists(SSHD):
-        pytest.fail("sshd is not installed: run launch/install_system_deps.sh")
+    if unavailable():
+        pytest.fail(f"cannot start a loopback sshd: {unavailable()}; run launch/install_system_deps.sh")
     d = tmp_path_factory.mktemp("dp_sshd")
-    port = free_port()
-    for k in ("host_key", "user_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / k)], check=True)
-    shutil.copy(d / "user_key.pub", d / "authorized_keys")
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {d / 'host_key'}\n"
-        f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n")
-    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-    config = d / "ssh_config"
-    config.write_text("".join(
-        f"Host {alias}\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {d / 'user_key'}\n"
-        "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-        for alias, addr in (("prep1", "127.0.0.1"), ("prep2", "127.0.0.2"), ("prepdead", "127.0.0.3"))))
-    Path("/run/sshd").mkdir(exist_ok=True)
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 20
-        wait_for_ssh(config, "prep1", deadline)
-        wait_for_ssh(config, "prep2", deadline)
-        yield config
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with loopback_sshd(str(d), {"prep1": "127.0.0.1", "prep2": "127.0.0.2"},
+                       unreachable={"prepdead": "127.0.0.3"}) as config:
+        yield Path(config)
 
 
 def test_hostfile_executor_over_real_ssh(tmp_path, corpus, sp_model, reference, sshd):

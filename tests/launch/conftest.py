@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.launch.launch_helpers import REPO, SSHD, TOY, free_port, launch_env, wait_for_ssh
+from data_prep.loopback_ssh import loopback_sshd
+from tests.launch.launch_helpers import REPO, SSHD, TOY, free_port, launch_env
 
 
 @pytest.fixture(scope="session")
@@ -21,36 +20,10 @@ def ssh_cluster(tmp_path_factory):
     if not os.path.exists(SSHD):
         pytest.fail("sshd is not installed: run launch/install_system_deps.sh (apt-get install openssh-server pdsh)")
     d = tmp_path_factory.mktemp("sshd")
-    port = free_port()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "user_key")], check=True)
-    shutil.copy(d / "user_key.pub", d / "authorized_keys")
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nHostKey {d / 'host_key'}\n"
-        f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-        "MaxStartups 100:30:200\nMaxSessions 100\nLogLevel ERROR\n"
-    )
-    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-    config = d / "ssh_config"
-    config.write_text("".join(
-        f"Host {alias}\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {d / 'user_key'}\n"
-        "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-        for alias, addr in (("node1", "127.0.0.1"), ("node2", "127.0.0.2"))
-    ))
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
-                            stderr=open(d / "sshd.log", "w"))
-    try:
-        deadline = time.time() + 20
-        wait_for_ssh(config, "node1", deadline)
-        wait_for_ssh(config, "node2", deadline)
+    with loopback_sshd(str(d), {"node1": "127.0.0.1", "node2": "127.0.0.2"}) as config:
         hostfile = d / "hostfile"
         hostfile.write_text("# two loopback 'nodes'\nnode1 slots=2\n\nnode2 slots=2  # second node\n")
-        yield config, hostfile
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        yield Path(config), hostfile
 
 
 @pytest.fixture(scope="session")

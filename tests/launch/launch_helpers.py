@@ -5,7 +5,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,17 +31,5 @@ def launch_env(**extra) -> dict:
 def run_launch(script: str, *args, env=None, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(REPO / "launch" / script), *map(str, args)], cwd=REPO, env=env or launch_env(),
                           capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for_ssh(config: Path, host: str, deadline: float) -> None:
-    last = ""
-    while time.time() < deadline:
-        r = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", host, "echo", "ready"],
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if r.stdout.strip() == "ready":
-            return
-        last = r.stderr
-        time.sleep(0.2)
-    raise RuntimeError(f"sshd on loopback never answered for {host}: {last}")
 
 
