@@ -21,6 +21,8 @@ from .tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 META = "\u2581"
+# Character classes of the second-level cut (every character but U+2581 is in exactly one).
+_LETTERS, _DIGITS, _OTHER = r"[^\W\d_]", r"\d", r"(?:[^\w" + META + r"]|_)"
 
 
 class FastPathMismatch(Exception):
@@ -61,6 +63,24 @@ class _SentencePiecePieces:
         ns.add_dummy_prefix = False
         ns.remove_extra_whitespaces = False
         self.raw = SentencePieceProcessor(model_proto=m.SerializeToString())
+        # Second level: a word missing from the cache is cut further into runs of letters, of digits and of other
+        # characters (a U+2581 run stays on the run after it) and each distinct run is encoded once. Exact when no
+        # piece of the vocabulary has two neighbouring characters of different classes (U+2581 aside), so no merge
+        # crosses such a cut, and with byte fallback (without it, neighbouring unknown characters would be merged
+        # into one <unk> across the cut). Words of code or prose share far fewer distinct runs than distinct words.
+        self.fine = None
+        self.fine_cache: dict = {}
+        self.fine_max = 65_536  # FastEncoder sets its own bound
+        if ts.byte_fallback:
+            pairs = {(a, b) for p in m.pieces if p.type in (1, 4, 5) for a, b in zip(p.piece, p.piece[1:])
+                     if a != META and b != META}
+            # letters | digits | other (split_digits models), else letters | the rest (digits merge with punctuation)
+            for partition in ((_LETTERS, _DIGITS, _OTHER), (_LETTERS, "(?:" + _DIGITS + "|" + _OTHER + ")")):
+                classes = [re.compile(c) for c in partition]
+                cls = {ch: next(i for i, r in enumerate(classes) if r.fullmatch(ch)) for ch in set(chain(*pairs))}
+                if all(cls[a] == cls[b] for a, b in pairs):
+                    self.fine = re.compile(META + "*(?:" + "|".join(c + "+" for c in partition) + ")|" + META + "+")
+                    break
 
     def split(self, texts: List[str]) -> List[List[str]]:
         out = []
@@ -75,7 +95,20 @@ class _SentencePiecePieces:
         return out
 
     def encode_pieces(self, keys: List[str], first: bool) -> List[List[int]]:
-        return self.raw.encode(keys if first or self.runs else [META + k for k in keys], num_threads=1)
+        texts = keys if first or self.runs else [META + k for k in keys]
+        if self.fine is None:
+            return self.raw.encode(texts, num_threads=1)
+        if len(self.fine_cache) > self.fine_max:
+            self.fine_cache = {}
+        cache = self.fine_cache
+        runs = [self.fine.findall(t) for t in texts]
+        missing = set(chain.from_iterable(runs))
+        missing.difference_update(cache.keys())
+        if missing:
+            missing = list(missing)
+            cache.update(zip(missing, self.raw.encode(missing, num_threads=1)))
+        get = cache.__getitem__
+        return [list(chain.from_iterable(map(get, r))) for r in runs]
 
 
 class _ByteLevelPieces:
@@ -142,6 +175,8 @@ class FastEncoder:
                 self.reason = splitter.reason
             else:
                 self.splitter = splitter
+                if hasattr(splitter, "fine_max"):
+                    splitter.fine_max = max_cache
 
     @property
     def active(self) -> bool:

@@ -110,3 +110,17 @@ def test_verify_fraction_stops_on_a_mismatch(tmp_path, texts, sp_model, monkeypa
         run(Settings(inputs=[str(tmp_path / "a.jsonl")], output_dir=str(tmp_path / "o"), tokenizer=sp_model,
                      verify_fraction=0.1, quiet=True))
     assert not (tmp_path / "o" / "manifest.json").exists() and not list((tmp_path / "o").glob("*.bin"))
+
+
+@pytest.mark.parametrize("model", ["sp_model", "sp_model_nfkc"])
+def test_second_level_cut_is_used_and_identical(model, texts, request):
+    """Words missing from the cache are cut into letter / digit / other runs (decided from the vocabulary)."""
+    path = request.getfixturevalue(model)
+    enc = FastEncoder(load_tokenizer(path), max_cache=300)
+    assert enc.active and enc.splitter.fine is not None
+    docs = _docs(texts)
+    got = []
+    for i in range(0, len(docs), 32):
+        got += enc.encode_batch(docs[i : i + 32])
+    assert got == spm.SentencePieceProcessor(model_file=path).encode(docs)
+    assert 0 < len(enc.splitter.fine_cache)
