@@ -4,7 +4,9 @@ Exact only when the tokenizer never merges across those pieces, which is decided
 - sentencepiece BPE (not unigram, whose float-score ties depend on context): split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
   normalized by the model's own normalizer (whole document, so whitespace collapsing, dummy prefix, NFKC are exactly the
   library's), cut before every U+2581, and each piece encoded by a copy of the model whose normalizer is identity.
-  Works for remove_extra_whitespaces off, identity normalization and split_digits (Llama-style) too.
+  Works for remove_extra_whitespaces off, identity normalization and split_digits (Llama-style) too. Where the
+  vocabulary allows it (no piece mixes letters, digits and other characters; byte fallback on), the cut is finer:
+  runs of letters, of digits and of other characters, so far fewer and shorter distinct keys are encoded.
 - Hugging Face: no normalizer, a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space off; pieces are
   cut with the same regex and each encoded alone.
 Anything else falls back to whole-document encoding. ``self_check`` compares both on sample texts at start.
@@ -63,14 +65,12 @@ class _SentencePiecePieces:
         ns.add_dummy_prefix = False
         ns.remove_extra_whitespaces = False
         self.raw = SentencePieceProcessor(model_proto=m.SerializeToString())
-        # Second level: a word missing from the cache is cut further into runs of letters, of digits and of other
-        # characters (a U+2581 run stays on the run after it) and each distinct run is encoded once. Exact when no
-        # piece of the vocabulary has two neighbouring characters of different classes (U+2581 aside), so no merge
-        # crosses such a cut, and with byte fallback (without it, neighbouring unknown characters would be merged
-        # into one <unk> across the cut). Words of code or prose share far fewer distinct runs than distinct words.
+        # Finer cut: the normalized text is cut into runs of letters, of digits and of other characters (a U+2581
+        # run stays on the run after it), each distinct run encoded once, as it is. Exact when no piece of the
+        # vocabulary has two neighbouring characters of different classes (U+2581 aside), so no merge crosses such a
+        # cut, and with byte fallback (without it, neighbouring unknown characters would be merged into one <unk>
+        # across the cut). Code and prose have far fewer distinct runs than distinct words, and shorter ones.
         self.fine = None
-        self.fine_cache: dict = {}
-        self.fine_max = 65_536  # FastEncoder sets its own bound
         if ts.byte_fallback:
             pairs = {(a, b) for p in m.pieces if p.type in (1, 4, 5) for a, b in zip(p.piece, p.piece[1:])
                      if a != META and b != META}
@@ -79,10 +79,17 @@ class _SentencePiecePieces:
                 classes = [re.compile(c) for c in partition]
                 cls = {ch: next(i for i, r in enumerate(classes) if r.fullmatch(ch)) for ch in set(chain(*pairs))}
                 if all(cls[a] == cls[b] for a, b in pairs):
-                    self.fine = re.compile(META + "*(?:" + "|".join(c + "+" for c in partition) + ")|" + META + "+")
+                    # like sentencepiece's words: a U+2581 run starts one (allow_whitespace_only_pieces), else
+                    # each U+2581 does; keyed by ``runs``
+                    body = "(?:" + "|".join(c + "+" for c in partition) + ")"
+                    self.fine = {True: re.compile(META + "*" + body + "|" + META + "+"),
+                                 False: re.compile(META + "?" + body + "|" + META)}
                     break
 
     def split(self, texts: List[str]) -> List[List[str]]:
+        if self.fine is not None:  # cut the whole text (head included); the runs are encoded as they are
+            fine = self.fine[self.runs].findall
+            return [[""] + fine(norm) for norm in self.sp.normalize(texts)]
         out = []
         for norm in self.sp.normalize(texts):
             if self.runs:
@@ -95,20 +102,8 @@ class _SentencePiecePieces:
         return out
 
     def encode_pieces(self, keys: List[str], first: bool) -> List[List[int]]:
-        texts = keys if first or self.runs else [META + k for k in keys]
-        if self.fine is None:
-            return self.raw.encode(texts, num_threads=1)
-        if len(self.fine_cache) > self.fine_max:
-            self.fine_cache = {}
-        cache = self.fine_cache
-        runs = [self.fine.findall(t) for t in texts]
-        missing = set(chain.from_iterable(runs))
-        missing.difference_update(cache.keys())
-        if missing:
-            missing = list(missing)
-            cache.update(zip(missing, self.raw.encode(missing, num_threads=1)))
-        get = cache.__getitem__
-        return [list(chain.from_iterable(map(get, r))) for r in runs]
+        literal = first or self.runs or self.fine is not None
+        return self.raw.encode(keys if literal else [META + k for k in keys], num_threads=1)
 
 
 class _ByteLevelPieces:
@@ -175,8 +170,6 @@ class FastEncoder:
                 self.reason = splitter.reason
             else:
                 self.splitter = splitter
-                if hasattr(splitter, "fine_max"):
-                    splitter.fine_max = max_cache
 
     @property
     def active(self) -> bool:
