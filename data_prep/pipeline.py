@@ -93,9 +93,11 @@ def _init_worker(progress_q) -> None:
 
 def _encoder(settings: Settings, sample: List[str]) -> FastEncoder:
     key = (settings.tokenizer, settings.eod_id, settings.fast_path)
-    if _STATE.get("enc_key") != key:
-        tok = load_tokenizer(settings.tokenizer, settings.eod_id)
-        enc = FastEncoder(tok, enabled=settings.fast_path)
+    if _STATE.get("enc_key") != key or not _STATE.get("enc_checked"):
+        # A forked worker inherits the driver's encoder (not yet self-checked): no second load per worker.
+        enc = _STATE.get("enc") if _STATE.get("enc_key") == key else None
+        if enc is None:
+            enc = FastEncoder(load_tokenizer(settings.tokenizer, settings.eod_id), enabled=settings.fast_path)
         # self-check on the first documents, up to ~256k characters (it encodes them twice)
         check, chars = [], 0
         for t in sample[:64]:
@@ -104,7 +106,7 @@ def _encoder(settings: Settings, sample: List[str]) -> FastEncoder:
             check.append(t)
             chars += len(t)
         enc.self_check(check)
-        _STATE["enc_key"], _STATE["enc"] = key, enc
+        _STATE.update(enc_key=key, enc=enc, enc_checked=True)
     return _STATE["enc"]
 
 
@@ -336,6 +338,10 @@ def run(settings: Settings) -> Optional[dict]:
     if todo and os.path.exists(manifest_path):
         os.remove(manifest_path)  # nothing may look complete while units are redone
     probe = FastEncoder(tok, enabled=settings.fast_path)
+    # Workers forked from here (and the in-process path) start from this tokenizer and encoder; each worker still
+    # self-checks the encoder on its own first documents.
+    _STATE.update(info=info, enc_key=(settings.tokenizer, settings.eod_id, settings.fast_path), enc=probe,
+                  enc_checked=False)
     where = f" (slice {settings.slice_index}/{settings.slice_count})" if settings.slice_count > 1 else ""
     _log(settings, f"data_prep: {len(units)} units{where}, {len(mine)} mine, {len(done)} already complete, "
                    f"{len(todo)} to do; {settings.workers} worker(s); fast path: "
