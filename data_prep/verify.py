@@ -7,7 +7,6 @@ sha256 of .bin and .idx. Returns a list of problems, each naming the shard.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from typing import List
@@ -16,14 +15,7 @@ import numpy as np
 
 from .manifest import read_manifest
 from .shards import expected_idx_bytes, read_header
-
-
-def _sha(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+from .tokenizers import file_sha256
 
 
 def verify_shard(out_dir: str, shard: dict, dtype: str, vocab_size: int, checksums: bool = True) -> List[str]:
@@ -82,9 +74,9 @@ def verify_shard(out_dir: str, shard: dict, dtype: str, vocab_size: int, checksu
             break
     del tokens, ds
     if checksums:
-        if _sha(prefix + ".bin") != shard["sha256_bin"]:
+        if file_sha256(prefix + ".bin") != shard["sha256_bin"]:
             problems.append(f"{name}: sha256 of .bin does not match the manifest (corrupted data)")
-        if _sha(prefix + ".idx") != shard["sha256_idx"]:
+        if file_sha256(prefix + ".idx") != shard["sha256_idx"]:
             problems.append(f"{name}: sha256 of .idx does not match the manifest")
     return problems
 
