@@ -59,7 +59,7 @@ class ParallelConfig(_Section):
     zero_stage: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
-    pipeline_partition: Literal["parameters", "uniform"] = "parameters"
+    pipeline_partition: Literal["uniform", "parameters"] = "uniform"  # see recipes.partition
     micro_batch: PositiveInt = 1
 
 

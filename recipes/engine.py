@@ -15,6 +15,7 @@ import torch
 
 from recipes.ds_config import build_ds_config
 from recipes.layout import Layout
+from recipes.partition import uneven_group_problem
 
 
 # ---------------------------------------------------------------------------------------------------- distributed
@@ -160,7 +161,7 @@ def build_optimizer(model: torch.nn.Module, recipe, device: torch.device) -> Gua
     kwargs = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
     if device.type == "cuda":
         kwargs["fused"] = True
-    return GuardedAdamW([g for g in groups if g["params"]], **kwargs)
+    return GuardedAdamW(groups, **kwargs)  # DeepSpeed drops a group that is empty here (see recipes.partition)
 
 
 def lr_multiplier(recipe, total_steps: int):
@@ -196,6 +197,17 @@ class Engine:
     ds_config: dict
 
 
+def _refuse_uneven_stage_groups(model) -> None:
+    """Raise (on every rank alike, before any collective) when the split DeepSpeed chose gives stages different
+    optimizer param-group counts: ZeRO-1 would hang in the first step (see recipes.partition)."""
+    names = [spec.typename.__name__ for spec in model._layer_specs]
+    problem = uneven_group_problem(names, list(model.parts))
+    if problem:
+        raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); DeepSpeed's "
+                         f"ZeRO-1 would hang in the first optimizer step. Use parallel.pipeline_partition=uniform "
+                         f"or parallel.zero_stage=0")
+
+
 def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -> Engine:
     """Build model, optimizer and lr schedule and hand them to deepspeed.initialize. parallel_state must be up."""
     import deepspeed
@@ -207,6 +219,8 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     if is_pipe:
         model = build_pipeline_module(recipe, layout)
         mpu = None  # the PipelineModule carries DeepSpeed's own grid (same rank order)
+        if layout.zero_stage == 1:
+            _refuse_uneven_stage_groups(model)
     else:
         model = PlainDecoder(recipe, layout)
         mpu = MegatronMPU()

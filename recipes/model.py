@@ -58,6 +58,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from recipes.partition import deepspeed_method
+
 SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
 
 
@@ -343,7 +345,7 @@ def build_pipeline_module(recipe, layout):
         layers=layer_specs(m, config, recipe.training.seed),
         topology=topo,
         loss_fn=VocabParallelLoss(m.vocab_size),
-        partition_method="parameters" if recipe.parallel.pipeline_partition == "parameters" else "uniform",
+        partition_method=deepspeed_method(recipe.parallel.pipeline_partition),
         activation_checkpoint_interval=1 if layout.recompute == "full" else 0,
         checkpointable_layers=["DecoderLayerPipe"],
     )

@@ -43,8 +43,9 @@ def test_valid_recipe_has_no_errors_or_warnings():
     (dict(model__num_query_groups=4, model__num_attention_heads=6, model__hidden_size=192, parallel__tp=1),
      ["num_attention_heads=6 is not divisible by model.num_query_groups=4"]),
     (dict(parallel__pp=8, parallel__tp=1), ["parallel.pp=8", "model.num_layers=4", "pp <= 4"]),
-    (dict(parallel__pp=3, parallel__tp=1, parallel__pipeline_partition="uniform", cluster__gpus_per_node=6,
-          training__global_batch=12), ["pipeline_partition=uniform", "num_layers=4", "parallel.pp=3"]),
+    (dict(parallel__pp=4, parallel__tp=1, parallel__pipeline_partition="parameters", model__vocab_size=32000),
+     ["pipeline_partition=parameters at parallel.pp=4", "stage 0: EmbeddingPipe -> 1 optimizer param group",
+      "stage 1: 2 decoder layer(s) -> 2", "stage 3: OutputHeadPipe", "would hang", "pipeline_partition=uniform"]),
     (dict(parallel__dp=3), ["tp x pp x dp = 2 x 2 x 3 = 12", "world size is 8"]),
     (dict(parallel__tp=3, model__num_attention_heads=6, model__num_query_groups=6, model__hidden_size=192),
      ["world size 8", "not divisible by parallel.tp x pp = 3 x 2"]),
@@ -58,6 +59,13 @@ def test_each_error_names_field_values_and_fix(changes, expect):
     msg = errors_of(make(**changes))
     for text in expect:
         assert text in msg, (text, msg)
+
+
+def test_uniform_split_gives_every_stage_decoder_layers_even_when_uneven():
+    """The default split (decoder layers evenly, Megatron's) is accepted where the parameter split is refused above,
+    and for a layer count pp does not divide (4 layers over 3 stages)."""
+    validate(make(parallel__pp=4, parallel__tp=1, model__vocab_size=32000))
+    validate(make(parallel__pp=3, parallel__tp=1, cluster__gpus_per_node=6, training__global_batch=12))
 
 
 def test_global_batch_error_suggests_a_multiple():

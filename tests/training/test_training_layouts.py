@@ -16,10 +16,13 @@ changes the loss by >1e-3 from the first steps on).
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
-from training_runs import losses, pretrain, train_records, val_losses
+from recipes.loading import load_recipe
+from recipes.partition import stage_boundaries
+from training_runs import RECIPE, REPO, losses, pretrain, train_records, val_losses
 
 STEPS = 6
 REL_TOL = 2e-5
@@ -36,7 +39,8 @@ LAYOUTS = {
     "tp2-pp2-dp2-zero1": (8, ["parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=1"]),
     "tp2-dp2-zero2": (4, ["parallel.tp=2", "parallel.zero_stage=2", "parallel.recompute=full"]),
     "tp2-dp2-zero3": (4, ["parallel.tp=2", "parallel.zero_stage=3"]),
-    "tp1-pp4-dp2-zero1": (8, ["parallel.pp=4", "parallel.zero_stage=1", "parallel.recompute=full"]),
+    "tp1-pp4-dp2-zero1": (8, ["parallel.pp=4", "parallel.zero_stage=1", "parallel.recompute=full",
+                              "parallel.pipeline_partition=parameters"]),  # the default split is tested below
 }
 
 
@@ -80,3 +84,25 @@ def test_gpt_shape_tied_embeddings_across_pipeline_stages(corpus, tmp_path):
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
     assert worst <= REL_TOL, f"per-step losses {got} vs 1x1x1 {ref} (worst relative difference {worst:.2e})"
+
+
+def test_pp4_with_a_large_vocabulary_matches_single_process(corpus, tmp_path):
+    """Regression: TP=1 x PP=4 x DP=2 with a vocabulary far larger than a layer (3,000 rows vs 4 tiny layers) hung in
+    the first optimizer step when the parameter-balanced split gave the embedding and the head stages of their own
+    (their optimizers had one param group, the others two; ZeRO-1 all-reduces the grad norm per group across stages).
+    The default split gives every stage decoder layers, is the one validation predicts, and matches 1x1x1."""
+    big = ["model.vocab_size=3000", f"training.train_steps={STEPS}"]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "pp4"
+    pretrain(1, ref_dir, corpus, *big)
+    proc = pretrain(8, run_dir, corpus, "parallel.pp=4", "training.dist_timeout_minutes=2", *big, timeout=400)
+    ref, got = losses(ref_dir), losses(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
+    assert worst <= REL_TOL, f"per-step losses {got} vs 1x1x1 {ref} (worst relative difference {worst:.2e})"
+
+    printed = [int(n) for n in re.findall(r"stage=\d+ layers=(\d+)", proc.stdout + proc.stderr)]
+    recipe = load_recipe(REPO / RECIPE, ["model.vocab_size=3000", "parallel.pp=4"])
+    parts = stage_boundaries(recipe.model, 1, 4, recipe.parallel.pipeline_partition)
+    assert printed == [b - a for a, b in zip(parts, parts[1:])], (printed, parts)
+    # specs: 0 embedding, 1..L decoder layers, L+1 final norm, L+2 head: first and last stage hold a decoder layer
+    assert parts[1] >= 2 and parts[-2] <= recipe.model.num_layers, parts

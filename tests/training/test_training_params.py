@@ -75,3 +75,39 @@ def test_initial_weights_do_not_depend_on_the_pipeline_cut(single_process_group)
             assert torch.equal(a, b), name
     assert not torch.equal(getattr(stack, "2").state_dict()["mlp.linear_fc1.weight"],
                            getattr(stack, "3").state_dict()["mlp.linear_fc1.weight"])
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_partition_inputs_match_the_built_layers(name, single_process_group):
+    """recipes.partition predicts DeepSpeed's pipeline split (per-layer parameter counts) and each stage's optimizer
+    param groups without building the model; both must equal what the real layers and build_optimizer give."""
+    from recipes.engine import build_optimizer
+    from recipes.model import layer_specs, transformer_config
+    from recipes.partition import GROUPS_OF_LAYER, layer_names, layer_weights
+
+    recipe = _recipe(**SHAPES[name])
+    specs = layer_specs(recipe.model, transformer_config(recipe.model, 1), recipe.training.seed)
+    names = layer_names(recipe.model)
+    assert [s.typename.__name__ for s in specs] == names
+    built = [s.build() for s in specs]
+    assert [sum(p.numel() for p in layer.parameters()) for layer in built] == \
+        layer_weights(recipe.model, 1, "parameters")
+    for layer_name, layer in zip(names, built):
+        groups = build_optimizer(layer, recipe, torch.device("cpu")).param_groups
+        used = {kind for kind, g in zip(("decay", "no_decay"), groups) if g["params"]}
+        assert used == GROUPS_OF_LAYER[layer_name], layer_name
+
+
+def test_engine_refuses_a_split_with_uneven_param_groups(single_process_group):
+    """The engine's own check (on the split DeepSpeed chose) refuses, on every rank alike, a split that would hang
+    ZeRO-1: embedding and head alone on their stages."""
+    from types import SimpleNamespace
+
+    from recipes.engine import _refuse_uneven_stage_groups
+    from recipes.model import layer_specs, transformer_config
+
+    recipe = _recipe(num_layers=4)
+    specs = layer_specs(recipe.model, transformer_config(recipe.model, 1), recipe.training.seed)
+    _refuse_uneven_stage_groups(SimpleNamespace(_layer_specs=specs, parts=[0, 2, 3, 4, 7]))  # decoder layers each
+    with pytest.raises(ValueError, match=r"stage 0: EmbeddingPipe -> 1 .*stage 3: OutputHeadPipe -> 1"):
+        _refuse_uneven_stage_groups(SimpleNamespace(_layer_specs=specs, parts=[0, 1, 3, 6, 7]))
