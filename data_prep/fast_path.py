@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from itertools import chain
 from typing import List, Optional
+
+import numpy as np
 
 from .tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
 
@@ -60,6 +63,11 @@ class _SentencePiecePieces:
         # allow_whitespace_only_pieces is on (Llama-style models).
         self.runs = ts.allow_whitespace_only_pieces
         self.word = re.compile(META + "+[^" + META + "]*")
+        # Without mapping rules and whitespace collapsing, the model's normalization is: a U+2581 in front (dummy
+        # prefix) and every space escaped to U+2581. It is then done part by part, so a long document never goes
+        # through the library's normalizer whole (which holds ~15 bytes per character while it works).
+        self.plain = not ns.precompiled_charsmap and not ns.remove_extra_whitespaces
+        self.dummy = META if ns.add_dummy_prefix else ""
         ns.name = "identity"
         ns.precompiled_charsmap = b""
         ns.add_dummy_prefix = False
@@ -86,20 +94,42 @@ class _SentencePiecePieces:
                                  False: re.compile(META + "?" + body + "|" + META)}
                     break
 
-    def split(self, texts: List[str]) -> List[List[str]]:
-        if self.fine is not None:  # cut the whole text (head included); the runs are encoded as they are
-            fine = self.fine[self.runs].findall
-            return [[""] + fine(norm) for norm in self.sp.normalize(texts)]
-        out = []
-        for norm in self.sp.normalize(texts):
-            if self.runs:
-                head_end = norm.find(META)
-                head = norm if head_end < 0 else norm[:head_end]
-                out.append([head] + self.word.findall(norm, len(head)))
+    def prepare(self, texts: List[str]) -> List[str]:
+        """Each whole document normalized by the model's own normalizer (whitespace collapsing, dummy prefix, NFKC),
+        or as it is where the normalization is plain (``part`` does it)."""
+        return list(texts) if self.plain else self.sp.normalize(texts)
+
+    def part(self, text: str, first: bool) -> str:
+        """The normalized form of a part of a prepared text."""
+        if not self.plain:
+            return text
+        return (self.dummy if first else "") + text.replace(" ", META)
+
+    def cut_points(self, text: str, every: int):
+        """Positions, about ``every`` characters apart, where a piece starts whatever the text before and after: a
+        U+2581 (a space, in plain texts) after any other character. The pieces of the parts between them are those
+        of the whole text."""
+        space = " " if self.plain else META
+        find, p = text.find, every
+        while p < len(text):
+            p = find(space, p)
+            if p < 0:
+                return
+            if text[p - 1] not in (" ", META):
+                yield p
+                p += every
             else:
-                # parts[1:] are words without their leading U+2581; encode_pieces restores it.
-                out.append(norm.split(META))
-        return out
+                p += 1
+
+    def split(self, norm: str) -> List[str]:
+        """[head] + pieces of a normalized text (or of a part of it that starts at a cut point: head "")."""
+        if self.fine is not None:  # cut the whole text (head included); the runs are encoded as they are
+            return [""] + self.fine[self.runs].findall(norm)
+        if self.runs:
+            head_end = norm.find(META)
+            head = norm if head_end < 0 else norm[:head_end]
+            return [head] + self.word.findall(norm, len(head))
+        return norm.split(META)  # parts[1:] are words without their leading U+2581; encode_pieces restores it
 
     def encode_pieces(self, keys: List[str], first: bool) -> List[List[int]]:
         literal = first or self.runs or self.fine is not None
@@ -134,23 +164,52 @@ class _ByteLevelPieces:
         # Special tokens written literally in a text are matched whole by the library: such texts go whole.
         self.specials = [t["content"] for t in cfg.get("added_tokens") or []]
 
-    def split(self, texts):
-        out = []
-        for t in texts:
-            if self.specials and any(s in t for s in self.specials):
-                out.append(None)
+    def prepare(self, texts):
+        # Special tokens written literally in a text are matched whole by the library: such texts go whole (None).
+        if not self.specials:
+            return list(texts)
+        return [None if any(s in t for s in self.specials) else t for t in texts]
+
+    def cut_points(self, text: str, every: int):
+        """Positions where the GPT-2 regex starts a match whatever the text around: a space after a letter or
+        digit (no alternative of the regex runs from a non-space into a space; matching looks only forward)."""
+        find, p = text.find, every
+        while p < len(text):
+            p = find(" ", p)
+            if p < 0:
+                return
+            if text[p - 1].isalnum():
+                yield p
+                p += every
             else:
-                out.append([""] + self.pattern.findall(t))
-        return out
+                p += 1
+
+    def part(self, text, first):
+        return text
+
+    def split(self, text):
+        return [""] + self.pattern.findall(text)
 
     def encode_pieces(self, keys, first):
         return self.tok.encode_batch(keys)
 
 
-class FastEncoder:
-    """Same ids as ``tok.encode_batch``; faster where exact. ``active`` says whether the cache path is used."""
+def _pack(ids) -> bytes:
+    return array("i", ids).tobytes()
 
-    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 65_536):
+
+class FastEncoder:
+    """Same ids as ``tok.encode_batch``; faster where exact. ``active`` says whether the cache path is used.
+
+    Memory stays flat whatever the corpus and its longest document: texts are cut (at points where the pieces do not
+    depend on the text around them) into parts of about ``SEGMENT_CHARS`` and pieced in groups of that many
+    characters, so the transient lists of piece strings stay small; the cache holds at most about 2 x ``max_cache``
+    entries, each piece's ids as packed int32 bytes; each document's ids come out as one numpy array.
+    """
+
+    SEGMENT_CHARS = 1 << 16
+
+    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 8_192):
         self.tok = tok
         self.max_cache = max_cache
         self.cache: dict = {}
@@ -176,21 +235,50 @@ class FastEncoder:
         return self.splitter is not None
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        """Ids as lists, like the tokenizer's own encode_batch."""
         if self.splitter is None:
             return self.tok.encode_batch(texts)
-        split = self.splitter.split(texts)
+        return [a.tolist() for a in self.encode_arrays(texts)]
+
+    def encode_arrays(self, texts: List[str]) -> List[np.ndarray]:
+        """Ids of each text as an int32 array."""
+        if self.splitter is None:
+            return [np.asarray(ids, dtype=np.int32) for ids in self.tok.encode_batch(texts)]
+        prepared = self.splitter.prepare(texts)
+        whole = [i for i, t in enumerate(prepared) if t is None]
+        out: List = [None] * len(texts)
+        for i, ids in zip(whole, self.tok.encode_batch([texts[i] for i in whole]) if whole else ()):
+            out[i] = np.asarray(ids, dtype=np.int32)
+        parts: List[List[bytes]] = [[] for _ in texts]  # packed ids of each document's segments, in order
+        group, group_chars = [], 0
+        for i, text in enumerate(prepared):
+            if text is None:
+                continue
+            start = 0
+            for end in chain(self.splitter.cut_points(text, self.SEGMENT_CHARS), (len(text),)):
+                group.append((i, self.splitter.part(text[start:end] if end - start < len(text) else text, start == 0)))
+                group_chars += end - start
+                start = end
+                if group_chars >= self.SEGMENT_CHARS:
+                    self._encode_group(group, parts)
+                    group, group_chars = [], 0
+        self._encode_group(group, parts)
+        for i, text in enumerate(prepared):
+            if text is not None:
+                out[i] = np.frombuffer(b"".join(parts[i]), dtype=np.int32)
+        return out
+
+    def _encode_group(self, group, parts) -> None:
+        """Piece, look up (encoding the pieces not cached yet) and append the packed ids of each (doc, segment)."""
+        if not group:
+            return
         if len(self.cache) > self.max_cache:
-            # Two generations approximate LRU with bounded memory (at most 2 x max_cache entries): pieces still
-            # in use are promoted back from the old generation instead of being encoded again.
+            # Two generations approximate LRU with bounded memory (at most 2 x max_cache entries + one group's
+            # new pieces): pieces still in use are promoted back from the old generation instead of encoded again.
             self.old, self.cache = self.cache, {}
         cache = self.cache
-        missing = set()
-        whole = [i for i, parts in enumerate(split) if parts is None]
-        if whole:
-            whole_ids = dict(zip(whole, self.tok.encode_batch([texts[i] for i in whole])))
-        for parts in split:
-            if parts is not None:
-                missing.update(parts[1:])
+        split = [self.splitter.split(seg) for _, seg in group]
+        missing = set(chain.from_iterable(p[1:] for p in split))
         missing.difference_update(cache.keys())
         if missing and self.old:
             promote = missing.intersection(self.old.keys())
@@ -199,19 +287,13 @@ class FastEncoder:
             missing.difference_update(promote)
         if missing:
             keys = list(missing)
-            cache.update(zip(keys, self.splitter.encode_pieces(keys, first=False)))
-        out = []
+            cache.update(zip(keys, map(_pack, self.splitter.encode_pieces(keys, first=False))))
         get = cache.__getitem__
-        for i, parts in enumerate(split):
-            if parts is None:
-                out.append(list(whole_ids[i]))
-                continue
-            head = parts[0]
-            ids = list(chain.from_iterable(map(get, parts[1:])))
-            if head:  # text before the first U+2581 (no dummy prefix): encode as is
-                ids = self.splitter.encode_pieces([head], first=True)[0] + ids
-            out.append(ids)
-        return out
+        for (i, _), pieces in zip(group, split):
+            if pieces[0]:  # text before the first U+2581 (no dummy prefix): encoded as is, not cached
+                parts[i].append(_pack(self.splitter.encode_pieces([pieces[0]], first=True)[0]))
+            parts[i].append(b"".join(map(get, pieces[1:])))
+
 
     def self_check(self, texts: List[str]) -> None:
         """Disable the fast path (with the reason) if it differs from whole-document encoding on these texts."""

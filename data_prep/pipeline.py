@@ -136,7 +136,7 @@ class _UnitRun:
         texts = [t for _, _, t in batch]
         if self.enc is None:
             self.enc = _encoder(self.s, texts)
-        ids_list = self.enc.encode_batch(texts)
+        ids_list = self.enc.encode_arrays(texts)
         s = self.s
         if s.verify_fraction > 0:
             self._verify(texts, ids_list)
@@ -144,11 +144,9 @@ class _UnitRun:
         eod, bos = self.enc.tok.info.eod_id, self.enc.tok.info.bos_id
         ntok = 0
         for (piece, pos, _), ids in zip(batch, ids_list):
-            if s.add_bos and bos is not None:
-                ids = [bos] + list(ids)
-            arr = np.array(ids, dtype=dtype)
-            if s.append_eod:
-                arr = np.append(arr, np.array([eod], dtype=dtype))
+            head = np.array([bos] if s.add_bos and bos is not None else [], dtype=dtype)
+            tail = np.array([eod] if s.append_eod else [], dtype=dtype)
+            arr = np.concatenate([head, ids.astype(dtype, copy=False), tail])
             if len(arr) > s.max_doc_tokens:
                 if s.long_docs == "reject":
                     self.reject(piece, pos, TOO_LONG)
@@ -171,7 +169,7 @@ class _UnitRun:
         if picks and self.enc.active:
             whole = self.enc.tok.encode_batch([texts[i] for i in picks])
             for i, want in zip(picks, whole):
-                if list(want) != list(ids_list[i]):
+                if list(want) != ids_list[i].tolist():
                     raise FastPathMismatch(
                         f"fast path differs from whole-document encoding in {self.unit.name} (document {i} of a "
                         "batch); rerun with --no-fast-path and report the tokenizer")

@@ -98,13 +98,13 @@ def test_pipeline_with_and_without_fast_path_and_verify_fraction(tmp_path, texts
 
 def test_verify_fraction_stops_on_a_mismatch(tmp_path, texts, sp_model, monkeypatch):
     write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts[:10]])
-    orig = FastEncoder.encode_batch
+    orig = FastEncoder.encode_arrays
 
     def broken(self, batch):
         ids = orig(self, batch)
         return [x[:-1] if self.active else x for x in ids]
 
-    monkeypatch.setattr(FastEncoder, "encode_batch", broken)
+    monkeypatch.setattr(FastEncoder, "encode_arrays", broken)
     monkeypatch.setattr(FastEncoder, "self_check", lambda self, texts: None)
     with pytest.raises(FastPathMismatch):
         run(Settings(inputs=[str(tmp_path / "a.jsonl")], output_dir=str(tmp_path / "o"), tokenizer=sp_model,
@@ -124,3 +124,31 @@ def test_second_level_cut_is_used_and_identical(model, texts, request):
         got += enc.encode_batch(docs[i : i + 32])
     assert got == spm.SentencePieceProcessor(model_file=path).encode(docs)
     assert 0 < len(enc.cache) + len(enc.old)
+
+
+def _library_ids(path, docs):
+    if path.endswith(".json"):
+        from tokenizers import Tokenizer
+
+        return [e.ids for e in Tokenizer.from_file(path).encode_batch(docs, add_special_tokens=False)]
+    return spm.SentencePieceProcessor(model_file=path).encode(docs)
+
+
+@pytest.mark.parametrize("model,coarse", [("sp_model", False), ("sp_model", True), ("sp_model_nfkc", False),
+                                          ("sp_model_nfkc", True), ("hf_bpe", False)])
+def test_documents_cut_into_parts_give_the_same_ids(model, coarse, texts, request):
+    """Long documents are pieced part by part (memory flat whatever the longest document), cut only where a piece
+    starts whatever the text around. With parts of ~40 characters (many cuts in every document) the ids are still
+    the library's, for the fine (letter/digit/other) and the coarse (word) cut."""
+    path = request.getfixturevalue(model)
+    enc = FastEncoder(load_tokenizer(path), max_cache=300)
+    assert enc.active, enc.reason
+    if coarse:
+        enc.splitter.fine = None
+    enc.SEGMENT_CHARS = 40
+    docs = _docs(texts) + ["   ", " a", "a ", "\u2581", " \u2581 ", "a \u2581 b  c" * 30]
+    prepared = enc.splitter.prepare(docs)
+    cuts = sum(1 for d in prepared if d is not None for _ in enc.splitter.cut_points(d, 40))
+    assert cuts > 5 * len(docs), cuts
+    got = [a.tolist() for i in range(0, len(docs), 16) for a in enc.encode_arrays(docs[i : i + 16])]
+    assert got == _library_ids(path, docs)
