@@ -49,6 +49,18 @@ def init_distributed(recipe) -> torch.device:
     return device
 
 
+def shutdown_distributed() -> None:
+    """Leave together: a barrier, then tear the process groups down while the interpreter is fully alive (gloo's
+    worker threads still holding work at interpreter exit can abort the process: 'terminate called without an active
+    exception')."""
+    from megatron.core import parallel_state
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
 def init_parallel_state(layout: Layout) -> None:
     """megatron-core process groups, rank order tp-dp-pp (TP fastest), the same order DeepSpeed's topology uses."""
     from megatron.core import parallel_state

@@ -18,7 +18,7 @@ import torch
 
 from recipes import checkpoint
 from recipes.data import MicroBatches, build_datasets
-from recipes.engine import init_distributed, init_parallel_state, initialize
+from recipes.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.layout import Layout
 
 
@@ -276,6 +276,7 @@ def run(recipe, quiet: bool = False) -> int:
         progress.close()
     say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
     log.close()
+    shutdown_distributed()
     return 0
 
 

@@ -54,6 +54,7 @@ def main():
     if rank == 0 and os.environ.get("TOY_OUT"):
         with open(os.environ["TOY_OUT"], "w") as f:
             json.dump({"world_size": world, "losses": losses}, f)
+    dist.barrier()  # leave together: no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
 
 
