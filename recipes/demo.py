@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # 4. export to transformers, 5. generate with plain transformers
         hf_dir = out / "hf"
+        # A rerun re-exports from the newest checkpoint; export_hf itself refuses a non-empty --out.
+        shutil.rmtree(hf_dir, ignore_errors=True)
         st.run("export: Hugging Face transformers directory",
                [py, "-m", "recipes.export_hf", "--checkpoint", str(out / "checkpoints"), "--out", str(hf_dir)])
         t0 = time.time()
