@@ -50,6 +50,18 @@ def atomic_write(path: str, data: bytes, shared: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def replace_unless_identical(tmp: str, path: str) -> bool:
+    """Move a finished ``tmp`` over ``path``, unless ``path`` already holds the same bytes: then keep it (and its
+    mtime, which work-unit keys include, so a rerun that regenerates the same file resumes instead of redoing)."""
+    import filecmp
+
+    if os.path.exists(path) and filecmp.cmp(tmp, path, shallow=False):
+        os.remove(tmp)
+        return False
+    os.replace(tmp, path)
+    return True
+
+
 def dumps(obj) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode()
 

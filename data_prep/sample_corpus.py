@@ -12,6 +12,8 @@ import sysconfig
 
 import orjson
 
+from .manifest import replace_unless_identical
+
 LICENSE = "PSF-2.0"
 
 
@@ -47,5 +49,5 @@ def build(out_dir: str, max_bytes: int = 4 << 20, name: str = "stdlib.jsonl") ->
                 continue  # too big for what is left: a smaller file may still fit
             f.write(line)
             written += len(line)
-    os.replace(tmp, path)
+    replace_unless_identical(tmp, path)
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Iterator, List
 
+from .manifest import replace_unless_identical
 from .readers import read_piece
 from .units import list_inputs
 
@@ -44,9 +45,12 @@ def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_ty
                 if line.strip():
                     yield line[:max_sentence_length]
 
+    # Trained under a temporary name, then moved into place: a killed run leaves no half-written model, and an
+    # identical rerun leaves the existing files (and their mtimes) alone.
+    tmp_prefix = f"{model_prefix}.tmp-{os.getpid()}"
     spm.SentencePieceTrainer.train(
         sentence_iterator=lines(),
-        model_prefix=model_prefix,
+        model_prefix=tmp_prefix,
         vocab_size=vocab_size,
         model_type=model_type,
         byte_fallback=True,
@@ -61,4 +65,15 @@ def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_ty
         train_extremely_large_corpus=False,
         minloglevel=2 if quiet else 1,
     )
+    # The model records the prefix it was trained under; give it the real one, so reruns are byte-identical.
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    m = pb.ModelProto()
+    with open(tmp_prefix + ".model", "rb") as f:
+        m.ParseFromString(f.read())
+    m.trainer_spec.model_prefix = model_prefix
+    with open(tmp_prefix + ".model", "wb") as f:
+        f.write(m.SerializeToString())
+    for ext in (".vocab", ".model"):  # the .model last: its presence means the pair is complete
+        replace_unless_identical(tmp_prefix + ext, model_prefix + ext)
     return model_prefix + ".model"

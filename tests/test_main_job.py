@@ -13,15 +13,19 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
+def _run_demo(out: Path) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([sys.executable, "-m", "recipes.demo", "--out", str(out), "--steps", "24",
                           "--corpus-mb", "1", "--vocab", "1000", "--quiet"],
                          cwd=REPO, env=env, text=True, capture_output=True, timeout=900)
     assert res.returncode == 0, f"main job failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
-    return out, res.stdout
+    return res.stdout + res.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    return out, _run_demo(out)
 
 
 def test_shards_verify_with_megatron_reader(demo_run):
@@ -75,3 +79,14 @@ def test_report_and_plots_are_valid(demo_run):
     for p in pngs:
         img = matplotlib.image.imread(p)  # raises on a corrupt PNG
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0.01, p
+
+
+def test_rerun_resumes_every_stage(demo_run):
+    """The same command again on the same directory: data and training resume (nothing redone), the export is
+    rewritten from the newest checkpoint, and the job ends well. Runs last: it rewrites the outputs above."""
+    out, _ = demo_run
+    first_shards = {p.name: p.stat().st_mtime_ns for p in (out / "data" / "shards").glob("*.bin")}
+    output = _run_demo(out)
+    assert "checkpoint: resumed from" in output and "at step 24" in output
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "data" / "shards").glob("*.bin")} == first_shards
+    assert (out / "hf" / "config.json").is_file()

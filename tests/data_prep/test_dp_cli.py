@@ -26,3 +26,18 @@ def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
     recs = [json.loads(x) for x in open(a)]
     assert 150_000 < sum(len(x) for x in open(a, "rb")) <= 200_000
     assert all(r["source"].endswith(".py") and r["text"] for r in recs)
+
+
+def test_rerun_of_corpus_and_tokenizer_keeps_identical_files(tmp_path):
+    """sample-corpus and train-tokenizer are deterministic; rerun, they leave identical outputs untouched (same
+    mtime), so a tokenize rerun resumes instead of redoing every unit (unit keys include input mtimes)."""
+    from data_prep.sample_corpus import build
+    from data_prep.train_tokenizer import train
+
+    corpus = build(str(tmp_path / "c"), 200_000)
+    model = train([corpus], str(tmp_path / "tok" / "sp"), vocab_size=400, quiet=True)
+    before = {p: (open(p, "rb").read(), tmp_path.joinpath(p).stat().st_mtime_ns) for p in (corpus, model)}
+    assert build(str(tmp_path / "c"), 200_000) == corpus
+    assert train([corpus], str(tmp_path / "tok" / "sp"), vocab_size=400, quiet=True) == model
+    assert {p: (open(p, "rb").read(), tmp_path.joinpath(p).stat().st_mtime_ns) for p in (corpus, model)} == before
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["sp.model", "sp.vocab"]  # no temporary left
