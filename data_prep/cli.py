@@ -33,7 +33,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-field", default="text")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--shard-size", type=parse_size, default="256M",
-                   help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at newlines")
+                   help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at "
+                        "newlines, big parquet files at row groups, big saved datasets at rows")
     p.add_argument("--no-eod", dest="append_eod", action="store_false", help="do not append EOD to each document")
     p.add_argument("--bos", dest="add_bos", action="store_true", help="prepend the tokenizer's BOS")
     p.add_argument("--eod-id", type=int, default=None, help="override the end-of-document id")

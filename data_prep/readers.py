@@ -192,20 +192,27 @@ def read_txt(piece: Piece, field: str) -> Iterator[Record]:
 
 
 def read_parquet(piece: Piece, field: str) -> Iterator[Record]:
-    """Rows of a parquet file, streamed by record batch (bounded memory)."""
+    """Rows of a parquet file (or of the row groups that start in [start, end)), streamed by record batch."""
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(piece.path)
     except Exception as e:
         raise InputError(piece.path, f"not a readable parquet file ({e})") from e
+    md = pf.metadata
+    firsts, row = [], 0
+    for i in range(md.num_row_groups):
+        firsts.append(row)
+        row += md.row_group(i).num_rows
+    stop = md.num_rows if piece.end < 0 else piece.end
+    groups = [i for i, first in enumerate(firsts) if piece.start <= first < stop]
     if field not in pf.schema_arrow.names:
-        for row in range(pf.metadata.num_rows):
+        for row in range(piece.start, stop):
             yield row, None, MISSING_TEXT
         return
-    row = 0
+    row = piece.start
     try:
-        for batch in pf.iter_batches(columns=[field], batch_size=4096):
+        for batch in pf.iter_batches(columns=[field], batch_size=4096, row_groups=groups):
             for value in batch.column(0).to_pylist():
                 text, reason = check_text(value)
                 yield row, text, reason

@@ -1,23 +1,26 @@
 """Work units: the input listing cut into deterministic pieces of work.
 
-A unit is a list of pieces (whole files, or newline-aligned byte ranges of big uncompressed .jsonl files). The plan
-depends only on the sorted input listing, the file sizes and the target size, so every worker and every node computes
-the same plan, and unit ``i`` always writes shard ``shard_{i:06d}``.
+A unit is a list of pieces (whole files, newline-aligned byte ranges of big uncompressed .jsonl files, or row ranges
+of big parquet files, cut along their row groups, and of big saved datasets). The plan depends only on the sorted
+input listing, the file sizes (parquet: row-group sizes; datasets: row counts) and the target size, so every worker
+and every node computes the same plan, and unit ``i`` always writes shard ``shard_{i:06d}``.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import orjson
 
 from .readers import Piece, is_hf_dataset_dir, kind_of
 
 SPLITTABLE = ("jsonl",)  # uncompressed, one record per line: can be cut at any newline
+ROW_KINDS = ("parquet", "hf")  # cut into row ranges (parquet: along its row groups)
 PACKABLE = ("jsonl", "txt")  # small files of these kinds share a unit
 
 
@@ -36,12 +39,16 @@ class Unit:
 
     @property
     def nbytes(self) -> int:
+        """Input bytes of the unit (row ranges: their share of the input's size), for progress and ETA."""
         total = 0
         for p in self.pieces:
-            if p.kind == "hf":
-                continue
-            end = p.end if p.end >= 0 else os.path.getsize(p.path)
-            total += end - p.start
+            if p.kind in ROW_KINDS:
+                rows = _num_rows(p.path, p.kind)
+                share = 1.0 if p.end < 0 or not rows else (p.end - p.start) / rows
+                total += int(_size(p.path) * share)
+            else:
+                end = p.end if p.end >= 0 else os.path.getsize(p.path)
+                total += end - p.start
         return total
 
     def key(self) -> str:
@@ -123,6 +130,54 @@ def split_ranges(path: str, target_bytes: int) -> List[Piece]:
     return pieces or [Piece(path, "jsonl", 0, 0)]
 
 
+@functools.lru_cache(maxsize=None)
+def _parquet_row_groups(path: str) -> Tuple[Tuple[int, int], ...]:
+    """(rows, compressed bytes) of each row group; () when the footer cannot be read (the reader reports it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.ParquetFile(path).metadata
+    except Exception:
+        return ()
+    return tuple((md.row_group(i).num_rows,
+                  sum(md.row_group(i).column(c).total_compressed_size for c in range(md.num_columns)))
+                 for i in range(md.num_row_groups))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_rows(path: str, kind: str) -> int:
+    if kind == "parquet":
+        return sum(rows for rows, _ in _parquet_row_groups(path))
+    from .readers import open_hf_dataset
+
+    try:
+        return len(open_hf_dataset(path))
+    except Exception:
+        return 0
+
+
+def _row_ranges(path: str, kind: str, target_bytes: int) -> List[Piece]:
+    """Row ranges of about ``target_bytes`` of input each: parquet cut at row-group boundaries (a row group is read
+    whole), a saved dataset at any row. One whole-input piece when it does not split."""
+    if kind == "hf":
+        n = _num_rows(path, kind)
+        step = max(1, int(target_bytes * n / max(_size(path), 1)))
+        if n <= step:
+            return [Piece(path, kind)]
+        return [Piece(path, kind, lo, min(lo + step, n)) for lo in range(0, n, step)]
+    pieces, start, row, acc = [], 0, 0, 0.0
+    groups = _parquet_row_groups(path)
+    for rows, nbytes in groups:
+        if acc and acc + nbytes > target_bytes:
+            pieces.append(Piece(path, kind, start, row))
+            start, acc = row, 0.0
+        row += rows
+        acc += nbytes
+    if len(pieces) == 0:
+        return [Piece(path, kind)]
+    return pieces + [Piece(path, kind, start, row)]
+
+
 def plan_units(pieces: Sequence[Piece], target_bytes: int) -> List[Unit]:
     if target_bytes <= 0:
         raise PlanError("--shard-size must be positive")
@@ -140,6 +195,10 @@ def plan_units(pieces: Sequence[Piece], target_bytes: int) -> List[Unit]:
         if piece.kind in SPLITTABLE and size > target_bytes:
             close()
             for part in split_ranges(piece.path, target_bytes):
+                units.append(Unit(len(units), [part]))
+        elif piece.kind in ROW_KINDS and size > target_bytes:
+            close()
+            for part in _row_ranges(piece.path, piece.kind, target_bytes):
                 units.append(Unit(len(units), [part]))
         elif piece.kind in PACKABLE:
             if open_unit is not None and open_bytes + size > target_bytes:

@@ -123,3 +123,43 @@ def test_vocab_at_least_65500_uses_int32(tmp_path, small):
     m = _run([tmp_path / "a.jsonl"], tmp_path / "out", str(path))
     assert m["dtype"] == "int32"
     assert read_all_docs(tmp_path / "out")[1] == [[65599, 1, 0, 70000]]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "hf"])
+def test_big_parquet_and_datasets_are_cut_into_row_ranges(tmp_path, texts, sp_model, fmt):
+    """A parquet file bigger than --shard-size is cut along its row groups, a saved dataset at rows, one unit each,
+    so many workers share one big input. Same documents in the same order as reading it whole, whatever the number
+    of workers; rejected rows keep their row number in the whole input; the manifest's input ranges cover every row
+    once."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [t[:3000] for t in texts[:60]]
+    rows[7] = ""  # rejected: empty text, at row 7 of the whole input
+    if fmt == "parquet":
+        src = tmp_path / "big.parquet"
+        pq.write_table(pa.table({"text": rows}), src, row_group_size=4)  # 15 row groups
+    else:
+        import datasets
+
+        src = tmp_path / "ds"
+        datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(src))
+    whole = _run([src], tmp_path / "whole", sp_model, shard_size=1 << 30)
+    assert len(whole["shards"]) == 1
+    outs = []
+    for workers in (1, 3):
+        out = tmp_path / f"cut{workers}"
+        m = _run([src], out, sp_model, shard_size=8_000, workers=workers)
+        outs.append(read_all_docs(out)[1])
+        ranges = [r for s in m["shards"] for r in s["inputs"]]
+        assert len(ranges) >= 4 and ranges[0]["start"] == 0 and ranges[-1]["end"] == len(rows)
+        assert all(a["end"] == b["start"] for a, b in zip(ranges, ranges[1:])), ranges
+        if fmt == "parquet":
+            assert all(r["start"] % 4 == 0 for r in ranges)  # row-group boundaries
+        rejects = [json.loads(x) for x in open(out / "rejects.jsonl")]
+        assert [(r["row"], r["reason"]) for r in rejects] == [(7, "empty_text")]
+        assert m["totals"]["input_records"] == len(rows) and m["totals"]["rejected"] == {"empty_text": 1}
+    assert outs[0] == outs[1] == read_all_docs(tmp_path / "whole")[1]
+    assert outs[0] == _sp_expected(sp_model, [r for r in rows if r])
