@@ -182,7 +182,7 @@ class _UnitRun:
         q = _STATE.get("progress")
         now = time.monotonic()
         if q is not None and now - self.last_report > 0.5:
-            q.put(tuple(p))
+            q.put((self.unit.index, *p))
             self.pending, self.last_report = [0, 0, 0], now
 
     def run(self) -> dict:
@@ -215,7 +215,7 @@ class _UnitRun:
             raise
         q = _STATE.get("progress")
         if q is not None:
-            q.put(tuple(self.pending))
+            q.put((self.unit.index, *self.pending))
         if self.writer.documents:
             shard = self.writer.finalize()
         else:  # megatron cannot mmap an empty .bin: a unit with no documents has stats but no shard
@@ -396,8 +396,7 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
     from .progress import Progress
 
     failed = []
-    total_bytes = sum(u.nbytes for u in todo)
-    with Progress(total_bytes, quiet=settings.quiet) as bar:
+    with Progress({u.index: u.nbytes for u in todo}, quiet=settings.quiet) as bar:
         if settings.executor == "ray":
             _execute_ray(todo, settings, fp, done, failed, bar)
         elif settings.workers <= 1 or len(todo) <= 1:
@@ -428,7 +427,7 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
                     # a bug, a fast-path mismatch, a full disk or Ctrl-C: stop now, do not start more units
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
-                bar.drain(q)
+            bar.drain(q)  # after shutdown: the workers have exited, so their last messages are in the pipe
     failed.sort(key=lambda f: f["unit"])
     return failed
 
@@ -463,8 +462,8 @@ def _execute_ray(todo: List[Unit], settings: Settings, fp: str, done: dict, fail
 def _collect(res: dict, unit: Unit, done: dict, failed: list, bar) -> None:
     if res["ok"]:
         done[unit.name] = res["stats"]
-        bar.unit_done(unit.nbytes)
+        bar.unit_done(unit.index)
     else:
         failed.append({k: res[k] for k in ("unit", "path", "error")})
-        bar.unit_done(unit.nbytes)
+        bar.unit_done(unit.index)
         bar.write(f"FAILED {res['unit']}: {res['path']}: {res['error']}")

@@ -8,17 +8,23 @@ import time
 
 
 class Progress:
-    def __init__(self, total_bytes: int, quiet: bool = False):
+    """The bar counts input bytes: a finished unit adds its input size; a unit in flight adds the text it has read
+    so far, capped at its input size (text outgrows compressed input, so without the cap a .zst corpus would show
+    100% at a quarter of the way; with it, the error is bounded by the units in flight)."""
+
+    def __init__(self, unit_bytes: dict, quiet: bool = False):
         self.quiet = quiet
-        self.total = total_bytes
+        self.unit_bytes = dict(unit_bytes)  # unit index -> input bytes
+        self.total = sum(self.unit_bytes.values())
         self.start = time.monotonic()
         self.docs = self.tokens = self.chars = 0
         self.done_bytes = 0
+        self.inflight: dict = {}  # unit index -> text characters read so far
         self.bar = None
         if not quiet:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, file=sys.stderr,
+            self.bar = tqdm(total=self.total, unit="B", unit_scale=True, file=sys.stderr,
                             desc="tokenize", dynamic_ncols=True, mininterval=0.5)
 
     def __enter__(self):
@@ -31,13 +37,22 @@ class Progress:
             print(f"tokenize: {self.docs:,} docs, {self.tokens:,} tokens in {el:.1f}s: {self.docs / el:,.0f} docs/s, "
                   f"{self.tokens / el:,.0f} tokens/s, {self.chars / el / 1e6:.2f} MB/s (text)", file=sys.stderr)
 
-    def _update(self, d, t, c):
+    @property
+    def position(self) -> int:
+        """Input bytes counted as done (what the bar shows)."""
+        return self.done_bytes + sum(min(c, self.unit_bytes.get(u, 0)) for u, c in self.inflight.items())
+
+    def _show(self) -> None:
+        if self.bar is not None and self.position > self.bar.n:
+            self.bar.update(self.position - self.bar.n)
+
+    def _update(self, unit, d, t, c):
         self.docs += d
         self.tokens += t
         self.chars += c
+        self.inflight[unit] = self.inflight.get(unit, 0) + c
+        self._show()
         if self.bar is not None:
-            step = min(c, max(self.total - self.bar.n, 0))
-            self.bar.update(step)
             el = max(time.monotonic() - self.start, 1e-9)
             self.bar.set_postfix_str(f"{self.docs / el:,.0f} docs/s {self.tokens / el:,.0f} tok/s", refresh=False)
 
@@ -50,11 +65,10 @@ class Progress:
         except (queue_mod.Empty, EOFError, OSError):
             pass
 
-    def unit_done(self, nbytes: int) -> None:
-        if self.bar is not None:
-            self.done_bytes += nbytes
-            if self.bar.n < self.done_bytes:
-                self.bar.update(self.done_bytes - self.bar.n)
+    def unit_done(self, unit: int) -> None:
+        self.inflight.pop(unit, None)
+        self.done_bytes += self.unit_bytes.get(unit, 0)
+        self._show()
 
     def write(self, msg: str) -> None:
         if self.bar is not None:
