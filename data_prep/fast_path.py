@@ -109,17 +109,7 @@ class _SentencePiecePieces:
         """Positions, about ``every`` characters apart, where a piece starts whatever the text before and after: a
         U+2581 (a space, in plain texts) after any other character. The pieces of the parts between them are those
         of the whole text."""
-        space = " " if self.plain else META
-        find, p = text.find, every
-        while p < len(text):
-            p = find(space, p)
-            if p < 0:
-                return
-            if text[p - 1] not in (" ", META):
-                yield p
-                p += every
-            else:
-                p += 1
+        return _cut_points(text, every, " " if self.plain else META, lambda prev: prev not in (" ", META))
 
     def split(self, norm: str) -> List[str]:
         """[head] + pieces of a normalized text (or of a part of it that starts at a cut point: head "")."""
@@ -173,16 +163,7 @@ class _ByteLevelPieces:
     def cut_points(self, text: str, every: int):
         """Positions where the GPT-2 regex starts a match whatever the text around: a space after a letter or
         digit (no alternative of the regex runs from a non-space into a space; matching looks only forward)."""
-        find, p = text.find, every
-        while p < len(text):
-            p = find(" ", p)
-            if p < 0:
-                return
-            if text[p - 1].isalnum():
-                yield p
-                p += every
-            else:
-                p += 1
+        return _cut_points(text, every, " ", str.isalnum)
 
     def part(self, text, first):
         return text
@@ -192,6 +173,20 @@ class _ByteLevelPieces:
 
     def encode_pieces(self, keys, first):
         return self.tok.encode_batch(keys)
+
+
+def _cut_points(text: str, every: int, sep: str, after_ok):
+    """Positions of ``sep``, about ``every`` characters apart, whose preceding character passes ``after_ok``."""
+    find, p = text.find, every
+    while p < len(text):
+        p = find(sep, p)
+        if p < 0:
+            return
+        if after_ok(text[p - 1]):
+            yield p
+            p += every
+        else:
+            p += 1
 
 
 def _pack(ids) -> bytes:
@@ -256,7 +251,7 @@ class FastEncoder:
                 continue
             start = 0
             for end in chain(self.splitter.cut_points(text, self.SEGMENT_CHARS), (len(text),)):
-                group.append((i, self.splitter.part(text[start:end] if end - start < len(text) else text, start == 0)))
+                group.append((i, self.splitter.part(text[start:end], start == 0)))  # a whole slice is no copy
                 group_chars += end - start
                 start = end
                 if group_chars >= self.SEGMENT_CHARS:
@@ -293,7 +288,6 @@ class FastEncoder:
             if pieces[0]:  # text before the first U+2581 (no dummy prefix): encoded as is, not cached
                 parts[i].append(_pack(self.splitter.encode_pieces([pieces[0]], first=True)[0]))
             parts[i].append(b"".join(map(get, pieces[1:])))
-
 
     def self_check(self, texts: List[str]) -> None:
         """Disable the fast path (with the reason) if it differs from whole-document encoding on these texts."""

@@ -142,10 +142,10 @@ class _UnitRun:
             self._verify(texts, ids_list)
         dtype = self.writer.dtype
         eod, bos = self.enc.tok.info.eod_id, self.enc.tok.info.bos_id
+        head = np.array([bos] if s.add_bos and bos is not None else [], dtype=dtype)
+        tail = np.array([eod] if s.append_eod else [], dtype=dtype)
         ntok = 0
         for (piece, pos, _), ids in zip(batch, ids_list):
-            head = np.array([bos] if s.add_bos and bos is not None else [], dtype=dtype)
-            tail = np.array([eod] if s.append_eod else [], dtype=dtype)
             arr = np.concatenate([head, ids.astype(dtype, copy=False), tail])
             if len(arr) > s.max_doc_tokens:
                 if s.long_docs == "reject":

@@ -43,9 +43,8 @@ class Unit:
         total = 0
         for p in self.pieces:
             if p.kind in ROW_KINDS:
-                rows = _num_rows(p.path, p.kind)
-                share = 1.0 if p.end < 0 or not rows else (p.end - p.start) / rows
-                total += int(_size(p.path) * share)
+                rows = _num_rows(p.path, p.kind) if p.end >= 0 else 0  # a whole input needs no row count
+                total += int(_size(p.path) * ((p.end - p.start) / rows if rows else 1.0))
             else:
                 end = p.end if p.end >= 0 else os.path.getsize(p.path)
                 total += end - p.start

@@ -15,7 +15,7 @@ import torch
 
 from recipes.ds_config import build_ds_config
 from recipes.layout import Layout
-from recipes.partition import uneven_group_problem
+from recipes.partition import UNEVEN_GROUPS_FIX, uneven_group_problem
 
 
 # ---------------------------------------------------------------------------------------------------- distributed
@@ -215,9 +215,8 @@ def _refuse_uneven_stage_groups(model) -> None:
     names = [spec.typename.__name__ for spec in model._layer_specs]
     problem = uneven_group_problem(names, list(model.parts))
     if problem:
-        raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); DeepSpeed's "
-                         f"ZeRO-1 would hang in the first optimizer step. Use parallel.pipeline_partition=uniform "
-                         f"or parallel.zero_stage=0")
+        raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); "
+                         f"{UNEVEN_GROUPS_FIX}")
 
 
 def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -> Engine:

@@ -29,6 +29,11 @@ GROUPS_OF_LAYER = {
 }
 
 
+UNEVEN_GROUPS_FIX = ("DeepSpeed's ZeRO-1 would hang in the first optimizer step (it all-reduces the gradient norm "
+                     "once per group across stages). Use parallel.pipeline_partition=uniform (every stage gets "
+                     "decoder layers) or parallel.zero_stage=0")
+
+
 def layer_names(model_cfg) -> list[str]:
     """The spec type names in pipeline order (a tied head is an EmbeddingPipe, as in recipes.model.layer_specs)."""
     head = "EmbeddingPipe" if model_cfg.tied_embeddings else "OutputHeadPipe"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from recipes.layout import Layout
 from recipes.loading import RecipeError
-from recipes.partition import layer_names, stage_boundaries, uneven_group_problem
+from recipes.partition import UNEVEN_GROUPS_FIX, layer_names, stage_boundaries, uneven_group_problem
 from recipes.planner import Assumptions, estimate, format_memory
 
 LARGE_BATCH_TOKENS = 2**19  # ~0.5M tokens per step: large enough that skipping warmup risks early divergence
@@ -61,14 +61,12 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
     if pp > m.num_layers:
         errors.append(f"parallel.pp={pp} is larger than model.num_layers={m.num_layers}: every stage needs at least "
                       f"one layer; use pp <= {m.num_layers}")
-    elif pp > 1 and par.zero_stage == 1:
+    elif pp > 1 and par.zero_stage == 1 and par.pipeline_partition == "parameters":
+        # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong)
         problem = uneven_group_problem(layer_names(m), stage_boundaries(m, tp, pp, par.pipeline_partition))
         if problem:
-            errors.append(f"parallel.pipeline_partition={par.pipeline_partition} at parallel.pp={pp} gives stages "
-                          f"different optimizer param groups ({problem}); DeepSpeed's ZeRO-1 would hang in the first "
-                          f"optimizer step (it all-reduces the gradient norm once per group across stages). Use "
-                          f"parallel.pipeline_partition=uniform (every stage gets decoder layers) or "
-                          f"parallel.zero_stage=0")
+            errors.append(f"parallel.pipeline_partition=parameters at parallel.pp={pp} gives stages different "
+                          f"optimizer param groups ({problem}); {UNEVEN_GROUPS_FIX}")
     if par.zero_stage >= 2 and pp > 1:
         errors.append(f"parallel.zero_stage={par.zero_stage} with parallel.pp={pp}: DeepSpeed's pipeline engine "
                       f"only supports ZeRO-0/1; set parallel.zero_stage=1 or parallel.pp=1")
