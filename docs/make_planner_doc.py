@@ -20,9 +20,9 @@ def block(cmd, strip_assumptions=True):
 
 def megatron_table():
     sys.path.insert(0, ".")
-    from recipes.config import ClusterConfig, ModelConfig
-    from recipes.layout import Layout
-    from recipes.planner import estimate
+    from recipes.config.schema import ClusterConfig, ModelConfig
+    from recipes.parallel.layout import Layout
+    from recipes.planner.cost import estimate
 
     rows = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
             (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
@@ -77,27 +77,27 @@ def why_a():
         f"on all of it.")
 
 
-A = "recipes.plan configs/examples/a-glm-130b-100x8-a100.yaml --corpus-bytes 10PB --top 10"
-B = "recipes.plan configs/examples/b-10b-tb-data-32x8-h100.yaml --corpus-bytes 2TB --top 8"
-C = "recipes.plan configs/examples/c-llama-7b-one-node.yaml --top 8"
-MEASURE = ("recipes.measure_zero configs/runs/tiny-cpu.yaml --dp 2 model.hidden_size=512 model.num_attention_heads=8 "
+A = "recipes plan configs/examples/a-glm-130b-100x8-a100.yaml --corpus-bytes 10PB --top 10"
+B = "recipes plan configs/examples/b-10b-tb-data-32x8-h100.yaml --corpus-bytes 2TB --top 8"
+C = "recipes plan configs/examples/c-llama-7b-one-node.yaml --top 8"
+MEASURE = ("recipes measure-zero configs/runs/tiny-cpu.yaml --dp 2 model.hidden_size=512 model.num_attention_heads=8 "
            "model.num_query_groups=8 model.ffn_hidden_size=1376 model.vocab_size=8192")
-NOFIT = "recipes.plan models/gpt-175b --cluster clusters/a100-40gb --nodes 1"
+NOFIT = "recipes plan models/gpt-175b --cluster clusters/a100-40gb --nodes 1"
 assumptions, _ = run(".venv/bin/python -m " + C)
 assumptions = "\n".join(l for l in assumptions.splitlines() if l.startswith(("Assumptions:", "Overlap:")))
 
 doc = f"""# The parallelism planner
 
-`python -m recipes.plan` answers "data parallel, model parallel or hybrid?" with numbers: for a model (preset or
+`python -m recipes plan` answers "data parallel, model parallel or hybrid?" with numbers: for a model (preset or
 recipe) on a cluster it prices every valid layout (TP x PP x DP, ZeRO stage, micro-batch, activation recompute,
 sequence parallelism), ranks them, recommends one and says why. `--json` gives the same for machines;
-`--write-recipe PATH` writes the recommended layout as a full recipe that `recipes.validation` accepts.
+`--write-recipe PATH` writes the recommended layout as a full recipe that `recipes.planner.validation` accepts.
 
 ```
-python -m recipes.plan SOURCE [section.key=value ...] [--cluster clusters/NAME] [--nodes N] [--global-batch B]
+python -m recipes plan SOURCE [section.key=value ...] [--cluster clusters/NAME] [--nodes N] [--global-batch B]
        [--seq-length S] [--tokens T | --corpus-bytes 10PB [--epochs E] [--tokens-per-byte 0.25]] [--max-days 90]
        [--top 12] [--json] [--write-recipe PATH]
-python -m recipes.render RECIPE [section.key=value ...] --out DIR     # DIR/ds_config.json + DIR/resolved.yaml
+python -m recipes render RECIPE [section.key=value ...] --out DIR     # DIR/ds_config.json + DIR/resolved.yaml
 ```
 
 Presets: `models/` gpt-125m, gpt-350m, gpt-1.3b, gpt-2.7b, gpt-6.7b, gpt-13b, gpt-175b (GPT-3 shapes), llama-7b,
@@ -105,9 +105,9 @@ llama-13b, llama-70b (Llama-2 shapes), glm-130b, tiny, tiny-gpt; `clusters/` a10
 h200-141gb (8 GPUs per node, datasheet peak, NVLink, InfiniBand per node), cpu-local. Exit code 2 for anything the
 user must fix (unknown preset, bad YAML with line:column, missing or non-positive sizes, no layout fits).
 
-## What it computes (recipes/planner.py)
+## What it computes (recipes/planner/cost.py)
 
-- **Parameters**: exact count of the model `recipes.model` builds (vocabulary padded to 128 x tp, learned positions,
+- **Parameters**: exact count of the model `recipes.model.layers` builds (vocabulary padded to 128 x tp, learned positions,
   norms, GQA qkv, SwiGLU or GeLU MLP, biases, tied or untied head); a test checks it against the instantiated
   megatron-core model per TP rank. Megatron Eq. 2 and the Llama-2 checkpoints' published counts are reproduced.
 - **FLOPs**: model FLOPs per step (forward + backward = 3x forward; equals Korthikanti's
@@ -120,14 +120,14 @@ user must fix (unknown preset, bad YAML with line:column, missing or non-positiv
 - **Time per step**: compute = hardware FLOPs / (peak x efficiency), where efficiency falls off for thin GEMMs
   (per-GPU hidden slice h/t, tokens per micro-batch); TP all-reduces (4 per layer per micro-batch, 6 with full
   recompute) on NVLink; PP sends; DP traffic per ZeRO stage from ring formulas with per-step NCCL latency and the
-  bucket sizes of `recipes/ds_config.py`; 1F1B bubble (p-1)/m. Then tokens/s, model TFLOP/s per GPU, MFU, days and
+  bucket sizes of `recipes/parallel/ds_config.py`; 1F1B bubble (p-1)/m. Then tokens/s, model TFLOP/s per GPU, MFU, days and
   GPU-hours for the token budget (or a corpus: bytes x tokens-per-byte x epochs), and the fraction of a corpus a run
   of `--max-days` can train on.
 - **Ranking**: layouts that fit first, fastest first. The recommendation is the simplest layout within 2% of the
   fastest: no model parallelism if possible, then no ZeRO-3 (its per-micro-batch weight gathers are the least
   certain overlap in the model), then the least TP x PP, the lowest ZeRO stage, the least recompute.
 
-Assumptions (printed with every plan; `Assumptions` in recipes/planner.py):
+Assumptions (printed with every plan; `Assumptions` in recipes/planner/cost.py):
 
 ```
 {assumptions}
@@ -160,14 +160,14 @@ states each) does; ZeRO-2/3 are within 1% and not needed, and PP=2 would only ad
 {block(NOFIT, False)}
 ## Measured: model-state memory per rank under DeepSpeed ZeRO 0/1/2/3 (CPU, 2 gloo processes)
 
-`python -m recipes.measure_zero` builds the model through `recipes.engine.initialize` (the training path), runs a
+`python -m recipes measure-zero` builds the model through `recipes.train.engine.initialize` (the training path), runs a
 step of two micro-batches, then counts every live tensor storage after each backward of a second step, and compares
 with the planner (`tests/recipes/test_planner_real.py` runs the same on a smaller shape):
 
 {block(MEASURE, False)}
 Model states match exactly once the planner counts, for fp32 training, the fp32 master partition DeepSpeed's ZeRO
 optimizers keep even when the weights are already fp32 (K = 12, not 8). DeepSpeed also allocates a gradient bucket of
-`reduce_bucket_size` elements (5e8 in `recipes/ds_config.py`: 1 GB in bf16, 2 GB in fp32) whatever the model size:
+`reduce_bucket_size` elements (5e8 in `recipes/parallel/ds_config.py`: 1 GB in bf16, 2 GB in fp32) whatever the model size:
 ZeRO-3 at start-up, ZeRO-1/2 for each backward; the planner's "buffers" include it.
 
 ## Calibration against published throughput

@@ -9,12 +9,9 @@ Prints `TP=.. x PP=.. x DP=..` and exits 0, or exits 3 with the problem and the 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root, so `recipes` imports from a checkout
-
-from recipes.layout import Layout  # noqa: E402
-from recipes.loading import RecipeError, load_recipe  # noqa: E402
+from recipes.config.loading import RecipeError, load_recipe
+from recipes.parallel.layout import Layout
 
 
 def check(recipe_path: str, world_size: int, overrides: list[str]) -> Layout:

@@ -51,7 +51,7 @@ usage_common='
   --master-addr ADDR       rendezvous address (default: the first host, as ssh resolves it)
   --master-port PORT       rendezvous port (default 29500)
   --env VAR[,VAR...]       also propagate these variables to every rank (or set LAUNCH_EXPORT="VAR VAR")
-  --entry CMD              the per-rank program (default: "python -m recipes.pretrain"; python = the venv python)
+  --entry CMD              the per-rank program (default: "python -m recipes train"; python = the venv python)
   --log-dir DIR            where per-node logs go (default runs/launch/RUN_ID)
   --run-id ID              name of this run (default: recipe name + time)
   --comm-check             (preflight) also run the all-reduce bandwidth check across all ranks
@@ -60,7 +60,7 @@ usage_common='
 
 parse_args() {
   RECIPE="" HOSTFILE=${LAUNCH_HOSTFILE:-} BACKEND="" INCLUDE="" EXCLUDE="" NUM_NODES=0 NUM_GPUS=0
-  MASTER_ADDR_OPT="" MASTER_PORT=${MASTER_PORT:-29500} EXTRA_ENV=${LAUNCH_EXPORT:-} ENTRY="python -m recipes.pretrain"
+  MASTER_ADDR_OPT="" MASTER_PORT=${MASTER_PORT:-29500} EXTRA_ENV=${LAUNCH_EXPORT:-} ENTRY="python -m recipes train"
   LOG_DIR="" RUN_ID="" DRY_RUN=0 COMM_CHECK=0 NO_PREFLIGHT=0 OVERRIDES=()
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -159,7 +159,7 @@ check_nodes_reachable() {
   return $bad
 }
 
-# The variables every rank gets, as NAME=VALUE lines: the venv, PYTHONPATH, NCCL_*/GLOO_*, threads, user-listed.
+# The variables every rank gets, as NAME=VALUE lines: the venv (the repo is pip-installed in it), NCCL_*/GLOO_*, threads, user-listed.
 write_env_file() {
   local name
   for name in $EXTRA_ENV; do
@@ -168,7 +168,6 @@ write_env_file() {
   {
     echo "PATH=$VENV_DIR/bin:/usr/local/bin:/usr/bin:/bin"
     echo "VIRTUAL_ENV=$VENV_DIR"
-    echo "PYTHONPATH=$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
     echo "PYTHONUNBUFFERED=1"
     echo "LAUNCH_RUN_ID=$RUN_ID"
     for name in $(compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|CUDA_DEVICE_ORDER|OMP_NUM_THREADS|HF_|WANDB_)' || true) $EXTRA_ENV; do

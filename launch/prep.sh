@@ -34,10 +34,9 @@ setup_ssh
 
 # Relative paths in ARGS mean the same on every node: each runs in this directory (shared file system).
 WORKDIR=$PWD
-export PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
 cmd_for() {  # slice index, slots
-  printf 'cd %q && PYTHONPATH=%q OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false %q -m data_prep tokenize %s--slice %d/%d -j %d -q' \
-    "$WORKDIR" "$REPO_DIR" "$PY" "$QUOTED" "$1" "$H" "$2"
+  printf 'cd %q && OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false %q -m data_prep tokenize %s--slice %d/%d -j %d -q' \
+    "$WORKDIR" "$PY" "$QUOTED" "$1" "$H" "$2"
 }
 
 if [ "$DRY_RUN" = 1 ]; then

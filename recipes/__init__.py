@@ -1,0 +1,14 @@
+"""LLM training recipes: a YAML recipe -> validated plan -> megatron-core x DeepSpeed run -> checkpoints -> HF.
+
+Subpackages, lowest layer first (each imports only from the ones above it in this list; CI checks it):
+  config      the recipe schema, loading (extends + overrides)
+  model       model shape arithmetic (parameters, FLOPs) and the megatron-core layers
+  parallel    the parallel Layout (the one validator of degrees), DeepSpeed JSON, pipeline partition
+  planner     cost model, recipe validation, `plan` CLI
+  checkpoint  save/resume with completion markers, reading any layout into a full state, TP shard rules
+  train       engine (DeepSpeed + megatron-core groups), data, the loop, the `train` CLI, the full-state writer
+  hf          Hugging Face conversion, export, import
+  tools       demo, report, benchmarks, render, presets, reshape, measure_zero
+
+Commands: `python -m recipes <command>` (or the `llm-recipes` console script); see `python -m recipes --help`.
+"""

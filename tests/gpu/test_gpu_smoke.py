@@ -34,7 +34,7 @@ def _torchrun(n: int, module: str, *args: str, timeout: int = 600) -> subprocess
 def test_bf16_training_on_gpu_loss_falls(tmp_path):
     n = min(2, torch.cuda.device_count())
     manifest = _corpus(tmp_path)
-    _torchrun(n, "recipes.pretrain", "--config", "configs/runs/tiny-cpu.yaml", "--quiet",
+    _torchrun(n, "recipes", "train", "--config", "configs/runs/tiny-cpu.yaml", "--quiet",
               "cluster.device=cuda", "cluster.backend=nccl", "training.precision=bf16", "training.train_steps=30",
               f"parallel.tp={n}", f"parallel.sequence_parallel={'true' if n > 1 else 'false'}",
               f"data.manifests=[{manifest}]",
@@ -48,7 +48,7 @@ def test_bf16_training_on_gpu_loss_falls(tmp_path):
 
 def test_benchmark_reports_mfu(tmp_path):
     out_json = tmp_path / "bench.json"
-    _torchrun(1, "recipes.bench_train", "--gpu", "--config", "configs/runs/bench-gpt-1.3b-1gpu.yaml", "--steps", "6",
+    _torchrun(1, "recipes", "bench-train", "--gpu", "--config", "configs/runs/bench-gpt-1.3b-1gpu.yaml", "--steps", "6",
               "--warmup", "2", "--json", str(out_json))
     result = json.loads(out_json.read_text())
     print(result)

@@ -37,7 +37,7 @@ def run_overrides(corpus: dict, run_dir: Path) -> list[str]:
 
 
 def pretrain(n: int, config: str, overrides: list[str], timeout: int = 400) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "recipes.pretrain", "--config", config, "--local", str(n), "--quiet", *overrides]
+    cmd = [sys.executable, "-m", "recipes", "train", "--config", config, "--local", str(n), "--quiet", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
@@ -55,6 +55,6 @@ class Run:
         self.path, self.config, self.overrides = path, config, overrides
 
     def recipe(self):
-        from recipes.loading import load_recipe
+        from recipes.config.loading import load_recipe
 
         return load_recipe(self.config, self.overrides)

@@ -5,8 +5,8 @@ import json
 import shutil
 
 from interop_runs import RECIPE
-from recipes.export_hf import main as export_main
-from recipes.import_hf import main as import_main
+from recipes.hf.export import main as export_main
+from recipes.hf.importer import main as import_main
 
 
 def _copy(run, tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from interop_runs import RECIPE
-from recipes.ckpt_read import read_full_state
-from recipes.export_hf import export, main as export_main
-from recipes.import_hf import hf_recipe, import_hf
+from recipes.checkpoint.read import read_full_state
+from recipes.hf.export import export, main as export_main
+from recipes.hf.importer import hf_recipe, import_hf
 
 
 def test_import_of_export_gives_identical_weights(llama_222, corpus, tmp_path):

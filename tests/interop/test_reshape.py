@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from interop_runs import losses, pretrain
-from recipes.ckpt_read import read_full_state
-from recipes.loading import RecipeError
-from recipes.reshape import parse_target, reshape
+from recipes.checkpoint.read import read_full_state
+from recipes.config.loading import RecipeError
+from recipes.tools.reshape import parse_target, reshape
 
 REL_TOL = 2e-5
 

@@ -31,8 +31,7 @@ def local_reference(tmp_path_factory):
     """Losses of the toy recipe trained in ONE process on the whole global batch (no launcher, no ssh): what every
     multi-node launch of the toy must reproduce up to float summation order."""
     out = tmp_path_factory.mktemp("ref") / "losses.json"
-    env = launch_env(TOY_OUT=out, RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
-                     PYTHONPATH=REPO)
+    env = launch_env(TOY_OUT=out, RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
     r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), str(REPO / "tests" / "launch" / "toy_train.py"),
                         "--config", str(TOY)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -37,7 +37,7 @@ def test_dry_run_100_nodes_torchrun_and_deepspeed(tmp_path):
             next_rank += SLOTS
             cmd = m[6]
             assert f"--node_rank={i} " in cmd and "--master_addr=gpu001 " in cmd and "--master_port=23456" in cmd
-            assert "recipes.pretrain --config" in cmd and "parallel.tp=8" in cmd
+            assert "recipes train --config" in cmd and "parallel.tp=8" in cmd
             if backend == "torchrun-ssh":
                 assert f"--nnodes={N} " in cmd and f"--nproc_per_node={SLOTS} " in cmd and f"LAUNCH_HOST=gpu{i + 1:03d}" in cmd
             else:  # DeepSpeed's world_info: every host with its slot indices, in hostfile order
@@ -72,7 +72,7 @@ def test_slurm_script(tmp_path):
     srun = script[script.index("srun "):]
     assert "--kill-on-bad-exit=1" in srun and "--node_rank=$SLURM_NODEID" in srun and "--nnodes=$SLURM_NNODES" in srun
     assert f"--nproc_per_node={SLOTS}" in srun and "--master_port=$MASTER_PORT" in srun and "MASTER_PORT=29999" in script
-    assert "recipes.pretrain --config" in srun and "parallel.tp=4" in srun
+    assert "recipes train --config" in srun and "parallel.tp=4" in srun
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--num-nodes", 2,
                    "--master-addr", "head-node", "--log-dir", tmp_path / "s2", "--", "training.global_batch=16")
     assert r.returncode == 0, r.stderr
@@ -97,7 +97,7 @@ def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
                    "MY_SETTING", "--log-dir", tmp_path / "d", env=env)
     assert r.returncode == 0, r.stderr
     lines = (tmp_path / "d" / "launch.env").read_text().splitlines()
-    for want in ("NCCL_IB_HCA=mlx5_0,mlx5_1", "GLOO_SOCKET_IFNAME=ib0", "MY_SETTING=a b", f"PYTHONPATH={REPO}",
+    for want in ("NCCL_IB_HCA=mlx5_0,mlx5_1", "GLOO_SOCKET_IFNAME=ib0", "MY_SETTING=a b",
                  f"VIRTUAL_ENV={REPO / '.venv'}"):
         assert want in lines
     assert f"DS_ENV_FILE={tmp_path / 'd' / 'launch.env'} " in r.stdout

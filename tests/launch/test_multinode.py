@@ -1,5 +1,5 @@
 """End to end through a real sshd on loopback: 2 nodes x 2 ranks (gloo) with each back end that runs here, losses
-equal to a local 4-rank run (real training with recipes.pretrain through the DeepSpeed runner over pdsh; the small
+equal to a local 4-rank run (real training with `recipes train` through the DeepSpeed runner over pdsh; the small
 data-parallel toy through torchrun over ssh, against the same toy in one process); one rank killed -> everything stops; preflight; the communication
 check; stop.sh."""
 import json
@@ -25,7 +25,7 @@ REAL_RECIPE = REPO / "configs" / "runs" / "tiny-cpu.yaml"
 
 
 def real_training(tmp_path, corpus, *args, env):
-    """recipes.pretrain on the tiny recipe, TP=2 inside a node x DP=2 across nodes; returns step -> loss."""
+    """`recipes train` on the tiny recipe, TP=2 inside a node x DP=2 across nodes; returns step -> loss."""
     ckpt = tmp_path / "ckpt"
     r = run_launch("train.sh", REAL_RECIPE, *args, "--master-port", free_port(), "--log-dir", tmp_path / "logs",
                    "--quiet", "--", f"data.manifests=[{corpus}]", f"checkpoint.dir={ckpt}", "parallel.tp=2",

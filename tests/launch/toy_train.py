@@ -1,4 +1,4 @@
-"""A small data-parallel training program for the launcher tests (stands in for recipes.pretrain's CLI).
+"""A small data-parallel training program for the launcher tests (stands in for recipes.train.cli's CLI).
 
 Same contract: `--config RECIPE [section.key=value ...]`, reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, ignores
 --local_rank. Every rank trains a tiny MLP on its slice of a seeded global batch and all-reduces gradients over gloo,
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from recipes.loading import load_recipe
+from recipes.config.loading import load_recipe
 
 
 def main():

@@ -1,5 +1,5 @@
 """One rank of tests/recipes/test_planner_real.py (2 gloo processes, env:// rendezvous): parameters per rank of the
-instantiated model at TP=2, then model-state memory per rank under ZeRO 0/1/2/3 at DP=2 (recipes.measure_zero).
+instantiated model at TP=2, then model-state memory per rank under ZeRO 0/1/2/3 at DP=2 (recipes.tools.measure_zero).
 Both in one process pair so that torch, megatron-core and DeepSpeed are imported once. Prints one JSON line."""
 import json
 import sys
@@ -14,11 +14,11 @@ def main() -> None:
     import torch
     from megatron.core import parallel_state
 
-    from recipes.engine import init_distributed
-    from recipes.layout import Layout
-    from recipes.loading import load_recipe
-    from recipes.measure_zero import _worker
-    from recipes.model import PlainDecoder, count_model_parameters
+    from recipes.train.engine import init_distributed
+    from recipes.parallel.layout import Layout
+    from recipes.config.loading import load_recipe
+    from recipes.tools.measure_zero import _worker
+    from recipes.model.layers import PlainDecoder, count_model_parameters
 
     init_distributed(load_recipe(RECIPE))
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=1,

@@ -1,9 +1,9 @@
 """Presets load and have the published shapes; `extends` and dotted overrides compose as documented."""
 import pytest
 
-from recipes.loading import CONFIGS_DIR, RecipeError, load_raw, load_recipe, recipe_from_dict, deep_merge
-from recipes.planner import count_parameters
-from recipes.validation import validate
+from recipes.config.loading import CONFIGS_DIR, RecipeError, load_raw, load_recipe, recipe_from_dict, deep_merge
+from recipes.model.shape import count_parameters
+from recipes.planner.validation import validate
 
 # Nominal sizes from the papers (GPT-3 Table 2.1, Llama 2, GLM-130B): our exact counts must be close.
 MODEL_PRESETS = {
@@ -99,7 +99,7 @@ def test_preset_names_with_dots_resolve():
 def test_presets_cli_lists_every_preset_with_its_count(capsys):
     import json
 
-    from recipes import presets
+    from recipes.tools import presets
 
     assert presets.main(["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

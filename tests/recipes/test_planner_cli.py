@@ -1,4 +1,4 @@
-"""`python -m recipes.plan` and `python -m recipes.render`: the shipped examples' recommendations make sense,
+"""`python -m recipes plan` and `python -m recipes render`: the shipped examples' recommendations make sense,
 --json/--write-recipe work, bad input exits with code 2 and a message that says what to do."""
 import json
 import os
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import plan, render
-from recipes.loading import load_recipe
-from recipes.validation import validate
+from recipes.planner import cli as plan
+from recipes.tools import render
+from recipes.config.loading import load_recipe
+from recipes.planner.validation import validate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "configs" / "examples"
@@ -94,14 +95,14 @@ def test_bad_input_exit_2(capsys, argv, expect):
 def test_cli_exit_codes_in_a_real_process(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {num_layers: 2\n")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-m", "recipes.plan", str(bad), "--global-batch", "8"], cwd=REPO, env=env,
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "recipes", "plan", str(bad), "--global-batch", "8"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and f"{bad}:2:" in p.stderr and "invalid YAML" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "recipes.plan", "models/tiny", "--nodes", "0"], cwd=REPO, env=env,
+    p = subprocess.run([sys.executable, "-m", "recipes", "plan", "models/tiny", "--nodes", "0"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "must be positive" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "recipes.render", str(EXAMPLES / "c-llama-7b-one-node.yaml"),
+    p = subprocess.run([sys.executable, "-m", "recipes", "render", str(EXAMPLES / "c-llama-7b-one-node.yaml"),
                         "parallel.pp=2", "parallel.zero_stage=3", "--out", str(tmp_path / "r")], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "parallel.zero_stage=3 with parallel.pp=2" in p.stderr

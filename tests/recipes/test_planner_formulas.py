@@ -3,12 +3,12 @@ import time
 
 import pytest
 
-from recipes.config import ClusterConfig, ModelConfig
-from recipes.layout import Layout
-from recipes.planner import (
-    Assumptions, activation_bytes_per_layer, candidate_layouts, count_parameters, estimate,
-    hardware_flops_per_step, korthikanti_model_flops, megatron_eq2_params, megatron_eq3_flops,
-    model_flops_per_step, plan_layouts, ring_seconds, what_would_fit, zero_model_state_bytes,
+from recipes.config.schema import ClusterConfig, ModelConfig
+from recipes.parallel.layout import Layout
+from recipes.model.shape import count_parameters, hardware_flops_per_step, model_flops_per_step
+from recipes.planner.cost import (
+    Assumptions, activation_bytes_per_layer, candidate_layouts, estimate, korthikanti_model_flops,
+    megatron_eq2_params, megatron_eq3_flops, plan_layouts, ring_seconds, what_would_fit, zero_model_state_bytes,
 )
 
 # ZeRO paper (Rajbhandari et al. 2019) Table 1: GB per GPU of model states at N_d = 1 / 64 / 1024.

@@ -1,5 +1,5 @@
 """The planner against the real thing, in one pair of gloo processes on CPU:
-- its exact parameter count equals what recipes.model instantiates (megatron-core layers) per rank at TP=2, for a
+- its exact parameter count equals what recipes.model.layers instantiates (megatron-core layers) per rank at TP=2, for a
   Llama-shaped and a GPT-shaped preset (tests/training/test_training_params.py checks TP=1 totals for more shapes);
 - its model-state memory per rank equals what DeepSpeed ZeRO 0/1/2/3 really holds at DP=2 (issue goal: within 10%),
   and the reduce bucket it adds to the buffers is really there."""
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.loading import load_recipe
-from recipes.planner import count_parameters, deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
+from recipes.config.loading import load_recipe
+from recipes.model.shape import count_parameters
+from recipes.planner.cost import deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from planner_real_worker import COUNT_PRESETS, RECIPE, ZERO_SHAPE  # noqa: E402
@@ -29,8 +30,7 @@ def ranks() -> list[dict]:
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="",
-                   PYTHONPATH=str(REPO))
+                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name("planner_real_worker.py"))],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = []

@@ -1,9 +1,9 @@
-"""Every cross-field rule of recipes.validation: errors (all listed at once, each with field, values and fix) and
+"""Every cross-field rule of recipes.planner.validation: errors (all listed at once, each with field, values and fix) and
 warnings; plus the loader's own checks (unknown keys, bad YAML, missing fields, non-positive sizes)."""
 import pytest
 
-from recipes.loading import RecipeError, load_recipe, recipe_from_dict
-from recipes.validation import validate
+from recipes.config.loading import RecipeError, load_recipe, recipe_from_dict
+from recipes.planner.validation import validate
 
 
 def make(**sections):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.data import DataError, load_blend
-from recipes.loading import load_recipe
+from recipes.train.data import DataError, load_blend
+from recipes.config.loading import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

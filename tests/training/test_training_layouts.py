@@ -20,8 +20,8 @@ import re
 
 import pytest
 
-from recipes.loading import load_recipe
-from recipes.partition import stage_boundaries
+from recipes.config.loading import load_recipe
+from recipes.parallel.partition import stage_boundaries
 from training_runs import RECIPE, REPO, losses, pretrain, train_records, val_losses
 
 STEPS = 6

@@ -7,8 +7,8 @@ import socket
 import pytest
 import torch
 
-from recipes.layout import Layout
-from recipes.loading import recipe_from_dict
+from recipes.parallel.layout import Layout
+from recipes.config.loading import recipe_from_dict
 
 SHAPES = {
     "gpt: gelu, learned, layernorm, tied, bias": dict(activation="gelu", position_embedding="learned",
@@ -54,8 +54,8 @@ def single_process_group():
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_planner_count_equals_instantiated_model(name, single_process_group):
-    from recipes.model import PlainDecoder, count_model_parameters
-    from recipes.planner import count_parameters
+    from recipes.model.layers import PlainDecoder, count_model_parameters
+    from recipes.model.shape import count_parameters
 
     recipe = _recipe(**SHAPES[name])
     model = PlainDecoder(recipe, Layout())
@@ -64,7 +64,7 @@ def test_planner_count_equals_instantiated_model(name, single_process_group):
 
 def test_initial_weights_do_not_depend_on_the_pipeline_cut(single_process_group):
     """Each pipeline layer draws from its own seed: building layer 3 alone gives the same weights as in the stack."""
-    from recipes.model import DecoderLayerPipe, PlainDecoder, SEED_STRIDE, transformer_config
+    from recipes.model.layers import DecoderLayerPipe, PlainDecoder, SEED_STRIDE, transformer_config
 
     recipe = _recipe()
     stack = PlainDecoder(recipe, Layout())
@@ -79,11 +79,11 @@ def test_initial_weights_do_not_depend_on_the_pipeline_cut(single_process_group)
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_partition_inputs_match_the_built_layers(name, single_process_group):
-    """recipes.partition predicts DeepSpeed's pipeline split (per-layer parameter counts) and each stage's optimizer
+    """recipes.parallel.partition predicts DeepSpeed's pipeline split (per-layer parameter counts) and each stage's optimizer
     param groups without building the model; both must equal what the real layers and build_optimizer give."""
-    from recipes.engine import build_optimizer
-    from recipes.model import layer_specs, transformer_config
-    from recipes.partition import GROUPS_OF_LAYER, layer_names, layer_weights
+    from recipes.train.engine import build_optimizer
+    from recipes.model.layers import layer_specs, transformer_config
+    from recipes.parallel.partition import GROUPS_OF_LAYER, layer_names, layer_weights
 
     recipe = _recipe(**SHAPES[name])
     specs = layer_specs(recipe.model, transformer_config(recipe.model, 1), recipe.training.seed)
@@ -103,8 +103,8 @@ def test_engine_refuses_a_split_with_uneven_param_groups(single_process_group):
     ZeRO-1: embedding and head alone on their stages."""
     from types import SimpleNamespace
 
-    from recipes.engine import _refuse_uneven_stage_groups
-    from recipes.model import layer_specs, transformer_config
+    from recipes.train.engine import _refuse_uneven_stage_groups
+    from recipes.model.layers import layer_specs, transformer_config
 
     recipe = _recipe(num_layers=4)
     specs = layer_specs(recipe.model, transformer_config(recipe.model, 1), recipe.training.seed)

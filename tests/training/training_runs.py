@@ -18,13 +18,13 @@ def worker_env() -> dict:
 
 
 def pretrain_cmd(n: int, run_dir: Path, corpus: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "recipes.pretrain", "--config", RECIPE, "--local", str(n), "--quiet",
+    return [sys.executable, "-m", "recipes", "train", "--config", RECIPE, "--local", str(n), "--quiet",
             f"data.manifests=[{corpus}]", f"checkpoint.dir={run_dir}", *overrides]
 
 
 def pretrain(n: int, run_dir: Path, corpus: Path, *overrides: str, timeout: int = 300,
              check: bool = True) -> subprocess.CompletedProcess:
-    """Run `python -m recipes.pretrain --local n` on the tiny recipe; output captured."""
+    """Run `python -m recipes train --local n` on the tiny recipe; output captured."""
     proc = subprocess.run(pretrain_cmd(n, run_dir, corpus, *overrides), cwd=REPO, env=worker_env(),
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -1,0 +1,47 @@
+"""`python -m recipes <command> ...` (console script: `llm-recipes`): one entry for every recipes command.
+
+Each command is a module with `main(argv)`; it is imported only when run, so `plan` never imports torch.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {  # command -> (module, one line for --help)
+    "train": ("recipes.train.cli", "train a recipe (under torchrun / deepspeed, or --local N CPU ranks)"),
+    "plan": ("recipes.planner.cli", "rank parallel layouts for a model and cluster, explain the best"),
+    "render": ("recipes.tools.render", "write a recipe's ds_config.json and resolved.yaml"),
+    "presets": ("recipes.tools.presets", "list model and cluster presets with parameter counts"),
+    "export-hf": ("recipes.hf.export", "checkpoint (any layout) -> Hugging Face model directory"),
+    "import-hf": ("recipes.hf.importer", "Hugging Face model directory -> checkpoint at any layout"),
+    "reshape": ("recipes.tools.reshape", "re-lay a checkpoint for another TP x PP x DP"),
+    "demo": ("recipes.tools.demo", "the main job: corpus -> shards -> plan -> train -> export -> report"),
+    "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
+    "measure-zero": ("recipes.tools.measure_zero", "measure real ZeRO 0-3 model-state memory per rank"),
+    "report": ("recipes.tools.report", "rebuild a run's report.md and plots from its metrics"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: python -m recipes <command> [args...]   (or: llm-recipes <command> ...)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "`python -m recipes <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown command '{name}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The resolved recipe kept beside a checkpoint (checkpoint.dir/recipe.yaml): export, reshape and resume read it, so
+they need no --config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from recipes.checkpoint.store import write_atomic
+from recipes.config.loading import RecipeError, load_recipe
+
+RECIPE_FILE = "recipe.yaml"
+
+
+def write_recipe(recipe, directory: Path) -> None:
+    """DIRECTORY/recipe.yaml: the fully resolved recipe (every default filled in), written atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / RECIPE_FILE, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+
+
+def load_checkpoint_recipe(ckpt_dir: str, config: str | None, overrides: list[str]):
+    """--config wins; else the recipe.yaml stored next to the checkpoint."""
+    if config:
+        return load_recipe(config, overrides)
+    stored = Path(ckpt_dir) / RECIPE_FILE
+    if stored.is_file():
+        return load_recipe(str(stored), overrides)
+    raise RecipeError(f"{ckpt_dir} holds no {RECIPE_FILE}; pass the recipe the run used with --config RECIPE "
+                      "(and the same section.key=value overrides, e.g. model.vocab_size=...)")

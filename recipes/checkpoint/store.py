@@ -1,0 +1,160 @@
+"""Save / auto-resume DeepSpeed checkpoints so that a resumed run continues bit for bit.
+
+Layout on disk (DeepSpeed's own, plus two small files of ours per tag):
+  <dir>/global_step<N>/...             DeepSpeed model / optimizer / scheduler / loss-scale states
+  <dir>/global_step<N>/rng_rank<R>.pt  each rank's RNG states
+  <dir>/global_step<N>/complete.json   written by rank 0 only after every rank finished saving: step, consumed
+                                       samples and the list of files with their sizes
+  <dir>/latest                         DeepSpeed's pointer (users' habit), written by us after complete.json; resume
+                                       still checks markers itself (a damaged newest tag is skipped)
+
+On resume the newest tag whose complete.json exists and whose listed files are all present with the recorded sizes
+is loaded; an interrupted or damaged save is skipped with a message saying so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MARKER = "complete.json"
+_TAG = re.compile(r"^global_step(\d+)$")
+
+
+def tag_for(step: int) -> str:
+    return f"global_step{step}"
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _barrier():
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Temp file + fsync + rename + directory fsync: the file is either old or new after a crash."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, log=print) -> str:
+    """Collective: every rank calls it. Returns the tag."""
+    tag = tag_for(step)
+    root = Path(ckpt_dir)
+    # `latest` is ours to write, after the marker: it never names a partial save.
+    engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
+    torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")
+    _barrier()  # every rank's files are written before the marker
+    if _rank() == 0:
+        files = {str(p.relative_to(root / tag)): p.stat().st_size
+                 for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
+        marker = {"step": step, "client_state": client_state, "files": files}
+        write_atomic(root / tag / MARKER, json.dumps(marker, indent=1))
+        write_atomic(root / "latest", tag)
+        _prune(root, keep_last, log)
+        log(f"checkpoint: saved {root / tag} ({len(files)} files)")
+    _barrier()
+    return tag
+
+
+def _tags(root: Path) -> list[tuple[int, str]]:
+    if not root.is_dir():
+        return []
+    out = [(int(m.group(1)), p.name) for p in root.iterdir() if p.is_dir() and (m := _TAG.match(p.name))]
+    return sorted(out, reverse=True)
+
+
+def _prune(root: Path, keep_last: int, log) -> None:
+    complete = [t for _, t in _tags(root) if (root / t / MARKER).is_file()]
+    for t in complete[keep_last:]:
+        shutil.rmtree(root / t, ignore_errors=True)
+        log(f"checkpoint: removed old {root / t} (keep_last={keep_last})")
+
+
+def problems(tag_dir: Path) -> list[str]:
+    """Why a tag cannot be loaded ([] if it is complete)."""
+    marker = tag_dir / MARKER
+    if not marker.is_file():
+        return [f"no {MARKER} (the save was interrupted)"]
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return [f"unreadable {MARKER}: {e}"]
+    out = []
+    for name, size in files.items():
+        p = tag_dir / name
+        if not p.is_file():
+            out.append(f"missing {name}")
+        elif p.stat().st_size != size:
+            out.append(f"{name} has {p.stat().st_size} bytes, expected {size}")
+    return out
+
+
+def newest_complete(ckpt_dir: str, log=print) -> str | None:
+    """The newest loadable tag, saying which newer ones were skipped and why."""
+    root = Path(ckpt_dir)
+    for _, tag in _tags(root):
+        bad = problems(root / tag)
+        if not bad:
+            return tag
+        log(f"checkpoint: skipping {root / tag}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
+            "falling back to an older checkpoint")
+    return None
+
+
+def resume(engine, ckpt_dir: str | None, log=print) -> dict | None:
+    """Collective. Load the newest complete checkpoint; returns its client_state, or None when starting fresh."""
+    if not ckpt_dir:
+        return None
+    choice = [newest_complete(ckpt_dir, log) if _rank() == 0 else None]
+    if torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(choice, src=0)  # every rank loads the same tag
+    tag = choice[0]
+    if tag is None:
+        return None
+    path, client_state = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+    if path is None:
+        raise RuntimeError(f"checkpoint: DeepSpeed could not load {Path(ckpt_dir) / tag}; move it aside to start over")
+    if client_state is None or "consumed_samples" not in client_state:
+        # The model-states file carrying client_state lives on DP rank 0 of each model-parallel rank.
+        client_state = json.loads((Path(ckpt_dir) / tag / MARKER).read_text())["client_state"]
+    rng = Path(ckpt_dir) / tag / f"rng_rank{_rank()}.pt"
+    if rng.is_file():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    log(f"checkpoint: resumed from {Path(ckpt_dir) / tag} at step {client_state['step']}, "
+        f"{client_state['consumed_samples']} samples consumed")
+    return client_state

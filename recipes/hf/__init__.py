@@ -1,0 +1,1 @@
+"""Hugging Face interop: name/shape conversion (`convert`), export, import."""

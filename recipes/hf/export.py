@@ -1,0 +1,165 @@
+"""Export a training checkpoint (any TP x PP x DP, any ZeRO stage) to a Hugging Face transformers model directory.
+
+    python -m recipes export-hf --checkpoint CKPT_DIR [--tag global_stepN] --out HF_DIR \
+        [--config RECIPE [section.key=value ...]]
+
+The recipe is `--config` (+ the overrides the run used), else CKPT_DIR/recipe.yaml (written by import_hf / reshape).
+Writes config.json, model.safetensors, generation_config.json, the tokenizer (sentencepiece .model from
+data.tokenizer or the first manifest's tokenizer.path -> tokenizer.json + tokenizer.model) and
+export_info.json, into a temporary sibling directory renamed to HF_DIR only when complete.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+from recipes.checkpoint.recipe_file import load_checkpoint_recipe
+from recipes.config.loading import RecipeError
+
+def tokenizer_source(recipe) -> Path | None:
+    """The sentencepiece model of the run: data.tokenizer, else the first manifest's tokenizer.path."""
+    if recipe.data.tokenizer:
+        return Path(recipe.data.tokenizer)
+    for m in recipe.data.manifests:
+        path = Path(m) / "manifest.json" if Path(m).is_dir() else Path(m)
+        if path.is_file():
+            tok = json.loads(path.read_text()).get("tokenizer") or {}
+            if tok.get("path"):
+                return Path(tok["path"])
+    return None
+
+
+def special_ids(sp_model: Path | None) -> dict:
+    if sp_model is None:
+        return {}
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(sp_model))
+    return {k: (i if i >= 0 else None) for k, i in (("bos", sp.bos_id()), ("eos", sp.eos_id()), ("pad", sp.pad_id()))}
+
+
+def write_tokenizer(sp_model: Path, out: Path) -> None:
+    """sentencepiece .model -> a transformers fast tokenizer (tokenizer.json) that encodes exactly like sentencepiece.
+
+    transformers converts the .model (its LlamaTokenizer conversion: BPE pieces, merges, byte fallback); its
+    Metaspace pre-tokenizer skips sentencepiece's dummy prefix when a text already starts with a space, so the
+    prefix is applied as sentencepiece does (always) by a Prepend + Replace normalizer, and the result is saved as a
+    plain PreTrainedTokenizerFast (LlamaTokenizer would rebuild the pre-tokenizer when loaded).
+    """
+    if sp_model.suffix != ".model":
+        raise RecipeError(f"tokenizer {sp_model}: only sentencepiece .model files are exported; set data.tokenizer")
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import normalizers
+    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(sp_model.read_bytes())
+    norm = proto.normalizer_spec
+    if norm.name != "identity" or norm.remove_extra_whitespaces:
+        warnings.warn(f"{sp_model}: normalization '{norm.name}' (remove_extra_whitespaces="
+                      f"{norm.remove_extra_whitespaces}) is not reproduced by the exported tokenizer; texts that "
+                      "this normalization changes may encode differently in transformers")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(sp_model, Path(tmp) / "tokenizer.model")
+        converted = LlamaTokenizer.from_pretrained(tmp, add_bos_token=False, add_eos_token=False, legacy=False)
+    backend = converted.backend_tokenizer
+    steps = ([normalizers.Prepend("▁")] if norm.add_dummy_prefix else []) + [normalizers.Replace(" ", "▁")]
+    backend.normalizer = normalizers.Sequence(steps)
+    backend.pre_tokenizer = None
+    sp = spm.SentencePieceProcessor(model_file=str(sp_model))
+
+    def piece(i):
+        return sp.id_to_piece(i) if i >= 0 else None
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=piece(sp.bos_id()), eos_token=piece(sp.eos_id()),
+                                  unk_token=piece(sp.unk_id()), pad_token=piece(sp.pad_id()),
+                                  clean_up_tokenization_spaces=False)
+    tok.save_pretrained(str(out))
+    shutil.copy(sp_model, out / "tokenizer.model")
+
+
+def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None, log=print) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from recipes.checkpoint.read import read_full_state
+    from recipes.hf.convert import family, to_hf
+
+    family(recipe.model)  # refuse unsupported architectures before reading anything
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
+    state = read_full_state(ckpt_dir, recipe.model, tag=tag, log=log)
+    sp_model = tokenizer_source(recipe)
+    if sp_model is not None and not sp_model.is_file():
+        raise FileNotFoundError(f"tokenizer {sp_model} (from data.tokenizer or the manifest) does not exist; set "
+                                "data.tokenizer=PATH to the sentencepiece .model")
+    config, hf_state = to_hf(state.weights, recipe.model, special_ids(sp_model))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if recipe.model.tied_embeddings:
+            hf_state["lm_head.weight"] = hf_state[next(k for k in hf_state if k.endswith(("embed_tokens.weight",
+                                                                                          "wte.weight")))]
+        model.load_state_dict(hf_state, strict=True, assign=True)
+        model.tie_weights()
+        model.generation_config.do_sample = False
+        model.save_pretrained(str(tmp))
+        if sp_model is not None:
+            write_tokenizer(sp_model, tmp)
+        else:
+            log("export: no sentencepiece tokenizer in data.tokenizer or the manifest; exported without one")
+        info = {"source": str(Path(ckpt_dir).resolve()), "tag": state.meta["tag"],
+                "source_layout": state.meta["source_layout"], "client_state": state.meta["client_state"],
+                "architecture": config.architectures[0], "tokenizer": str(sp_model) if sp_model else None,
+                "recipe": recipe.model_dump(mode="json")}
+        (tmp / "export_info.json").write_text(json.dumps(info, indent=1))
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"export: wrote {config.architectures[0]} to {out} ({sum(v.numel() for v in hf_state.values()):,} "
+        f"tensor elements, step {state.meta['client_state'].get('step')})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes export-hf", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="training checkpoint directory (checkpoint.dir)")
+    ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
+    ap.add_argument("--out", required=True, help="transformers model directory to create")
+    ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
+    ns = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    from recipes.checkpoint.read import CheckpointError
+    from recipes.hf.convert import UnsupportedModel
+
+    log = (lambda *_: None) if ns.quiet else (lambda s: print(s, file=sys.stderr))
+    if ns.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    try:
+        recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
+        export(ns.checkpoint, ns.out, recipe, tag=ns.tag, log=log)
+    except (RecipeError, CheckpointError, UnsupportedModel, FileExistsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

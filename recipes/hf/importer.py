@@ -1,0 +1,86 @@
+"""Import a Hugging Face transformers Llama-style model directory as a training checkpoint at a chosen layout, for
+continued pretraining (step 0, fresh optimizer, the model's weights).
+
+    python -m recipes import-hf --hf HF_DIR --out CKPT_DIR --config RECIPE [parallel.tp=2 parallel.pp=2 ...]
+    python -m recipes train --config RECIPE --local N ... checkpoint.dir=CKPT_DIR   # same overrides
+
+The recipe supplies training, data and layout (parallel.tp/pp and dp, default dp=1); its model section is replaced
+by the transformers config's architecture (layers, sizes, heads, query groups, vocabulary, RoPE base, epsilon,
+tying, biases), so check seq_length. The checkpoint is written by an engine at that layout (one CPU process per
+rank) with DeepSpeed's own save, plus CKPT_DIR/recipe.yaml (the merged recipe, for pretrain --config and export).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from recipes.config.loading import RecipeError, load_recipe
+
+
+def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
+    from transformers import AutoConfig
+
+    from recipes.hf.convert import model_fields_from_llama_config
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    fields = model_fields_from_llama_config(cfg)
+    model_overrides = [f"model.{k}={v}" for k, v in fields.items()]
+    tok = Path(hf_dir) / "tokenizer.model"
+    extra = [f"data.tokenizer={tok.resolve()}"] if tok.is_file() else []
+    recipe = load_recipe(config, [*model_overrides, *extra, *overrides])
+    if recipe.parallel.dp is None:
+        recipe.parallel.dp = 1
+    return recipe, cfg
+
+
+def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from recipes.train.state_writer import publish_checkpoint
+    from recipes.hf.convert import from_llama
+    from recipes.train.cli import validate_recipe
+
+    log = (lambda *_: None) if quiet else (lambda s: print(s, file=sys.stderr))
+    p = recipe.parallel
+    world = p.tp * p.pp * p.dp
+    validate_recipe(recipe, world)
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    weights = from_llama(model.state_dict(), recipe.model)
+    del model
+    meta = {"client_state": {"step": 0, "consumed_samples": 0, "nan_skips_total": 0},
+            "source": str(Path(hf_dir).resolve())}
+    log(f"import: {hf_dir} -> TP={p.tp} x PP={p.pp} x DP={p.dp}, ZeRO-{p.zero_stage}; writing with {world} processes")
+    publish_checkpoint(out, world, weights, meta, recipe, quiet=quiet)
+    log(f"import: wrote {out}; continue pretraining with python -m recipes train --config {out}/recipe.yaml "
+        f"--local {world} (or your launcher) checkpoint.dir={out}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes import-hf", description=__doc__.split("\n")[0])
+    ap.add_argument("--hf", required=True, help="transformers model directory (LlamaForCausalLM)")
+    ap.add_argument("--out", required=True, help="training checkpoint directory to create")
+    ap.add_argument("--config", required=True, help="recipe for training/data/layout (model comes from --hf)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="section.key=value, e.g. parallel.tp=2 parallel.pp=2 parallel.dp=1")
+    ns = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    from recipes.hf.convert import UnsupportedModel
+
+    try:
+        recipe, _ = hf_recipe(ns.hf, ns.config, ns.overrides)
+        import_hf(ns.hf, ns.out, recipe, quiet=ns.quiet)
+    except (RecipeError, UnsupportedModel, FileExistsError, OSError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model knowledge: shape arithmetic (`shape`: parameters, FLOPs) and the megatron-core layers (`layers`)."""

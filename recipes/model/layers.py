@@ -1,0 +1,386 @@
+"""Decoder-only transformer from megatron-core tensor-parallel pieces, cut into DeepSpeed pipeline layers.
+
+One model, two containers:
+  * `recipes.parallel.pipeline.build_pipeline_module` cuts them into a DeepSpeed `PipelineModule` (any PP; ZeRO 0/1),
+  * `build_plain_module`    -> the same layers in a plain `nn.Module` (PP = 1; any ZeRO stage, DeepSpeed's pipeline
+    engine refuses ZeRO-2/3).
+Both number their layers the same way, so parameter names agree:
+
+  index 0          embedding       `EmbeddingPipe`
+  index 1 .. L     decoder layers  `DecoderLayerPipe` (megatron-core `TransformerLayer` from a local ModuleSpec)
+  index L+1        final norm      `FinalNormPipe`
+  index L+2        output head     `OutputHeadPipe` (untied) or the embedding's `TiedLayerSpec` (tied)
+
+Parameters (names inside one pipeline layer; h hidden, V padded vocab, a heads, g query groups, d = h / a head dim,
+f ffn size; "TP dim" is the dimension split over tensor-parallel ranks, "-" = replicated):
+
+  | layer    | name                                   | full shape                  | TP dim |
+  |----------|----------------------------------------|-----------------------------|--------|
+  | embed    | word_embeddings.weight                 | [V, h]                      | 0      |
+  | embed    | position_embeddings.weight (learned)   | [s, h]                      | -      |
+  | decoder  | input_layernorm.weight (.bias if LN)   | [h]                         | -      |
+  | decoder  | self_attention.linear_qkv.weight       | [(a + 2g) d, h]             | 0      |
+  | decoder  | self_attention.linear_qkv.bias (bias)  | [(a + 2g) d]                | 0      |
+  | decoder  | self_attention.linear_proj.weight      | [h, a d]                    | 1      |
+  | decoder  | self_attention.linear_proj.bias (bias) | [h]                         | -      |
+  | decoder  | pre_mlp_layernorm.weight (.bias if LN) | [h]                         | -      |
+  | decoder  | mlp.linear_fc1.weight                  | [2f, h] swiglu / [f, h] gelu| 0      |
+  | decoder  | mlp.linear_fc1.bias (bias)             | [2f] / [f]                  | 0      |
+  | decoder  | mlp.linear_fc2.weight                  | [h, f]                      | 1      |
+  | decoder  | mlp.linear_fc2.bias (bias)             | [h]                         | -      |
+  | norm     | norm.weight (.bias if LN)              | [h]                         | -      |
+  | head     | output_layer.weight (untied only)      | [V, h]                      | 0      |
+
+Layouts inside the fused tensors (megatron-core conventions, needed by HF export):
+  * linear_qkv rows are grouped per query group: for each of the g groups, (a/g) query heads, then 1 key head, then
+    1 value head, each d rows. A TP shard holds g/t whole groups.
+  * linear_fc1 (swiglu) is [gate; up] per TP shard: each TP rank's shard is its gate slice followed by its up slice,
+    so the full tensor is [gate_0; up_0; gate_1; up_1; ...] over TP ranks (use `swiglu_fc1_full_order`).
+  * RoPE rotates halves (the HF Llama `rotate_half` convention), not interleaved pairs.
+  * The vocabulary is padded to V = `model.padded_vocab_size(tp)`; padded logits are masked out of the loss, padded
+    embedding rows start at zero.
+
+Initialisation does not depend on the layout: weights are created full-size on CPU (`use_cpu_initialization`) and
+each pipeline layer draws from its own seed (training.seed + layer index), so any TP x PP gives the same full weights.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_layer import TransformerLayer
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
+
+
+# ----------------------------------------------------------------------------------------------------------- config
+def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
+                       recompute: str = "none") -> TransformerConfig:
+    """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp`.
+
+    Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off: they need CUDA
+    kernels; torch SDPA gives the attention speed on GPU.
+    """
+    swiglu = model_cfg.activation == "swiglu"
+    return TransformerConfig(
+        num_layers=model_cfg.num_layers,
+        hidden_size=model_cfg.hidden_size,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_query_groups=model_cfg.query_groups,
+        ffn_hidden_size=model_cfg.ffn_size,
+        kv_channels=model_cfg.hidden_size // model_cfg.num_attention_heads,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence_parallel and tp > 1,
+        normalization="RMSNorm" if model_cfg.normalization == "rmsnorm" else "LayerNorm",
+        layernorm_epsilon=model_cfg.norm_epsilon,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else partial(F.gelu, approximate="tanh"),
+        add_bias_linear=model_cfg.add_bias_linear,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=model_cfg.init_method_std,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        params_dtype=torch.float32,  # DeepSpeed casts to bf16/fp16 and keeps fp32 masters
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        # "selective" needs no megatron recompute here: SDPA (flash on GPU) never stores the s x s scores.
+        recompute_granularity=None,
+    )
+
+
+# ------------------------------------------------------------------------------------------------- building blocks
+class TorchNorm(nn.Module):
+    """RMSNorm / LayerNorm with plain `weight` (+ `bias`) names; under sequence parallelism each TP rank sees a slice
+    of the sequence, so the weight gradients are summed over the TP group (what megatron does in its grad finaliser).
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.rms = config.normalization == "RMSNorm"
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(hidden_size, dtype=config.params_dtype))
+        if config.sequence_parallel:
+            for p in self.parameters():
+                p.sequence_parallel = True
+                p.register_hook(_allreduce_over_tp)
+
+    def forward(self, x):
+        if self.rms:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+def _allreduce_over_tp(grad):
+    grad = grad.clone()
+    torch.distributed.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
+    return grad
+
+
+class SDPAttention(MegatronModule):
+    """Causal core attention through torch `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
+
+    Takes megatron-core's shapes: query [s, b, heads, d], key/value [s, b, groups, d]; returns [s, b, heads * d].
+    """
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                 softmax_scale=None, cp_comm_type=None, pg_collection=None, **_):
+        super().__init__(config=config)
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, d]
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+            scale=self.softmax_scale, enable_gqa=q.shape[1] != k.shape[1])
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def rope_table(seq_length: int, head_dim: int, base: float) -> torch.Tensor:
+    """Rotary angles [s, 1, 1, d] in the layout megatron-core's `apply_rotary_pos_emb` expects (halves rotated)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(seq_length, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
+
+
+def layer_spec(config: TransformerConfig):
+    """megatron-core's local GPT layer spec with CPU/GPU-safe norms and SDPA core attention."""
+    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec.submodules.input_layernorm = TorchNorm
+    spec.submodules.pre_mlp_layernorm = TorchNorm
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.causal}
+    return spec
+
+
+def _init_normal(std):
+    return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+class _Seeded:
+    """Draw a layer's initial weights from its own seed without disturbing the global RNG."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._fork = None
+
+    def __enter__(self):
+        self._fork = torch.random.fork_rng(devices=[])
+        self._fork.__enter__()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc):
+        return self._fork.__exit__(*exc)
+
+
+# ---------------------------------------------------------------------------------------------------- pipe layers
+class EmbeddingPipe(nn.Module):
+    """tokens [b, s] -> hidden [s, b, h] (sequence-sharded [s/t, b, h] under sequence parallelism)."""
+
+    def __init__(self, config: TransformerConfig, model_cfg, seed: int):
+        super().__init__()
+        self.sequence_parallel = config.sequence_parallel
+        self.vocab_size = model_cfg.vocab_size
+        padded = model_cfg.padded_vocab_size(config.tensor_model_parallel_size)
+        with _Seeded(seed):
+            self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
+                padded, config.hidden_size, init_method=_init_normal(config.init_method_std), config=config)
+        self.position_embeddings = None
+        if model_cfg.position_embedding == "learned":
+            # Own seed: the padded vocabulary (hence the RNG draws above) depends on TP.
+            with _Seeded(seed + 1):
+                self.position_embeddings = nn.Embedding(model_cfg.seq_length, config.hidden_size)
+                _init_normal(config.init_method_std)(self.position_embeddings.weight)
+        self._zero_padded_rows()
+
+    def _zero_padded_rows(self):
+        w = self.word_embeddings
+        start = w.vocab_start_index
+        first_pad = max(0, self.vocab_size - start)
+        if first_pad < w.weight.shape[0]:
+            with torch.no_grad():
+                w.weight[first_pad:].zero_()
+
+    def forward(self, tokens):
+        x = self.word_embeddings(tokens)  # [b, s, h], all-reduced over TP
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings.weight[: tokens.shape[1]].unsqueeze(0)
+        x = x.transpose(0, 1).contiguous()
+        if self.sequence_parallel:
+            x = tensor_parallel.scatter_to_sequence_parallel_region(x)
+        return x
+
+
+class DecoderLayerPipe(TransformerLayer):
+    """megatron-core's TransformerLayer with a one-tensor pipeline interface: hidden [s, b, h] -> [s, b, h].
+
+    The RoPE angles (fp32) live here, so nothing but the hidden state crosses stage boundaries.
+    """
+
+    def __init__(self, config: TransformerConfig, model_cfg, layer_index: int, seed: int):
+        with _Seeded(seed):
+            super().__init__(config=config, submodules=layer_spec(config).submodules, layer_number=layer_index)
+        self.use_rope = model_cfg.position_embedding == "rope"
+        # A plain attribute, not a buffer: DeepSpeed casts buffers to bf16/fp16, and angles up to seq_length radians
+        # must stay fp32 (bf16 would be off by whole radians at long positions).
+        self._rope = None
+        if self.use_rope:
+            self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base)
+
+    def forward(self, hidden):
+        rope = None
+        if self.use_rope:
+            if self._rope.device != hidden.device:
+                self._rope = self._rope.to(hidden.device)
+            sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+            rope = self._rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
+        out, _ = super().forward(hidden, attention_mask=None, rotary_pos_emb=rope)
+        return out
+
+
+class FinalNormPipe(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm = TorchNorm(config, config.hidden_size, config.layernorm_epsilon)
+
+    def forward(self, hidden):
+        return self.norm(hidden)
+
+
+class OutputHeadPipe(nn.Module):
+    """hidden [s, b, h] -> vocab-parallel logits [s, b, V/t] (untied head)."""
+
+    def __init__(self, config: TransformerConfig, model_cfg, seed: int):
+        super().__init__()
+        padded = model_cfg.padded_vocab_size(config.tensor_model_parallel_size)
+        with _Seeded(seed):
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                config.hidden_size, padded, config=config, init_method=_init_normal(config.init_method_std),
+                bias=False, gather_output=False, skip_bias_add=False)
+
+    def forward(self, hidden):
+        logits, _ = self.output_layer(hidden)
+        return logits
+
+
+def tied_head_forward(embedding: EmbeddingPipe, hidden):
+    """Output head that reuses the input embedding (tied): gathers SP shards / marks the TP all-reduce for backward."""
+    if embedding.sequence_parallel:
+        hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden)
+    else:
+        hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden)
+    return F.linear(hidden, embedding.word_embeddings.weight)
+
+
+# ---------------------------------------------------------------------------------------------------------- loss
+class VocabParallelLoss:
+    """Mean token cross-entropy over unmasked tokens, on vocab-parallel logits, padded vocabulary masked out."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __call__(self, logits, labels_and_mask):
+        labels, loss_mask = labels_and_mask
+        start = parallel_state.get_tensor_model_parallel_rank() * logits.shape[-1]
+        logits = logits.float()
+        n_real = self.vocab_size - start
+        if n_real < logits.shape[-1]:
+            pad = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            pad[max(n_real, 0):] = True
+            logits = logits.masked_fill(pad, torch.finfo(logits.dtype).min)
+        losses = tensor_parallel.vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
+        mask = loss_mask.transpose(0, 1).float()
+        return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ specs / modules
+def layer_specs(model_cfg, config: TransformerConfig, seed: int):
+    """The pipeline's layer specs, in order (see the module docstring for the numbering)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    L = model_cfg.num_layers
+    if model_cfg.tied_embeddings:
+        embed = TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed,
+                              tied_weight_attr="word_embeddings.weight")
+    else:
+        embed = LayerSpec(EmbeddingPipe, config, model_cfg, seed)
+    specs = [embed]
+    specs += [LayerSpec(DecoderLayerPipe, config, model_cfg, i, seed + SEED_STRIDE * i) for i in range(1, L + 1)]
+    specs.append(LayerSpec(FinalNormPipe, config))
+    if model_cfg.tied_embeddings:
+        specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed, forward_fn=tied_head_forward,
+                                   tied_weight_attr="word_embeddings.weight"))
+    else:
+        specs.append(LayerSpec(OutputHeadPipe, config, model_cfg, seed + SEED_STRIDE * (L + 2)))
+    return specs
+
+
+class PlainDecoder(nn.Module):
+    """The pipeline's layers in one module for PP = 1 (any ZeRO stage): tokens -> vocab-parallel logits.
+
+    Children are named "0", "1", ... exactly like the PipelineModule's layer indices.
+    """
+
+    def __init__(self, recipe, layout):
+        super().__init__()
+        m = recipe.model
+        config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute)
+        self.recompute_full = layout.recompute == "full"
+        self.loss_fn = VocabParallelLoss(m.vocab_size)
+        self.tied = m.tied_embeddings
+        built = []
+        for spec in layer_specs(m, config, recipe.training.seed):
+            if self.tied and built and getattr(spec, "key", None) == "embed":
+                built.append(None)  # the tied head reuses layer 0
+            else:
+                built.append(spec.build())
+        for i, mod in enumerate(built):
+            if mod is not None:
+                self.add_module(str(i), mod)
+        self.num_pipe_layers = len(built)
+
+    def logits(self, tokens):
+        x = tokens
+        last = self.num_pipe_layers - 1
+        for i in range(self.num_pipe_layers):
+            if i == last and self.tied:
+                x = tied_head_forward(getattr(self, "0"), x)
+                continue
+            layer = getattr(self, str(i))
+            if self.recompute_full and isinstance(layer, DecoderLayerPipe) and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return x
+
+    def forward(self, tokens, labels, loss_mask):
+        return self.loss_fn(self.logits(tokens), (labels, loss_mask))
+
+
+def swiglu_fc1_full_order(shards: list[torch.Tensor]) -> torch.Tensor:
+    """Full [2f, h] fc1 of a SwiGLU layer as [gate; up] from per-TP-rank shards (each [gate_r; up_r])."""
+    gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
+    return torch.cat(list(gates) + list(ups), dim=0)
+
+
+def count_model_parameters(module: nn.Module) -> int:
+    """Parameters held by this rank (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+

@@ -1,0 +1,81 @@
+"""Shape arithmetic of the model our code builds: exact parameter counts (per TP rank and in total) and FLOPs per step.
+
+Model knowledge, not cost modelling: the planner prices it, the pipeline partition weighs layers with it, the training
+loop reports MFU with it. Sources: Narayanan et al. 2021 (Megatron-LM Eq. 2/3), Korthikanti et al. 2022.
+"""
+from __future__ import annotations
+
+
+def norm_params(model_cfg) -> int:
+    h = model_cfg.hidden_size
+    return h if model_cfg.normalization == "rmsnorm" else 2 * h
+
+
+def _layer_matrices(model_cfg) -> tuple[int, int, int]:
+    """(weights of the layer's matrices, qkv output width, fc1 output width)."""
+    h, f = model_cfg.hidden_size, model_cfg.ffn_size
+    head_dim = h // model_cfg.num_attention_heads
+    qkv_out = h + 2 * model_cfg.query_groups * head_dim
+    fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
+    return h * qkv_out + h * h + h * fc1_out + f * h, qkv_out, fc1_out
+
+
+def layer_parameters(model_cfg) -> tuple[int, int]:
+    """Parameters of one decoder layer as (split across TP ranks, replicated on every TP rank).
+
+    Column-parallel weights and biases (qkv, fc1) and row-parallel weights (proj, fc2) are split; norms and the
+    row-parallel biases are replicated (Megatron adds the row-parallel bias after the all-reduce).
+    """
+    h = model_cfg.hidden_size
+    split, qkv_out, fc1_out = _layer_matrices(model_cfg)
+    replicated = 2 * norm_params(model_cfg)
+    if model_cfg.add_bias_linear:
+        split += qkv_out + fc1_out
+        replicated += 2 * h
+    return split, replicated
+
+
+def count_parameters(model_cfg, tp: int = 1) -> int:
+    """Exact parameter count of the model our code builds (vocabulary padded for `tp`), all ranks together, once."""
+    h = model_cfg.hidden_size
+    v = model_cfg.padded_vocab_size(tp)
+    split, replicated = layer_parameters(model_cfg)
+    total = v * h + model_cfg.num_layers * (split + replicated) + norm_params(model_cfg)
+    if model_cfg.position_embedding == "learned":
+        total += model_cfg.seq_length * h
+    if not model_cfg.tied_embeddings:
+        total += v * h
+    return total
+
+
+def _forward_flops_per_token(model_cfg) -> tuple[float, float, float]:
+    """(layer matmul FLOPs, attention-score FLOPs, output-layer FLOPs) of one token's forward pass.
+
+    Matmuls: 2 FLOPs per weight of every layer matrix and of the output layer. Attention: QK^T and scores x V are
+    2*s*h each per token per layer (no causal discount, as in the Megatron formulas).
+    """
+    matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
+    h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
+    head = 2.0 * model_cfg.padded_vocab_size(1) * h
+    return 2.0 * L * matrices, 4.0 * L * s * h, head
+
+
+def model_flops_per_step(model_cfg, global_batch: int) -> float:
+    """Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the numerator of MFU.
+
+    For a GPT shape (gelu, f = 4h, MHA) this equals Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
+    """
+    mm, attn, head = _forward_flops_per_token(model_cfg)
+    return 3.0 * (mm + attn + head) * global_batch * model_cfg.seq_length
+
+
+def hardware_flops_per_step(model_cfg, global_batch: int, recompute: str = "none") -> float:
+    """FLOPs the GPUs actually execute: full recompute repeats every layer's forward (Eq. 3: 4x forward for the
+    layers, 3x for the output layer, which is not recomputed), selective recompute only the attention scores."""
+    mm, attn, head = _forward_flops_per_token(model_cfg)
+    tokens = global_batch * model_cfg.seq_length
+    if recompute == "full":
+        return (4.0 * (mm + attn) + 3.0 * head) * tokens
+    if recompute == "selective":
+        return (3.0 * (mm + attn + head) + attn) * tokens
+    return 3.0 * (mm + attn + head) * tokens

@@ -1,0 +1,65 @@
+"""The DeepSpeed JSON config of a recipe at a layout (batch sizes, ZeRO stage, precision, clipping, pipeline, recompute).
+
+The optimizer and the lr scheduler are NOT in this dict: `recipes.train.engine` builds them in Python (torch AdamW on CPU,
+FusedAdam on GPU when available; warmup + cosine/linear decay as a LambdaLR) and hands them to deepspeed.initialize,
+so one code path serves CPU tests and GPU runs and no DeepSpeed op has to be compiled on CPU.
+"""
+from __future__ import annotations
+
+from recipes.parallel.layout import Layout
+
+
+def build_ds_config(recipe, layout: Layout) -> dict:
+    """DeepSpeed config dict for `recipe` run at `layout` (dp must be resolved)."""
+    t = recipe.training
+    grad_accum = layout.grad_accum_steps(t.global_batch)
+    cfg: dict = {
+        "train_batch_size": t.global_batch,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "steps_per_print": 10**9,  # our loop logs; keep DeepSpeed's own step prints out of the way
+        "wall_clock_breakdown": False,
+        "zero_optimization": _zero_section(layout),
+        "zero_allow_untested_optimizer": True,  # torch AdamW on CPU is a plain torch optimizer
+        "pipeline": {
+            # Pipeline engine: full recompute checkpoints every decoder layer; activations cross stage boundaries whole.
+            "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
+            "pipe_partitioned": False,  # send whole activations between stages (simple, SP-safe)
+            "grad_partitioned": False,
+        },
+        "activation_checkpointing": {
+            # Used by deepspeed.checkpointing when recompute == "full"; partitioning over TP needs the mpu.
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        },
+    }
+    if t.precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif t.precision == "fp16":
+        cfg["fp16"] = {
+            "enabled": True,
+            # loss_scale 0 = dynamic; a positive value pins a static scale.
+            "loss_scale": float(t.loss_scale or 0.0),
+            "initial_scale_power": t.initial_loss_scale_power,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1.0,
+        }
+    return cfg
+
+
+def _zero_section(layout: Layout) -> dict:
+    z: dict = {"stage": layout.zero_stage}
+    if layout.zero_stage >= 1:
+        # Overlap/contiguous buffers help on GPU and are harmless on CPU; bucket sizes are DeepSpeed's defaults.
+        z.update({"reduce_scatter": True, "overlap_comm": False, "contiguous_gradients": True,
+                  "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8})
+    if layout.zero_stage == 3:
+        z.update({"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 5e7,
+                  "stage3_gather_16bit_weights_on_model_save": False})
+    return z

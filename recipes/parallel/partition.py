@@ -1,0 +1,87 @@
+"""Which pipeline stage holds which layer, and the one split DeepSpeed's ZeRO-1 cannot run.
+
+The pipeline's layer specs are: embedding, decoder layers 1..L, final norm, output head (recipes.model.layers.layer_specs).
+`parallel.pipeline_partition` picks how DeepSpeed cuts them into stages:
+
+- "uniform" (default): the decoder layers split as evenly as possible (DeepSpeed `type:DecoderLayerPipe`); the
+  embedding joins the first stage, the final norm and head the last — Megatron-LM's split, and the one the planner
+  models (ceil(L / pp) layers on the busiest stage).
+- "parameters": DeepSpeed balances parameter counts over all specs. With a large vocabulary and few layers this can
+  give the embedding or the head a stage of its own.
+
+Why a stage without a decoder layer matters: each rank's optimizer puts matrices (weight decay) and norms/biases (no
+decay) in separate param groups, and DeepSpeed drops a group that is empty on that rank. ZeRO-1 then all-reduces the
+gradient norm once per group over the model-parallel (TP x PP) group, so stages with different group counts issue
+different numbers of collectives and the job hangs in the first optimizer step (DeepSpeed issue #1522). We refuse
+such a split before start (validation) and again at engine build time (the split DeepSpeed actually chose).
+"""
+from __future__ import annotations
+
+from recipes.model.shape import layer_parameters, norm_params
+
+# Optimizer param groups each pipeline layer type contributes to (see recipes.train.engine.build_optimizer: parameters
+# with >= 2 dims are decayed, the rest are not).
+GROUPS_OF_LAYER = {
+    "EmbeddingPipe": frozenset({"decay"}),  # word (and learned position) embeddings: matrices only
+    "DecoderLayerPipe": frozenset({"decay", "no_decay"}),
+    "FinalNormPipe": frozenset({"no_decay"}),
+    "OutputHeadPipe": frozenset({"decay"}),
+}
+
+
+UNEVEN_GROUPS_FIX = ("DeepSpeed's ZeRO-1 would hang in the first optimizer step (it all-reduces the gradient norm "
+                     "once per group across stages). Use parallel.pipeline_partition=uniform (every stage gets "
+                     "decoder layers) or parallel.zero_stage=0")
+
+
+def layer_names(model_cfg) -> list[str]:
+    """The spec type names in pipeline order (a tied head is an EmbeddingPipe, as in recipes.model.layers.layer_specs)."""
+    head = "EmbeddingPipe" if model_cfg.tied_embeddings else "OutputHeadPipe"
+    return ["EmbeddingPipe"] + ["DecoderLayerPipe"] * model_cfg.num_layers + ["FinalNormPipe", head]
+
+
+def deepspeed_method(partition: str) -> str:
+    """The PipelineModule partition_method for a recipe's parallel.pipeline_partition."""
+    return "parameters" if partition == "parameters" else "type:DecoderLayerPipe"
+
+
+def layer_weights(model_cfg, tp: int, partition: str) -> list[float]:
+    """What DeepSpeed balances: per-spec trainable parameters on one TP rank, or 1 per decoder layer."""
+    names = layer_names(model_cfg)
+    if partition != "parameters":
+        return [1.0 if n == "DecoderLayerPipe" else 0.0 for n in names]
+    h = model_cfg.hidden_size
+    embedding = model_cfg.padded_vocab_size(tp) * h / tp
+    if model_cfg.position_embedding == "learned":
+        embedding += model_cfg.seq_length * h
+    split, replicated = layer_parameters(model_cfg)
+    count = {"EmbeddingPipe": embedding, "DecoderLayerPipe": split / tp + replicated,
+             "FinalNormPipe": norm_params(model_cfg), "OutputHeadPipe": model_cfg.padded_vocab_size(tp) * h / tp}
+    return [count[n] for n in names]
+
+
+def stage_boundaries(model_cfg, tp: int, pp: int, partition: str) -> list[int]:
+    """DeepSpeed's own split (its partition_balanced): stage s holds specs [parts[s], parts[s + 1])."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    return [int(b) for b in partition_balanced(weights=layer_weights(model_cfg, tp, partition), num_parts=pp)]
+
+
+def uneven_group_problem(names: list[str], parts: list[int]) -> str | None:
+    """None when every stage's optimizer has the same number of param groups, else what is wrong, per stage."""
+    per_stage = []
+    for s in range(len(parts) - 1):
+        held = names[parts[s]:parts[s + 1]]
+        groups = frozenset().union(*(GROUPS_OF_LAYER[n] for n in held)) if held else frozenset()
+        per_stage.append((s, held, groups))
+    if len({len(g) for _, _, g in per_stage}) <= 1:
+        return None
+    lines = [f"stage {s}: {_describe(held)} -> {len(g)} optimizer param group(s)" for s, held, g in per_stage]
+    return "; ".join(lines)
+
+
+def _describe(held: list[str]) -> str:
+    layers = held.count("DecoderLayerPipe")
+    others = [n for n in held if n != "DecoderLayerPipe"]
+    parts = ([f"{layers} decoder layer(s)"] if layers else []) + others
+    return " + ".join(parts) if parts else "nothing"

@@ -1,0 +1,1 @@
+"""The planner: cost model (`cost`), whole-recipe validation (`validation`), the `plan` CLI (`cli`)."""

@@ -1,0 +1,176 @@
+"""Cross-field rules of a recipe, checked before anything starts.
+
+`validate(recipe)` raises one `RecipeError` that lists EVERY error (each names the field, the values and a fix) and
+returns the warnings (beginner mistakes that still run). Types, ranges, unknown keys and YAML syntax are checked
+earlier by `recipes.config.loading`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipes.parallel.layout import Layout
+from recipes.config.loading import RecipeError
+from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, stage_boundaries, uneven_group_problem
+from recipes.planner.cost import Assumptions, estimate, format_memory
+
+LARGE_BATCH_TOKENS = 2**19  # ~0.5M tokens per step: large enough that skipping warmup risks early divergence
+
+
+@dataclass(frozen=True)
+class RecipeWarning:
+    field: str
+    message: str
+    level: str = "warning"  # "warning" or "info"
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.field}: {self.message}"
+
+
+def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
+    """Check the recipe's cross-field rules for `world_size` GPUs (default: the cluster's). Raise `RecipeError`
+    listing all errors; return warnings and informational notes."""
+    errors: list[str] = []
+    warnings: list[RecipeWarning] = []
+    m, par, tr, cl = recipe.model, recipe.parallel, recipe.training, recipe.cluster
+    world = world_size if world_size is not None else cl.world_size
+    tp, pp = par.tp, par.pp
+
+    # --- model shape vs tensor parallelism ---------------------------------------------------------------------------
+    if m.hidden_size % m.num_attention_heads:
+        errors.append(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+                      f"{m.num_attention_heads}; pick heads that divide it (e.g. {_divisor_near(m.hidden_size, m.num_attention_heads)})")
+    if m.num_attention_heads % tp:
+        errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by parallel.tp={tp}; "
+                      f"use tp in {_divisors_upto(m.num_attention_heads, cl.gpus_per_node)}")
+    if m.num_query_groups is not None:
+        if m.num_attention_heads % m.num_query_groups:
+            errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
+                          f"model.num_query_groups={m.num_query_groups}; each KV group must serve whole heads")
+        if m.num_query_groups % tp:
+            errors.append(f"model.num_query_groups={m.num_query_groups} is not divisible by parallel.tp={tp}; "
+                          f"use tp in {_divisors_upto(m.num_query_groups, cl.gpus_per_node)} (each TP rank needs "
+                          f"whole KV groups)")
+    padded = m.padded_vocab_size(tp)
+    if padded != m.vocab_size:
+        warnings.append(RecipeWarning(
+            "model.vocab_size", f"{m.vocab_size} is padded to {padded} (a multiple of "
+            f"make_vocab_size_divisible_by x tp = {m.make_vocab_size_divisible_by} x {tp}); Megatron does this "
+            f"automatically, the {padded - m.vocab_size} extra rows are never a target", level="info"))
+
+    # --- pipeline --------------------------------------------------------------------------------------------------
+    if pp > m.num_layers:
+        errors.append(f"parallel.pp={pp} is larger than model.num_layers={m.num_layers}: every stage needs at least "
+                      f"one layer; use pp <= {m.num_layers}")
+    elif pp > 1 and par.zero_stage == 1 and par.pipeline_partition == "parameters":
+        # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong)
+        problem = uneven_group_problem(layer_names(m), stage_boundaries(m, tp, pp, par.pipeline_partition))
+        if problem:
+            errors.append(f"parallel.pipeline_partition=parameters at parallel.pp={pp} gives stages different "
+                          f"optimizer param groups ({problem}); {UNEVEN_GROUPS_FIX}")
+    if par.zero_stage >= 2 and pp > 1:
+        errors.append(f"parallel.zero_stage={par.zero_stage} with parallel.pp={pp}: DeepSpeed's pipeline engine "
+                      f"only supports ZeRO-0/1; set parallel.zero_stage=1 or parallel.pp=1")
+    if par.sequence_parallel and tp == 1:
+        errors.append("parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the TP all-reduce regions "
+                      "along the sequence); set parallel.sequence_parallel=false or tp >= 2")
+
+    # --- world size and batch ------------------------------------------------------------------------------------------
+    dp = None
+    if par.dp is not None:
+        if tp * pp * par.dp != world:
+            errors.append(f"parallel.tp x pp x dp = {tp} x {pp} x {par.dp} = {tp * pp * par.dp} but the world size "
+                          f"is {world} ({cl.nodes} nodes x {cl.gpus_per_node} GPUs); remove parallel.dp to derive it "
+                          f"or make the product {world}")
+        else:
+            dp = par.dp
+    elif world % (tp * pp):
+        errors.append(f"world size {world} ({cl.nodes} nodes x {cl.gpus_per_node} GPUs) is not divisible by "
+                      f"parallel.tp x pp = {tp} x {pp}; choose tp x pp dividing {world}")
+    else:
+        dp = world // (tp * pp)
+    if dp is not None and tr.global_batch % (par.micro_batch * dp):
+        per = par.micro_batch * dp
+        errors.append(f"training.global_batch={tr.global_batch} is not a multiple of parallel.micro_batch x dp = "
+                      f"{par.micro_batch} x {dp} = {per}; use global_batch={_round_to(tr.global_batch, per)} "
+                      f"or a micro_batch dividing {tr.global_batch // dp if tr.global_batch >= dp else 1}")
+
+    # --- precision ---------------------------------------------------------------------------------------------------
+    if tr.precision == "fp16" and tr.loss_scale is None:
+        errors.append("training.precision=fp16 without training.loss_scale: fp16 gradients underflow without loss "
+                      "scaling; set training.loss_scale=0 (dynamic, recommended) or a power of two, or use bf16")
+
+    # --- warnings: beginner mistakes that still run -------------------------------------------------------------------
+    ref_b = tr.reference_global_batch
+    if ref_b and tr.global_batch != ref_b:
+        ratio = tr.global_batch / ref_b
+        if tr.reference_lr is None or abs(tr.optimizer.lr - tr.reference_lr) <= 1e-12 * tr.reference_lr:
+            base = tr.reference_lr or tr.optimizer.lr
+            warnings.append(RecipeWarning(
+                "training.optimizer.lr", f"global_batch changed from the preset's {ref_b} to {tr.global_batch} but "
+                f"lr is still {tr.optimizer.lr:g}; rescale it (Adam: x sqrt({ratio:g}) -> lr={base * ratio ** 0.5:.3g};"
+                f" linear rule: lr={base * ratio:.3g})"))
+    tokens_per_step = tr.global_batch * m.seq_length
+    if tr.schedule.warmup_steps == 0 and tokens_per_step >= LARGE_BATCH_TOKENS:
+        warnings.append(RecipeWarning(
+            "training.schedule.warmup_steps", f"0 with a large batch ({tr.global_batch} x {m.seq_length} = "
+            f"{tokens_per_step:,} tokens per step): Adam diverges early without warmup; use e.g. warmup_steps="
+            f"{max(100, min(2000, 375_000_000 // tokens_per_step))} (~375M tokens, as GPT-3)"))
+    if tp > cl.gpus_per_node:
+        warnings.append(RecipeWarning(
+            "parallel.tp", f"{tp} > cluster.gpus_per_node={cl.gpus_per_node}: tensor-parallel all-reduces (4 per "
+            f"layer per micro-batch) would cross InfiniBand; keep tp <= {cl.gpus_per_node} and use pp for the rest"))
+
+    # --- memory: only for GPU clusters with a well-formed layout --------------------------------------------------------
+    if not errors and cl.device == "cuda" and dp is not None:
+        layout = Layout.from_recipe(recipe, world)
+        est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
+        if not est.fits:
+            errors.append(f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds "
+                          f"cluster.gpu_memory_gb={cl.gpu_memory_gb:g} for {layout.describe()}: "
+                          f"{format_memory(est.memory_gib)}; " + _memory_fixes(recipe, layout))
+
+    if errors:
+        raise RecipeError(f"recipe '{recipe.name}' has {len(errors)} error(s):\n"
+                          + "\n".join(f"  - {e}" for e in errors))
+    return warnings
+
+
+def _memory_fixes(recipe, layout: Layout) -> str:
+    """Try the usual single changes and report the ones that would fit, with their predicted totals."""
+    from dataclasses import replace
+
+    m, cl, tr = recipe.model, recipe.cluster, recipe.training
+    tries = []
+    if layout.micro_batch > 1:
+        tries.append(("parallel.micro_batch=1", replace(layout, micro_batch=1)))
+    if layout.recompute != "full":
+        tries.append(("parallel.recompute=full", replace(layout, recompute="full")))
+    if layout.pp == 1 and layout.zero_stage < 3:
+        tries.append(("parallel.zero_stage=3", replace(layout, zero_stage=3)))
+    if layout.pp > 1 and layout.zero_stage == 0:
+        tries.append(("parallel.zero_stage=1", replace(layout, zero_stage=1)))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        tries.append(("parallel.sequence_parallel=true", replace(layout, sequence_parallel=True)))
+    fits = []
+    for label, lay in tries:
+        if tr.global_batch % (lay.micro_batch * lay.dp):
+            continue
+        e = estimate(m, cl, lay, tr.global_batch, precision=tr.precision, assume=Assumptions())
+        if e.fits:
+            fits.append(f"{label} ({e.memory_gib['total']:.1f} GiB)")
+    if fits:
+        return "these single changes would fit: " + ", ".join(fits)
+    return ("no single change (micro_batch=1, recompute=full, ZeRO-3, SP) fits; more GPUs, more tp/pp, or run "
+            "`python -m recipes plan` on this recipe to search all layouts")
+
+
+def _divisors_upto(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _divisor_near(n: int, target: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
+
+
+def _round_to(value: int, multiple: int) -> int:
+    return max(multiple, round(value / multiple) * multiple)

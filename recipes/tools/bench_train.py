@@ -1,0 +1,156 @@
+"""Training-step benchmark (not a test).
+
+CPU (default): the recipe's engine at TP=1 x PP=1 x DP=1 vs a minimal plain-PyTorch loop (same model class, same
+batch, torch AdamW, clip, schedule) in one process; prints both median step times and their ratio (goal <= 1.15).
+
+GPU (`--gpu`, one process per GPU under torchrun, or one GPU alone): trains the recipe's model for N steps on
+synthetic tokens at the recipe's layout and prints tokens/s, TFLOP/s per GPU and MFU (model FLOPs from the planner).
+
+  python -m recipes bench-train --config configs/runs/tiny-cpu.yaml --steps 20
+  torchrun --nproc-per-node 1 -m recipes bench-train --gpu --config configs/runs/bench-1.3b-h100.yaml --steps 20
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+
+
+def synthetic_steps(recipe, layout, device, steps: int, seed: int = 0):
+    """Per step, this DP rank's micro-batches of random tokens (same for every layout with the same seed)."""
+    g = torch.Generator().manual_seed(seed)
+    m = recipe.model
+    ga = layout.grad_accum_steps(recipe.training.global_batch)
+    out = []
+    for _ in range(steps):
+        mbs = []
+        for _ in range(ga):
+            tokens = torch.randint(0, m.vocab_size, (layout.micro_batch, m.seq_length + 1), generator=g)
+            mbs.append((tokens[:, :-1].to(device), (tokens[:, 1:].to(device),
+                                                    torch.ones(layout.micro_batch, m.seq_length, device=device))))
+        out.append(mbs)
+    return out
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def engine_stepper(recipe, layout, device, total_steps: int):
+    """One recipe training step per call (DeepSpeed engine, our train_step)."""
+    from recipes.train.engine import initialize
+    from recipes.train.loop import train_step
+
+    eng = initialize(recipe, layout, device, total_steps=total_steps)
+    return lambda mbs: train_step(eng, mbs)
+
+
+def plain_pytorch_stepper(recipe, layout, device, total_steps: int):
+    """The baseline: what a hand-written loop over the same module does per step."""
+    from recipes.train.engine import lr_multiplier
+    from recipes.model.layers import PlainDecoder
+
+    model = PlainDecoder(recipe, layout).to(device)
+    o = recipe.training.optimizer
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                            weight_decay=o.weight_decay, fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier(recipe, total_steps))
+
+    def step(mbs):
+        for tokens, (labels, mask) in mbs:
+            (model(tokens, labels, mask) / len(mbs)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.training.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_steps(steppers: dict, batches, device, warmup: int) -> dict[str, list[float]]:
+    """Alternate the steppers step by step, so load changes on a shared machine hit both alike."""
+    times = {name: [] for name in steppers}
+    for i, mbs in enumerate(batches):
+        for name, step in steppers.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            step(mbs)
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes bench-train", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="configs/runs/tiny-cpu.yaml")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--gpu", action="store_true", help="GPU throughput mode (tokens/s, TFLOP/s per GPU, MFU)")
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("overrides", nargs="*")
+    ns = ap.parse_args(argv)
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    from recipes.train.engine import init_distributed, init_parallel_state
+    from recipes.parallel.layout import Layout
+    from recipes.config.loading import load_recipe
+    from recipes.model.shape import model_flops_per_step
+    from recipes.train.cli import validate_recipe
+
+    overrides = list(ns.overrides)
+    if not ns.gpu:
+        overrides += ["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", "cluster.device=cpu"]
+    recipe = load_recipe(ns.config, overrides)
+    world = int(os.environ["WORLD_SIZE"])
+    validate_recipe(recipe, world)
+    device = init_distributed(recipe)
+    layout = Layout.from_recipe(recipe, world)
+    init_parallel_state(layout)
+    torch.manual_seed(recipe.training.seed)
+    if device.type == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(recipe.training.seed)
+    rank0 = torch.distributed.get_rank() == 0
+
+    total = ns.steps + ns.warmup
+    steppers = {"recipe": engine_stepper(recipe, layout, device, total)}
+    if not ns.gpu:
+        steppers["plain"] = plain_pytorch_stepper(recipe, layout, device, total)
+    times = time_steps(steppers, synthetic_steps(recipe, layout, device, total), device, ns.warmup)
+    step = statistics.median(times["recipe"])
+    tokens = recipe.training.global_batch * recipe.model.seq_length
+    tflops = model_flops_per_step(recipe.model, recipe.training.global_batch) / step / world / 1e12
+    result = {"recipe": recipe.name, "layout": layout.describe(), "device": str(device),
+              "step_time_s": step, "tokens_per_s": tokens / step, "tflops_per_gpu": tflops,
+              "mfu": tflops / recipe.cluster.peak_tflops}
+    if device.type == "cuda":
+        result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if not ns.gpu:
+        plain = statistics.median(times["plain"])
+        result.update({"plain_pytorch_step_time_s": plain, "overhead_ratio": step / plain})
+    if rank0:
+        for k, v in result.items():
+            print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
+        if ns.json:
+            with open(ns.json, "w") as f:
+                json.dump(result, f, indent=1)
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

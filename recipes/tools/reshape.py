@@ -1,0 +1,104 @@
+"""Re-shard a training checkpoint to another TP x PP x DP layout (weights, fp32 masters, Adam moments and step,
+lr schedule, consumed samples), so that the run resumes under the new layout with `recipes.train.cli`.
+
+    python -m recipes reshape --checkpoint OLD_DIR [--tag global_stepN] --out NEW_DIR --to tp=1,pp=4,dp=2[,zero=1] \
+        --config RECIPE [section.key=value ...]
+    python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
+
+How: the source is read offline into a full, name-keyed state (recipes.checkpoint.read; DeepSpeed's zero_to_fp32 merges
+for the ZeRO partitions), saved as a full state directory (format in recipes.train.state_writer), and written at the
+target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
+recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
+divisible by micro_batch x dp) are refused with the validator's reason before anything is written.
+Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from recipes.config.loading import RecipeError, load_recipe
+
+
+def parse_target(spec: str) -> dict:
+    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1}."""
+    out = {}
+    for part in filter(None, spec.split(",")):
+        key, _, value = part.partition("=")
+        key = {"zero": "zero_stage"}.get(key.strip(), key.strip())
+        if key not in ("tp", "pp", "dp", "zero_stage") or not value.strip().isdigit():
+            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,zero=N], got '{part}'")
+        out[key] = int(value)
+    for key in ("tp", "pp", "dp"):
+        if key not in out:
+            raise RecipeError(f"--to {spec}: {key}=N is missing (give tp, pp and dp)")
+    return out
+
+
+def target_recipe(recipe, target: dict, source_zero: int):
+    """The recipe at the target layout, validated for its world size (refusal names the reason)."""
+    from recipes.train.cli import validate_recipe
+
+    zero = target.get("zero_stage", source_zero if not (target["pp"] > 1 and source_zero > 1) else 1)
+    if zero == 3:
+        raise RecipeError("reshape writes ZeRO-0/1/2 checkpoints; use zero=1 or zero=2 (a ZeRO-3 run can resume "
+                          "from a ZeRO-1/2 reshape only through export/import of the weights)")
+    data = recipe.model_dump(mode="json")
+    data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero)
+    new = type(recipe).model_validate(data)
+    world = target["tp"] * target["pp"] * target["dp"]
+    try:
+        validate_recipe(new, world)
+    except (RecipeError, ValueError) as e:
+        raise RecipeError(f"cannot reshape to tp={target['tp']}, pp={target['pp']}, dp={target['dp']}, "
+                          f"ZeRO-{zero}: {e}") from e
+    return new, world
+
+
+def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False) -> Path:
+    from recipes.checkpoint.read import detect_layout, read_full_state, resolve_tag
+    from recipes.train.state_writer import publish_checkpoint
+
+    log = (lambda *_: None) if quiet else (lambda s: print(s, file=sys.stderr))
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
+    source = detect_layout(resolve_tag(ckpt_dir, tag))
+    new, world = target_recipe(recipe, target, source.zero_stage)
+    state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True, log=log)
+    log(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
+        f"ZeRO-{new.parallel.zero_stage}; writing with {world} processes")
+    publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
+    log(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
+        f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.zero_stage={new.parallel.zero_stage} "
+        f"(world size {world})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes reshape", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="source training checkpoint directory")
+    ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
+    ap.add_argument("--out", required=True, help="new checkpoint directory (becomes checkpoint.dir of the resumed run)")
+    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,zero=1]")
+    ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
+    ns = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.recipe_file import load_checkpoint_recipe
+
+    try:
+        recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
+        reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet)
+    except (RecipeError, CheckpointError, FileExistsError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Entry point: `python -m recipes train --config RECIPE [section.key=value ...]`.
+
+Under torchrun or the deepspeed launcher every process runs this (env:// rendezvous). `--local N` starts N CPU
+worker processes on this machine itself (gloo), for tests and the demo. The recipe is validated before any worker
+starts (--local) or before torch.distributed is initialised (launcher), so a bad recipe costs no start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+from recipes.config.loading import RecipeError, load_recipe
+
+
+def validate_recipe(recipe, world_size: int, show_warnings: bool = True) -> None:
+    """The shared cross-field rules (raise RecipeError listing every error), then the limits of this machine."""
+    from recipes.planner.validation import validate
+
+    for w in validate(recipe, world_size):
+        if show_warnings:
+            print(w, file=sys.stderr)
+    _check_runs_here(recipe)
+
+
+def _check_runs_here(recipe) -> None:
+    """Limits of this machine rather than of the recipe."""
+    import torch
+
+    on_cpu = recipe.cluster.device == "cpu" or not torch.cuda.is_available()
+    if on_cpu and recipe.parallel.sequence_parallel and recipe.parallel.tp > 1:
+        # megatron-core's sequence-parallel linears gather into a CUDA-only buffer (GlobalMemoryBuffer).
+        raise RecipeError("parallel.sequence_parallel = true needs CUDA GPUs (megatron-core's sequence-parallel "
+                          "linears use a CUDA buffer); set parallel.sequence_parallel=false for CPU runs")
+    if on_cpu and recipe.training.precision == "fp16":
+        raise RecipeError("training.precision = fp16 is not supported by DeepSpeed on CPU; use training.precision=bf16 "
+                          "or fp32 for CPU runs (fp16 with dynamic loss scaling runs on GPUs)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(n: int, argv: list[str]) -> int:
+    """Start n worker processes of this entry point (RANK/WORLD_SIZE env), stop them all if one fails."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n),
+               LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
+    procs = []
+    for r in range(n):
+        e = dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "recipes", "train", *argv], env=e))
+
+    def forward(signum, frame):  # pre-emption: pass the signal on; workers save and exit
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGUSR1, forward)
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            r, c = failed[0]
+            print(f"pretrain --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            return c if c > 0 else 1
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.2)
+
+
+def main(args: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes train", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="recipe file or preset name (configs/runs/...)")
+    ap.add_argument("--local", type=int, metavar="N", help="start N CPU worker processes here (gloo)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar or per-step prints")
+    ap.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. parallel.tp=2")
+    ns = ap.parse_args(args)
+    try:
+        recipe = load_recipe(ns.config, ns.overrides)
+        world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
+        # Warnings once: from the --local launcher, or from rank 0 under a launcher.
+        validate_recipe(recipe, world, show_warnings=bool(ns.local) or os.environ.get("RANK", "0") == "0"
+                        and not os.environ.get("RECIPES_LOCAL_WORKER"))
+    except (RecipeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if ns.local:
+        argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
+        return launch_local(ns.local, argv)
+
+    # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
+    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
+    from recipes.train.loop import run
+
+    try:
+        return run(recipe, quiet=ns.quiet)
+    except Exception:
+        import traceback
+
+        rank = os.environ.get("RANK", "?")
+        print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        os._exit(1)  # skip atexit/destructors that could block on collectives; the launcher stops the job
+
+
+if __name__ == "__main__":
+    sys.exit(main())

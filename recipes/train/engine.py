@@ -1,0 +1,246 @@
+"""Parallel wiring in one place: torch.distributed, megatron-core parallel_state, the mpu adapter DeepSpeed needs,
+the optimizer / lr schedule, and `deepspeed.initialize`.
+
+PP > 1 runs DeepSpeed's pipeline engine over a `PipelineModule` (ZeRO 0/1); PP = 1 runs the plain DeepSpeed engine
+over the same layers in one module (`PlainDecoder`), which allows ZeRO 0/1/2/3.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from recipes.parallel.ds_config import build_ds_config
+from recipes.parallel.layout import Layout
+from recipes.parallel.partition import UNEVEN_GROUPS_FIX, uneven_group_problem
+
+
+# ---------------------------------------------------------------------------------------------------- distributed
+def pick_device(recipe) -> torch.device:
+    if recipe.cluster.device == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def init_distributed(recipe) -> torch.device:
+    """Join the process group (env:// from torchrun or the deepspeed launcher); gloo on CPU, nccl on GPU."""
+    import deepspeed
+
+    device = pick_device(recipe)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(minutes=recipe.training.dist_timeout_minutes)
+    if device.type == "cuda":
+        # megatron-core's TP linears overlap their all-reduce with the weight-gradient GEMM only when kernels are
+        # issued in order on one hardware queue; must be set before the CUDA context exists.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        torch.cuda.set_device(device)
+    else:
+        # DeepSpeed's shared-memory all-reduce is a JIT-built C++ op used only for inference all-reduce; loading it
+        # in every CPU rank costs ~30 s on a small machine and training never calls it.
+        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+        deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend=backend, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    return device
+
+
+def shutdown_distributed() -> None:
+    """Leave together: a barrier, then tear the process groups down while the interpreter is fully alive (gloo's
+    worker threads still holding work at interpreter exit can abort the process: 'terminate called without an active
+    exception')."""
+    from megatron.core import parallel_state
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def init_parallel_state(layout: Layout) -> None:
+    """megatron-core process groups, rank order tp-dp-pp (TP fastest), the same order DeepSpeed's topology uses."""
+    from megatron.core import parallel_state
+
+    world = torch.distributed.get_world_size()
+    if world != layout.world_size:
+        raise RuntimeError(f"world size {world} != TP x PP x DP = {layout.describe()}; start {layout.world_size} "
+                           "processes or change parallel.tp/pp/dp")
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp, order="tp-dp-pp",
+        create_gloo_process_groups=False)  # the default backend is gloo on CPU already; NCCL runs need none
+
+
+class MegatronMPU:
+    """The `mpu` object DeepSpeed asks for, over megatron-core's groups: "model parallel" = TP (PP = 1 path), so ZeRO
+    shards optimizer state and gradients over the data-parallel group only."""
+
+    def __init__(self):
+        from megatron.core import parallel_state as ps
+
+        self.ps = ps
+
+    def get_model_parallel_rank(self):
+        return self.ps.get_tensor_model_parallel_rank()
+
+    def get_model_parallel_world_size(self):
+        return self.ps.get_tensor_model_parallel_world_size()
+
+    def get_model_parallel_group(self):
+        return self.ps.get_tensor_model_parallel_group()
+
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+    def get_tensor_model_parallel_src_rank(self):
+        return self.ps.get_tensor_model_parallel_src_rank()
+
+    def get_data_parallel_rank(self):
+        return self.ps.get_data_parallel_rank()
+
+    def get_data_parallel_world_size(self):
+        return self.ps.get_data_parallel_world_size()
+
+    def get_data_parallel_group(self):
+        return self.ps.get_data_parallel_group()
+
+    def get_data_parallel_group_ranks(self):
+        return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())
+
+    def get_pipeline_model_parallel_rank(self):
+        return self.ps.get_pipeline_model_parallel_rank()
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self.ps.get_pipeline_model_parallel_world_size()
+
+    def get_pipeline_model_parallel_group(self):
+        return self.ps.get_pipeline_model_parallel_group()
+
+
+# ------------------------------------------------------------------------------------------------ optimizer, lr
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW (or Adam with weight_decay 0) that skips the update when any rank holds a non-finite gradient.
+
+    DeepSpeed's ZeRO-1/2 optimizers already skip on an invalid grad norm; this covers ZeRO-0/3 too. Every rank calls
+    the inner step exactly once per optimizer step, so the world all-reduce of the flag is safe. `last_skipped` tells
+    the loop.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.last_skipped = False
+        self.check_finite = True  # off where DeepSpeed's ZeRO-1/2 optimizer already checks the global grad norm
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self.check_finite:
+            return super().step(closure)
+        bad = torch.zeros(1, device=self._device())
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not torch.isfinite(p.grad).all():
+                    bad.fill_(1.0)
+                    break
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        self.last_skipped = bool(bad.item())
+        if self.last_skipped:
+            return None
+        return super().step(closure)
+
+    def _device(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                return p.device
+        return torch.device("cpu")
+
+
+def build_optimizer(model: torch.nn.Module, recipe, device: torch.device) -> GuardedAdamW:
+    """AdamW with decoupled weight decay on matrices only (not on norms, biases); torch's fused kernel on CUDA."""
+    o = recipe.optimizer if hasattr(recipe, "optimizer") else recipe.training.optimizer
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    wd = o.weight_decay if o.type == "adamw" else 0.0
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    if device.type == "cuda":
+        kwargs["fused"] = True
+    return GuardedAdamW(groups, **kwargs)  # DeepSpeed drops a group that is empty here (see recipes.parallel.partition)
+
+
+def lr_multiplier(recipe, total_steps: int):
+    """step -> lr / peak lr: linear warmup, then cosine or linear decay to min_lr over decay_steps (then flat)."""
+    s = recipe.training.schedule
+    o = recipe.training.optimizer
+    warmup = s.warmup_steps
+    decay_steps = s.decay_steps or max(1, total_steps - warmup)
+    floor = o.min_lr / o.lr
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if s.decay == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / decay_steps)
+        if s.decay == "linear":
+            return floor + (1.0 - floor) * (1.0 - progress)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+# -------------------------------------------------------------------------------------------------------- engine
+@dataclass
+class Engine:
+    engine: object  # deepspeed DeepSpeedEngine or PipelineEngine
+    module: torch.nn.Module
+    optimizer: GuardedAdamW
+    layout: Layout
+    device: torch.device
+    is_pipe: bool
+    ds_config: dict
+
+
+def _refuse_uneven_stage_groups(model) -> None:
+    """Raise (on every rank alike, before any collective) when the split DeepSpeed chose gives stages different
+    optimizer param-group counts: ZeRO-1 would hang in the first step (see recipes.parallel.partition)."""
+    names = [spec.typename.__name__ for spec in model._layer_specs]
+    problem = uneven_group_problem(names, list(model.parts))
+    if problem:
+        raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); "
+                         f"{UNEVEN_GROUPS_FIX}")
+
+
+def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -> Engine:
+    """Build model, optimizer and lr schedule and hand them to deepspeed.initialize. parallel_state must be up."""
+    import deepspeed
+
+    from recipes.model.layers import PlainDecoder
+    from recipes.parallel.pipeline import build_pipeline_module
+
+    ds_config = build_ds_config(recipe, layout)
+    is_pipe = layout.pp > 1
+    if is_pipe:
+        model = build_pipeline_module(recipe, layout)
+        mpu = None  # the PipelineModule carries DeepSpeed's own grid (same rank order)
+        if layout.zero_stage == 1:
+            _refuse_uneven_stage_groups(model)
+    else:
+        model = PlainDecoder(recipe, layout)
+        mpu = MegatronMPU()
+    model.to(device)
+    optimizer = build_optimizer(model, recipe, device)
+    optimizer.check_finite = layout.zero_stage not in (1, 2)  # ZeRO-1/2 skip on an inf/NaN grad norm themselves
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(recipe, total_steps))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, mpu=mpu,
+                                      config=ds_config, dist_init_required=False)
+    return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,
+                  ds_config=ds_config)

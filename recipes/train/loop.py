@@ -1,0 +1,271 @@
+"""The training loop, top to bottom: set up -> resume -> for each step: train, log, evaluate, save -> done.
+
+Run by every rank (see `recipes.train.cli` for the entry point). Collective calls happen on all ranks in the same
+order; only global rank 0 writes logs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import resource
+import signal
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from recipes.checkpoint import store as checkpoint
+from recipes.checkpoint.recipe_file import write_recipe
+from recipes.train.data import MicroBatches, build_datasets
+from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
+from recipes.model.shape import model_flops_per_step
+from recipes.parallel.layout import Layout
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------------------------------------- metrics
+class MetricsLog:
+    """metrics.jsonl + TensorBoard (+ wandb when logging.wandb_project is set), written by global rank 0 only."""
+
+    def __init__(self, recipe, log_dir: Path, enabled: bool, quiet: bool):
+        self.enabled, self.quiet = enabled, quiet
+        self.tb = self.wandb = self.file = None
+        if not enabled:
+            return
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open(log_dir / "metrics.jsonl", "a")
+        if recipe.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(log_dir / "tensorboard"))
+        if recipe.logging.wandb_project:
+            try:
+                import wandb  # optional dependency: only imported when configured
+            except ImportError:
+                raise RuntimeError("logging.wandb_project is set but wandb is not installed: pip install wandb, "
+                                   "or remove logging.wandb_project (TensorBoard and metrics.jsonl need nothing)")
+
+            self.wandb = wandb.init(project=recipe.logging.wandb_project, name=recipe.name,
+                                    config=recipe.model_dump(), dir=str(log_dir))
+
+    def write(self, record: dict, step: int) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        for k, v in record.items():
+            if k != "step" and isinstance(v, (int, float)) and self.tb is not None:
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+
+    def say(self, text: str, always: bool = False) -> None:
+        """Print on rank 0; `always` for events (resume, fallback, skips, stop) that --quiet must not hide."""
+        if self.enabled and (always or not self.quiet):
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def _memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # peak RSS (KiB on Linux)
+
+
+# ------------------------------------------------------------------------------------------------------ signals
+class StopRequest:
+    """SIGTERM / SIGUSR1 (pre-emption) ask for a checkpoint and a clean exit at the end of the current step."""
+
+    def __init__(self):
+        self.flag = False
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self._handler)
+
+    def _handler(self, signum, frame):
+        self.flag = True
+
+    def agreed(self, device) -> bool:
+        """Collective: stop if any rank got the signal."""
+        t = torch.tensor([1.0 if self.flag else 0.0], device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+
+
+# ---------------------------------------------------------------------------------------------------------- steps
+def train_step(eng, micro_batches) -> float:
+    """One optimizer step over this rank's micro-batches; returns the mean loss over the global batch."""
+    if eng.is_pipe:
+        return float(eng.engine.train_batch(data_iter=iter(micro_batches)))
+    from megatron.core import parallel_state
+
+    total = torch.zeros((), device=eng.device)
+    n = 0
+    for tokens, (labels, mask) in micro_batches:
+        loss = eng.engine(tokens, labels, mask)
+        eng.engine.backward(loss)
+        eng.engine.step()
+        total += loss.detach().float()
+        n += 1
+    total /= n
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return float(total) / parallel_state.get_data_parallel_world_size()
+
+
+@torch.no_grad()
+def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> float:
+    """Mean validation loss over `iters` global batches from the start of the validation split."""
+    from megatron.core import parallel_state
+
+    losses = []
+    for i in range(iters):
+        mbs = batches.step(i * global_batch)
+        if eng.is_pipe:
+            losses.append(float(eng.engine.eval_batch(data_iter=iter(mbs))))
+            continue
+        eng.engine.eval()
+        total = torch.zeros((), device=eng.device)
+        n = 0
+        for tokens, (labels, mask) in mbs:
+            total += eng.engine(tokens, labels, mask).float()
+            n += 1
+        eng.engine.train()
+        torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        losses.append(float(total) / n / parallel_state.get_data_parallel_world_size())
+    return sum(losses) / len(losses)
+
+
+# ------------------------------------------------------------------------------------------------------------ run
+def run(recipe, quiet: bool = False) -> int:
+    """Train `recipe` on this rank. Returns the exit code (0 done or stopped cleanly)."""
+    t = recipe.training
+    device = init_distributed(recipe)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    layout = Layout.from_recipe(recipe, world)
+    init_parallel_state(layout)
+    torch.manual_seed(t.seed)
+
+    from megatron.core import parallel_state, tensor_parallel
+
+    if device.type == "cuda":  # megatron-core's CUDA RNG tracker (TP-aware streams) wants its seeds set
+        tensor_parallel.model_parallel_cuda_manual_seed(t.seed)
+
+    ckpt_dir = recipe.checkpoint.dir
+    log_dir = Path(recipe.logging.dir or (Path(ckpt_dir) / "logs" if ckpt_dir else "runs/logs"))
+    cache_dir = recipe.data.cache_dir or str(Path(ckpt_dir or "runs") / "data_cache")
+    log = MetricsLog(recipe, log_dir, enabled=rank == 0, quiet=quiet)
+    if rank == 0 and ckpt_dir:
+        write_recipe(recipe, Path(ckpt_dir))
+    say = log.say
+    notice = partial(log.say, always=True)
+
+    total_steps = t.steps(recipe.model.seq_length)
+    grad_accum = layout.grad_accum_steps(t.global_batch)
+    say(f"layout: {layout.describe()}, {grad_accum} micro-batches per step, {total_steps} steps, device {device}")
+
+    eval_iters = t.eval_iters if total_steps >= t.eval_interval else 0
+    train_ds, valid_ds = build_datasets(recipe, total_steps * t.global_batch,
+                                        max(eval_iters, 1) * t.global_batch, cache_dir)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    train_batches = MicroBatches(train_ds, layout.micro_batch, grad_accum, dp_rank, device)
+    valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
+
+    eng = initialize(recipe, layout, device, total_steps)
+    state = checkpoint.resume(eng.engine, ckpt_dir, log=notice) if recipe.checkpoint.auto_resume else None
+    step = state["step"] if state else 0
+    consumed = state["consumed_samples"] if state else 0
+    nan_skips_total = state.get("nan_skips_total", 0) if state else 0
+
+    flops = model_flops_per_step(recipe.model, recipe.training.global_batch)
+    tokens_per_step = t.global_batch * recipe.model.seq_length
+    stop = StopRequest()
+    consecutive_skips = 0
+    progress = None
+    if rank == 0 and not quiet:
+        from tqdm import tqdm
+
+        progress = tqdm(total=total_steps, initial=step, desc="train", unit="step", file=sys.stderr)
+
+    def save_now():
+        cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
+        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last, log=notice)
+
+    while step < total_steps:
+        lr = eng.optimizer.param_groups[0]["lr"]
+        eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
+        start = time.perf_counter()
+        loss = train_step(eng, train_batches.step(consumed))
+        elapsed = time.perf_counter() - start
+        step += 1
+        consumed += t.global_batch
+
+        grad_norm = eng.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0 without fp16)
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        bad_norm = grad_norm is not None and not math.isfinite(grad_norm)
+        skipped = (not math.isfinite(loss)) or eng.optimizer.last_skipped or bad_norm
+        if skipped:
+            nan_skips_total += 1
+            consecutive_skips += 1
+        else:
+            consecutive_skips = 0
+        tflops = flops / elapsed / world / 1e12
+        record = {
+            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": _loss_scale(eng),
+            "tokens_per_s": tokens_per_step / elapsed, "tflops_per_gpu": tflops,
+            "mfu": tflops / recipe.cluster.peak_tflops, "mem_gb": _memory_gb(device), "step_time_s": elapsed,
+            "consumed_samples": consumed, "skipped": skipped, "nan_skips_total": nan_skips_total,
+        }
+        if step % t.log_interval == 0 or skipped:
+            log.write(record, step)
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", skipped=nan_skips_total)
+        if skipped:
+            notice(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update skipped "
+                f"({consecutive_skips} in a row, {nan_skips_total} in total)")
+            if consecutive_skips >= t.max_consecutive_nan_skips:
+                raise NonFiniteLossError(
+                    f"{consecutive_skips} consecutive steps had a non-finite loss or gradient (limit "
+                    f"training.max_consecutive_nan_skips = {t.max_consecutive_nan_skips}); "
+                    "lower training.optimizer.lr, "
+                    "use bf16 instead of fp16, or resume from an earlier checkpoint")
+
+        if valid_batches is not None and eval_iters and step % t.eval_interval == 0:
+            val = eval_loss(eng, valid_batches, eval_iters, t.global_batch)
+            log.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}, step)
+            say(f"step {step}: validation loss {val:.4f}, perplexity {math.exp(min(val, 50.0)):.2f}")
+
+        stopping = stop.agreed(device)
+        periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
+        if ckpt_dir and (periodic or stopping or step == total_steps):
+            save_now()
+        if stopping:
+            notice(f"stopped by signal after step {step}; resume with the same command")
+            break
+
+    if progress is not None:
+        progress.close()
+    say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
+    log.close()
+    shutdown_distributed()
+    return 0
+
+
+def _loss_scale(eng) -> float:
+    opt = eng.engine.optimizer
+    for name in ("cur_scale", "loss_scale"):
+        v = getattr(opt, name, None)
+        if isinstance(v, (int, float, torch.Tensor)):
+            return float(v)
+    return 1.0
