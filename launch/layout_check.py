@@ -11,35 +11,16 @@ from __future__ import annotations
 import sys
 
 from recipes.config.loading import RecipeError, load_recipe
-from recipes.parallel.layout import Layout
+from recipes.parallel.layout import Layout, resolve_layout
 
 
 def check(recipe_path: str, world_size: int, overrides: list[str]) -> Layout:
+    """The recipe's layout at this launch's world size; RecipeError listing every problem (the rules are Layout's)."""
     recipe = load_recipe(recipe_path, overrides)
-    p = recipe.parallel
-    mp = p.tp * p.pp
-    where = f"{recipe_path}: parallel.tp={p.tp}, parallel.pp={p.pp}" + (f", parallel.dp={p.dp}" if p.dp else "")
-    if world_size % mp:
-        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise RecipeError(
-            f"{where} needs a world size that is a multiple of tp x pp = {mp}, but the hostfile selection gives "
-            f"{world_size} ranks. Fix: launch a multiple of {mp} ranks (--num-nodes/--num-gpus or the hostfile's "
-            f"slots), or choose tp x pp from the divisors of {world_size}: {fits} (e.g. parallel.tp=... on the "
-            f"command line after --)."
-        )
-    if p.dp is not None and mp * p.dp != world_size:
-        raise RecipeError(
-            f"{where}: tp x pp x dp = {mp * p.dp} but the hostfile selection gives {world_size} ranks. "
-            f"Fix: launch {mp * p.dp} ranks, or set parallel.dp={world_size // mp} (or drop parallel.dp to derive it)."
-        )
-    layout = Layout.from_recipe(recipe, world_size=world_size)
-    per_step = layout.micro_batch * layout.dp
-    if recipe.training.global_batch % per_step:
-        raise RecipeError(
-            f"{recipe_path}: training.global_batch={recipe.training.global_batch} is not a multiple of "
-            f"micro_batch x dp = {layout.micro_batch} x {layout.dp} at world size {world_size}. Fix: set "
-            f"training.global_batch to a multiple of {per_step}, or change parallel.micro_batch."
-        )
+    layout, problems = resolve_layout(recipe, world_size, world_source="the hostfile selection")
+    if problems:
+        raise RecipeError(f"{recipe_path}: " + "\n  ".join(f"{p.message}. Fix: {p.fix}" for p in problems)
+                          + "\n(overrides go on the command line after --, e.g. parallel.tp=...)")
     return layout
 
 

@@ -1,5 +1,6 @@
-"""The one object for the parallel layout: validation, the planner, model construction, the DeepSpeed JSON and the
-launcher's world-size check all read it.
+"""The one object for the parallel layout, and the one place its rules live: `Layout.problems` / `resolve_layout`
+return structured problems (field, what is wrong with the values, the fix) that validation, the planner, the launcher's
+world-size check and the engine only format.
 
 Rank order is TP fastest, then DP, then PP (megatron-core `parallel_state` order "tp-dp-pp" with cp=ep=1, and
 DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model]).
@@ -7,6 +8,17 @@ DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model]).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LayoutProblem:
+    """Why a layout cannot run: the recipe field to change, what is wrong (with the values) and how to fix it."""
+    field: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.fix}"
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,49 @@ class Layout:
                 f"global batch {global_batch} is not a multiple of micro_batch x dp = {self.micro_batch} x {self.dp}"
             )
         return global_batch // per_step
+
+    def problems(self, model_cfg, global_batch: int | None = None, partition: str | None = None,
+                 max_tp: int | None = None) -> list[LayoutProblem]:
+        """Every reason this layout cannot train `model_cfg` (empty = it can). `partition` (the recipe's
+        parallel.pipeline_partition) adds the pipeline-split check; `max_tp` bounds the TP degrees suggested."""
+        out: list[LayoutProblem] = []
+        tp, pp, heads, groups = self.tp, self.pp, model_cfg.num_attention_heads, model_cfg.query_groups
+        limit = max_tp or heads
+        if heads % tp:
+            out.append(LayoutProblem("parallel.tp", f"model.num_attention_heads={heads} is not divisible by "
+                                     f"parallel.tp={tp}", f"use tp in {_divisors_upto(heads, limit)}"))
+        if groups % tp and groups != heads:
+            out.append(LayoutProblem("parallel.tp", f"model.num_query_groups={groups} is not divisible by "
+                                     f"parallel.tp={tp}", f"use tp in {_divisors_upto(groups, limit)} (each TP rank "
+                                     f"needs whole KV groups)"))
+        if pp > model_cfg.num_layers:
+            out.append(LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
+                                     f"{model_cfg.num_layers}: every stage needs at least one layer",
+                                     f"use pp <= {model_cfg.num_layers}"))
+        elif pp > 1 and self.zero_stage == 1 and partition == "parameters":
+            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong)
+            from recipes.parallel.partition import (UNEVEN_GROUPS_FIX, layer_names, stage_boundaries,
+                                                    uneven_group_problem)
+            problem = uneven_group_problem(layer_names(model_cfg), stage_boundaries(model_cfg, tp, pp, partition))
+            if problem:
+                out.append(LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
+                                         f"parallel.pp={pp} gives stages different optimizer param groups "
+                                         f"({problem})", UNEVEN_GROUPS_FIX))
+        if self.zero_stage >= 2 and pp > 1:
+            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
+                                     f"{pp}: DeepSpeed's pipeline engine only supports ZeRO-0/1",
+                                     "set parallel.zero_stage=1 or parallel.pp=1"))
+        if self.sequence_parallel and tp == 1:
+            out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
+                                     "> 1 (it splits the TP all-reduce regions along the sequence)",
+                                     "set parallel.sequence_parallel=false or tp >= 2"))
+        if global_batch is not None and global_batch % (self.micro_batch * self.dp):
+            per = self.micro_batch * self.dp
+            out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
+                                     f"of parallel.micro_batch x dp = {self.micro_batch} x {self.dp} = {per}",
+                                     f"use global_batch={_round_to(global_batch, per)} (a multiple of {per}) or a "
+                                     f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
+        return out
 
     def coords(self, rank: int) -> dict[str, int]:
         """(tp, dp, pp) coordinates of a global rank."""
@@ -77,3 +132,46 @@ class Layout:
             sequence_parallel=p.sequence_parallel,
             recompute=p.recompute,
         )
+
+
+def resolve_layout(recipe, world_size: int | None = None, world_source: str | None = None,
+                   max_tp: int | None = None) -> tuple[Layout | None, list[LayoutProblem]]:
+    """The recipe's layout at `world_size` ranks (default: the cluster's) and every problem with it. The layout is
+    None when the degrees do not fit the world size (then the problems say why). `world_source` says where the
+    world size comes from, for the messages (e.g. "the hostfile selection")."""
+    p, cl = recipe.parallel, recipe.cluster
+    world = world_size if world_size is not None else cl.world_size
+    source = world_source or f"{cl.nodes} nodes x {cl.gpus_per_node} GPUs"
+    mp = p.tp * p.pp
+    problems: list[LayoutProblem] = []
+    dp = None
+    if p.dp is not None:
+        if mp * p.dp != world:
+            fix = (f"set parallel.dp={world // mp} or remove parallel.dp to derive it" if world % mp == 0
+                   else "remove parallel.dp to derive it") + f", or launch {mp * p.dp} ranks"
+            problems.append(LayoutProblem("parallel.dp", f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = "
+                                          f"{mp * p.dp} but the world size is {world} ({source})", fix))
+        else:
+            dp = p.dp
+    elif world % mp:
+        problems.append(LayoutProblem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel.tp x "
+                                      f"pp = {p.tp} x {p.pp}", f"launch a multiple of tp x pp = {mp} ranks, or choose "
+                                      f"tp x pp among the divisors of {world}: {_divisors_upto(world, world)}"))
+    else:
+        dp = world // mp
+    lay = None if dp is None else Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
+                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute)
+    probe = lay or Layout(tp=p.tp, pp=p.pp, dp=1, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
+                          sequence_parallel=p.sequence_parallel, recompute=p.recompute)
+    # Without a valid dp the batch rule cannot be judged; the rest can.
+    problems += probe.problems(recipe.model, recipe.training.global_batch if lay else None,
+                               p.pipeline_partition, max_tp)
+    return lay, problems
+
+
+def _divisors_upto(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _round_to(value: int, multiple: int) -> int:
+    return max(multiple, round(value / multiple) * multiple)

@@ -338,22 +338,9 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
 # ---------------------------------------------------------------------------------------------------------------------
 
 def layout_problems(model_cfg, cluster, layout: Layout, global_batch: int) -> list[str]:
-    """Why a layout cannot run at all (empty list = it can). Memory is judged by `estimate`, not here."""
-    probs = []
-    t, p = layout.tp, layout.pp
-    if model_cfg.num_attention_heads % t:
-        probs.append(f"heads {model_cfg.num_attention_heads} not divisible by tp {t}")
-    if model_cfg.query_groups % t:
-        probs.append(f"query groups {model_cfg.query_groups} not divisible by tp {t}")
-    if p > model_cfg.num_layers:
-        probs.append(f"pp {p} > layers {model_cfg.num_layers}")
-    if layout.zero_stage >= 2 and p > 1:
-        probs.append("ZeRO-2/3 cannot run with DeepSpeed's pipeline engine")
-    if layout.sequence_parallel and t == 1:
-        probs.append("sequence parallelism needs tp > 1")
-    if global_batch % (layout.micro_batch * layout.dp):
-        probs.append(f"global batch {global_batch} not divisible by micro-batch x dp")
-    return probs
+    """Why a layout cannot run at all (empty list = it can; the rules are `Layout.problems`). Memory is judged by
+    `estimate`, not here."""
+    return [str(p) for p in layout.problems(model_cfg, global_batch)]
 
 
 def _divisors(n: int) -> list[int]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipes.parallel.layout import Layout
+from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
-from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, stage_boundaries, uneven_group_problem
 from recipes.planner.cost import Assumptions, estimate, format_memory
 
 LARGE_BATCH_TOKENS = 2**19  # ~0.5M tokens per step: large enough that skipping warmup risks early divergence
@@ -39,17 +38,9 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
     if m.hidden_size % m.num_attention_heads:
         errors.append(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
                       f"{m.num_attention_heads}; pick heads that divide it (e.g. {_divisor_near(m.hidden_size, m.num_attention_heads)})")
-    if m.num_attention_heads % tp:
-        errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by parallel.tp={tp}; "
-                      f"use tp in {_divisors_upto(m.num_attention_heads, cl.gpus_per_node)}")
-    if m.num_query_groups is not None:
-        if m.num_attention_heads % m.num_query_groups:
-            errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-                          f"model.num_query_groups={m.num_query_groups}; each KV group must serve whole heads")
-        if m.num_query_groups % tp:
-            errors.append(f"model.num_query_groups={m.num_query_groups} is not divisible by parallel.tp={tp}; "
-                          f"use tp in {_divisors_upto(m.num_query_groups, cl.gpus_per_node)} (each TP rank needs "
-                          f"whole KV groups)")
+    if m.num_query_groups is not None and m.num_attention_heads % m.num_query_groups:
+        errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
+                      f"model.num_query_groups={m.num_query_groups}; each KV group must serve whole heads")
     padded = m.padded_vocab_size(tp)
     if padded != m.vocab_size:
         warnings.append(RecipeWarning(
@@ -57,42 +48,9 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
             f"make_vocab_size_divisible_by x tp = {m.make_vocab_size_divisible_by} x {tp}); Megatron does this "
             f"automatically, the {padded - m.vocab_size} extra rows are never a target", level="info"))
 
-    # --- pipeline --------------------------------------------------------------------------------------------------
-    if pp > m.num_layers:
-        errors.append(f"parallel.pp={pp} is larger than model.num_layers={m.num_layers}: every stage needs at least "
-                      f"one layer; use pp <= {m.num_layers}")
-    elif pp > 1 and par.zero_stage == 1 and par.pipeline_partition == "parameters":
-        # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong)
-        problem = uneven_group_problem(layer_names(m), stage_boundaries(m, tp, pp, par.pipeline_partition))
-        if problem:
-            errors.append(f"parallel.pipeline_partition=parameters at parallel.pp={pp} gives stages different "
-                          f"optimizer param groups ({problem}); {UNEVEN_GROUPS_FIX}")
-    if par.zero_stage >= 2 and pp > 1:
-        errors.append(f"parallel.zero_stage={par.zero_stage} with parallel.pp={pp}: DeepSpeed's pipeline engine "
-                      f"only supports ZeRO-0/1; set parallel.zero_stage=1 or parallel.pp=1")
-    if par.sequence_parallel and tp == 1:
-        errors.append("parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the TP all-reduce regions "
-                      "along the sequence); set parallel.sequence_parallel=false or tp >= 2")
-
-    # --- world size and batch ------------------------------------------------------------------------------------------
-    dp = None
-    if par.dp is not None:
-        if tp * pp * par.dp != world:
-            errors.append(f"parallel.tp x pp x dp = {tp} x {pp} x {par.dp} = {tp * pp * par.dp} but the world size "
-                          f"is {world} ({cl.nodes} nodes x {cl.gpus_per_node} GPUs); remove parallel.dp to derive it "
-                          f"or make the product {world}")
-        else:
-            dp = par.dp
-    elif world % (tp * pp):
-        errors.append(f"world size {world} ({cl.nodes} nodes x {cl.gpus_per_node} GPUs) is not divisible by "
-                      f"parallel.tp x pp = {tp} x {pp}; choose tp x pp dividing {world}")
-    else:
-        dp = world // (tp * pp)
-    if dp is not None and tr.global_batch % (par.micro_batch * dp):
-        per = par.micro_batch * dp
-        errors.append(f"training.global_batch={tr.global_batch} is not a multiple of parallel.micro_batch x dp = "
-                      f"{par.micro_batch} x {dp} = {per}; use global_batch={_round_to(tr.global_batch, per)} "
-                      f"or a micro_batch dividing {tr.global_batch // dp if tr.global_batch >= dp else 1}")
+    # --- the parallel layout: its rules live in Layout ---------------------------------------------------------------
+    layout, problems = resolve_layout(recipe, world, max_tp=cl.gpus_per_node)
+    errors += [str(p) for p in problems]
 
     # --- precision ---------------------------------------------------------------------------------------------------
     if tr.precision == "fp16" and tr.loss_scale is None:
@@ -121,8 +79,7 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
             f"layer per micro-batch) would cross InfiniBand; keep tp <= {cl.gpus_per_node} and use pp for the rest"))
 
     # --- memory: only for GPU clusters with a well-formed layout --------------------------------------------------------
-    if not errors and cl.device == "cuda" and dp is not None:
-        layout = Layout.from_recipe(recipe, world)
+    if not errors and cl.device == "cuda" and layout is not None:
         est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
         if not est.fits:
             errors.append(f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds "
@@ -164,13 +121,5 @@ def _memory_fixes(recipe, layout: Layout) -> str:
             "`python -m recipes plan` on this recipe to search all layouts")
 
 
-def _divisors_upto(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
-
-
 def _divisor_near(n: int, target: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
-
-
-def _round_to(value: int, multiple: int) -> int:
-    return max(multiple, round(value / multiple) * multiple)

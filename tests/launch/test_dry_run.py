@@ -24,7 +24,8 @@ def test_dry_run_100_nodes_torchrun_and_deepspeed(tmp_path):
     hf = hostfile_100(tmp_path)
     for backend in ("torchrun-ssh", "deepspeed"):
         r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", backend, "--dry-run", "--master-port", 23456,
-                       "--log-dir", tmp_path / backend, "--", "parallel.tp=8", "parallel.pp=2", "training.global_batch=400")
+                       "--log-dir", tmp_path / backend, "--", "parallel.tp=8", "parallel.pp=2", "training.global_batch=400",
+                       "model.num_attention_heads=8", "model.num_query_groups=8")
         assert r.returncode == 0, r.stderr
         assert f"backend={backend} nodes={N} world_size={N * SLOTS} master=gpu001:23456" in r.stdout
         assert "TP=8 x PP=2 x DP=50" in r.stdout
@@ -60,7 +61,7 @@ def test_dry_run_selection_and_master_override(tmp_path):
 def test_slurm_script(tmp_path):
     hf = hostfile_100(tmp_path)
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--master-port", 29999,
-                   "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200")
+                   "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200", "model.num_query_groups=4")
     assert r.returncode == 0, r.stderr
     script = (tmp_path / "s" / "job.sbatch").read_text()
     assert script in r.stdout

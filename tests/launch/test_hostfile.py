@@ -71,7 +71,9 @@ def test_world_size_mismatch_refused_with_the_fix(tmp_path):
     hf = write(tmp_path, "node1 slots=2\nnode2 slots=2\n")
     logs = tmp_path / "logs"
     for override, needle in [("parallel.tp=3", "multiple of tp x pp = 3"), ("parallel.dp=8", "set parallel.dp=4"),
-                             ("training.global_batch=6", "multiple of 4")]:
+                             ("training.global_batch=6", "multiple of 4"),
+                             # the launcher asks the same Layout rules as validation, not only the world size
+                             ("parallel.tp=4", "model.num_query_groups=2 is not divisible by parallel.tp=4")]:
         r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "deepspeed", "--log-dir", logs, "--", override)
         assert r.returncode == 3, r.stderr
         assert "Fix:" in r.stderr and needle in r.stderr, r.stderr
