@@ -10,6 +10,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+pytestmark = pytest.mark.multiproc
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -3,8 +3,6 @@ inspection without a launcher. megatron-core's layers need its process groups, s
 """
 from __future__ import annotations
 
-import os
-import socket
 
 import torch
 
@@ -12,20 +10,14 @@ from recipes.checkpoint.shards import pad_vocab
 from recipes.parallel.layout import Layout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_single_process() -> None:
     """A world of one (gloo) and megatron-core's groups at TP = PP = 1; no-op when already there."""
     from megatron.core import parallel_state
 
     if not torch.distributed.is_initialized():
-        # An explicit tcp:// address: setting MASTER_ADDR/PORT in os.environ would leak into later launches.
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                                             world_size=1)
+        # An in-memory store: a world of one needs no port (and MASTER_ADDR/PORT in os.environ would leak into
+        # later launches).
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
 

@@ -23,7 +23,9 @@ warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not in
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-from interop_runs import EOD, RECIPE, REPO, Run, VOCAB, losses, pretrain, run_overrides, stdlib_texts, worker_env  # noqa: F401 (fixtures below use them)
+from interop_runs import EOD, RECIPE, REPO, Run, VOCAB, run_overrides  # noqa: F401 (fixtures below use them)
+from tests.support.corpus import stdlib_texts
+from tests.support.runs import losses, pretrain, worker_env  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +76,7 @@ model:
 def _train(tmp_path_factory, corpus, name, n, config, extra) -> Run:
     run_dir = tmp_path_factory.mktemp(name)
     overrides = run_overrides(corpus, run_dir) + extra
-    pretrain(n, config, overrides)
+    pretrain(n, *overrides, config=config, timeout=400)
     return Run(run_dir, config, overrides)
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from interop_runs import RECIPE
 from recipes.hf.export import main as export_main
 from recipes.hf.importer import main as import_main
+
+pytestmark = pytest.mark.multiproc
 
 
 def _copy(run, tmp_path):

@@ -19,6 +19,8 @@ from recipes.checkpoint.plain_model import build_plain_model, greedy, logits
 from recipes.checkpoint.read import read_full_state
 from recipes.hf.export import export, main as export_main
 
+pytestmark = pytest.mark.multiproc
+
 TOL = 1e-4
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import torch
 
+import pytest
+
 from interop_runs import RECIPE
 from recipes.checkpoint.read import read_full_state
 from recipes.hf.export import export, main as export_main
 from recipes.hf.importer import hf_recipe, import_hf
+
+pytestmark = pytest.mark.multiproc
 
 
 def test_import_of_export_gives_identical_weights(llama_222, corpus, tmp_path):

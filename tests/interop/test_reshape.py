@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interop_runs import losses, pretrain
+from tests.support.runs import losses, pretrain
 from recipes.checkpoint.read import read_full_state
 from recipes.config.loading import RecipeError
 from recipes.tools.reshape import parse_target, reshape
+
+pytestmark = pytest.mark.multiproc
 
 REL_TOL = 2e-5
 
@@ -48,8 +50,8 @@ def test_optimizer_state_preserved(llama_222, reshaped):
 
 def test_resumed_losses_continue(llama_222, reshaped):
     ref = losses(llama_222.path)
-    pretrain(4, llama_222.config, llama_222.overrides + [f"checkpoint.dir={reshaped}", "parallel.tp=1",
-                                                          "parallel.pp=2"])
+    pretrain(4, *llama_222.overrides, f"checkpoint.dir={reshaped}", "parallel.tp=1", "parallel.pp=2",
+             config=llama_222.config, timeout=400)
     got = losses(reshaped)
     assert sorted(got) == [4, 5, 6], f"the reshaped run did not resume at step 4: {got}"
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)

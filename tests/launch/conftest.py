@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from data_prep.loopback_ssh import loopback_sshd
-from tests.launch.launch_helpers import REPO, SSHD, TOY, free_port, launch_env
+from tests.support.launch import REPO, SSHD, TOY, free_port, launch_env
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,11 @@ import base64
 import json
 import re
 
-from tests.launch.launch_helpers import REPO, TOY, launch_env, run_launch
+import pytest
+
+from tests.support.launch import REPO, TOY, launch_env, run_launch
+
+pytestmark = pytest.mark.unit
 
 N, SLOTS = 100, 8
 

@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.launch_helpers import REPO, TOY, run_launch
+from tests.support.launch import REPO, TOY, run_launch
 
 sys.path.insert(0, str(REPO / "launch"))
 from hostfile import HostfileError, parse_hostfile, select_nodes  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 
 def write(tmp_path, text):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.launch_helpers import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
+from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
 
-pytestmark = pytest.mark.timeout(200)
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(200)]
 
 
 def cluster_env(ssh_cluster, **extra):

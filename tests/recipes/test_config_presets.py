@@ -5,6 +5,8 @@ from recipes.config.loading import CONFIGS_DIR, RecipeError, load_raw, load_reci
 from recipes.model.shape import count_parameters
 from recipes.planner.validation import validate
 
+pytestmark = pytest.mark.unit
+
 # Nominal sizes from the papers (GPT-3 Table 2.1, Llama 2, GLM-130B): our exact counts must be close.
 MODEL_PRESETS = {
     "gpt-125m": 125e6, "gpt-350m": 350e6, "gpt-1.3b": 1.3e9, "gpt-2.7b": 2.7e9, "gpt-6.7b": 6.7e9,

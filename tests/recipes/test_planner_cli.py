@@ -14,6 +14,8 @@ from recipes.tools import render
 from recipes.config.loading import load_recipe
 from recipes.planner.validation import validate
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "configs" / "examples"
 

@@ -11,6 +11,8 @@ from recipes.planner.cost import (
     megatron_eq2_params, megatron_eq3_flops, plan_layouts, ring_seconds, what_would_fit, zero_model_state_bytes,
 )
 
+pytestmark = pytest.mark.unit
+
 # ZeRO paper (Rajbhandari et al. 2019) Table 1: GB per GPU of model states at N_d = 1 / 64 / 1024.
 ZERO_TABLE1 = {
     7.5e9: {1: (120, 31.4, 30.1), 2: (120, 16.6, 15.1), 3: (120, 1.88, 0.12)},

@@ -19,6 +19,8 @@ from recipes.planner.cost import deepspeed_bucket_bytes, params_per_gpu, zero_mo
 sys.path.insert(0, str(Path(__file__).parent))
 from planner_real_worker import COUNT_PRESETS, RECIPE, ZERO_SHAPE  # noqa: E402
 
+pytestmark = pytest.mark.multiproc
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -5,6 +5,8 @@ import pytest
 from recipes.config.loading import RecipeError, load_recipe, recipe_from_dict
 from recipes.planner.validation import validate
 
+pytestmark = pytest.mark.unit
+
 
 def make(**sections):
     """A small valid recipe on one 8 x H100 node, with `sections` merged over it (dotted keys as 'a.b')."""

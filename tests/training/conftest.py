@@ -1,11 +1,11 @@
-"""Fixtures of the multi-process CPU training tests; the helpers live in training_runs.py."""
+"""Fixtures of the multi-process CPU training tests; the helpers live in tests/support/runs.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from corpus import write_corpus
+from tests.support.corpus import write_corpus
 
 
 @pytest.fixture(scope="session")

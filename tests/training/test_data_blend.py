@@ -12,6 +12,8 @@ import pytest
 from recipes.train.data import DataError, load_blend
 from recipes.config.loading import load_recipe
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 
 

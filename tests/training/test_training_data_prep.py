@@ -6,7 +6,11 @@ import math
 import subprocess
 import sys
 
-from training_runs import REPO, pretrain, train_records, worker_env
+import pytest
+
+from tests.support.runs import on_corpus, REPO, pretrain, train_records, worker_env
+
+pytestmark = pytest.mark.multiproc
 
 
 def test_loss_falls_on_data_prep_shards(tmp_path):
@@ -16,7 +20,7 @@ def test_loss_falls_on_data_prep_shards(tmp_path):
                    timeout=300)
     manifest = out / "shards" / "manifest.json"
     run = tmp_path / "run"
-    pretrain(2, run, manifest, "model.vocab_size=1000", "training.train_steps=10", "parallel.tp=2")
+    pretrain(2, *on_corpus(run, manifest), "model.vocab_size=1000", "training.train_steps=10", "parallel.tp=2")
     loss = [r["loss"] for r in train_records(run)]
     assert len(loss) == 10
     assert abs(loss[0] - math.log(1000)) < 0.5  # starts near uniform over the tokenizer's vocabulary

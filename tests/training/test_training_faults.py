@@ -6,13 +6,15 @@ import json
 
 import pytest
 
-from training_runs import pretrain
+from tests.support.runs import on_corpus, pretrain
+
+pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 3])  # ZeRO-1 skips inside DeepSpeed; ZeRO-0/3 via our guard too
 def test_non_finite_steps_are_skipped_then_abort(zero_stage, corpus, tmp_path):
     # lr = 1e30: the first update blows the weights up, every later gradient overflows to inf.
-    out = pretrain(1, tmp_path, corpus, f"parallel.zero_stage={zero_stage}", "training.optimizer.lr=1e30",
+    out = pretrain(1, *on_corpus(tmp_path, corpus), f"parallel.zero_stage={zero_stage}", "training.optimizer.lr=1e30",
                    "training.optimizer.min_lr=0", "training.max_consecutive_nan_skips=3", "training.train_steps=12",
                    check=False)
     assert out.returncode != 0

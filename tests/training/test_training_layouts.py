@@ -22,7 +22,9 @@ import pytest
 
 from recipes.config.loading import load_recipe
 from recipes.parallel.partition import stage_boundaries
-from training_runs import RECIPE, REPO, losses, pretrain, train_records, val_losses
+from tests.support.runs import on_corpus, RECIPE, REPO, losses, pretrain, train_records, val_losses
+
+pytestmark = pytest.mark.multiproc
 
 STEPS = 6
 REL_TOL = 2e-5
@@ -31,7 +33,7 @@ REL_TOL = 2e-5
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref_1x1x1")
-    pretrain(1, run_dir, corpus, f"training.train_steps={STEPS}", "training.eval_interval=3")
+    pretrain(1, *on_corpus(run_dir, corpus), f"training.train_steps={STEPS}", "training.eval_interval=3")
     return run_dir
 
 
@@ -47,7 +49,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_single_process(name, reference, corpus, tmp_path):
     n, overrides = LAYOUTS[name]
-    pretrain(n, tmp_path, corpus, f"training.train_steps={STEPS}", "training.eval_interval=3", *overrides, timeout=400)
+    pretrain(n, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", "training.eval_interval=3", *overrides, timeout=400)
     ref, got = losses(reference), losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
@@ -78,8 +80,8 @@ def test_gpt_shape_tied_embeddings_across_pipeline_stages(corpus, tmp_path):
     """Tied input/output embeddings live on the first and the last stage (TiedLayerSpec); GeLU, learned positions,
     LayerNorm and biases. TP=2 x PP=2 x DP=1 must match TP=1 x PP=1 x DP=1."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "tp2pp2"
-    pretrain(1, ref_dir, corpus, f"training.train_steps={STEPS}", *GPT_SHAPE)
-    pretrain(4, run_dir, corpus, f"training.train_steps={STEPS}", "parallel.tp=2", "parallel.pp=2", *GPT_SHAPE)
+    pretrain(1, *on_corpus(ref_dir, corpus), f"training.train_steps={STEPS}", *GPT_SHAPE)
+    pretrain(4, *on_corpus(run_dir, corpus), f"training.train_steps={STEPS}", "parallel.tp=2", "parallel.pp=2", *GPT_SHAPE)
     ref, got = losses(ref_dir), losses(run_dir)
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
@@ -93,8 +95,8 @@ def test_pp4_with_a_large_vocabulary_matches_single_process(corpus, tmp_path):
     The default split gives every stage decoder layers, is the one validation predicts, and matches 1x1x1."""
     big = ["model.vocab_size=3000", f"training.train_steps={STEPS}"]
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "pp4"
-    pretrain(1, ref_dir, corpus, *big)
-    proc = pretrain(8, run_dir, corpus, "parallel.pp=4", "training.dist_timeout_minutes=2", *big, timeout=400)
+    pretrain(1, *on_corpus(ref_dir, corpus), *big)
+    proc = pretrain(8, *on_corpus(run_dir, corpus), "parallel.pp=4", "training.dist_timeout_minutes=2", *big, timeout=400)
     ref, got = losses(ref_dir), losses(run_dir)
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)

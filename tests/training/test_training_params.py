@@ -10,6 +10,8 @@ import torch
 from recipes.parallel.layout import Layout
 from recipes.config.loading import recipe_from_dict
 
+pytestmark = pytest.mark.unit
+
 SHAPES = {
     "gpt: gelu, learned, layernorm, tied, bias": dict(activation="gelu", position_embedding="learned",
                                                      normalization="layernorm", tied_embeddings=True,

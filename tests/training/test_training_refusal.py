@@ -5,7 +5,9 @@ import time
 
 import pytest
 
-from training_runs import pretrain
+from tests.support.runs import on_corpus, pretrain
+
+pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.parametrize("overrides, expect", [
@@ -18,7 +20,7 @@ from training_runs import pretrain
 def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_path):
     run_dir = tmp_path / "run"
     start = time.time()
-    out = pretrain(4, run_dir, corpus, *overrides, check=False, timeout=60)
+    out = pretrain(4, *on_corpus(run_dir, corpus), *overrides, check=False, timeout=60)
     assert out.returncode != 0
     assert expect in out.stderr, out.stderr
     assert not run_dir.exists(), "a worker started (it created the run directory)"
@@ -28,6 +30,6 @@ def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_pa
 
 def test_worker_exception_exits_nonzero(corpus, tmp_path):
     missing = tmp_path / "no-such-data"
-    out = pretrain(2, tmp_path / "run", missing, check=False, timeout=120)
+    out = pretrain(2, *on_corpus(tmp_path / "run", missing), check=False, timeout=120)
     assert out.returncode != 0
     assert "run data_prep first" in out.stderr, out.stderr[-2000:]

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from training_runs import REPO, losses, pretrain, pretrain_cmd, worker_env
+from tests.support.runs import on_corpus, REPO, losses, pretrain, pretrain_cmd, worker_env
+
+pytestmark = pytest.mark.multiproc
 
 STEPS = 8
 # PP=2 x DP=2 (ZeRO-1): the pipeline engine's per-layer files and DP-sharded optimizer states are both exercised.
@@ -21,7 +23,7 @@ N = 4
 @pytest.fixture(scope="module")
 def uninterrupted(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    pretrain(N, run_dir, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    pretrain(N, *on_corpus(run_dir, corpus), f"training.train_steps={STEPS}", *LAYOUT)
     return run_dir
 
 
@@ -37,7 +39,7 @@ def _wait_for_step(metrics_path, step: int, proc, timeout: float = 240) -> None:
 
 def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_path):
     kill_after = 5
-    cmd = pretrain_cmd(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    cmd = pretrain_cmd(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
     proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -50,7 +52,7 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_pa
     latest = (tmp_path / "latest").read_text().strip()  # never names a partial save
     assert (tmp_path / latest / "complete.json").is_file()
 
-    resumed = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    resumed = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
     assert "resumed from" in resumed.stdout, resumed.stdout
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
@@ -68,7 +70,7 @@ def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
     victim.unlink()
     (tmp_path / "logs" / "metrics.jsonl").unlink()
 
-    out = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT)
+    out = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
     assert f"skipping {newest}" in out.stdout and f"missing {victim.name}" in out.stdout, out.stdout
     assert f"resumed from {tmp_path / f'global_step{STEPS - 2}'}" in out.stdout, out.stdout
     ref, got = losses(uninterrupted), losses(tmp_path)
@@ -80,7 +82,7 @@ def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
 def test_preemption_signal_saves_and_exits_cleanly(sig, uninterrupted, corpus, tmp_path):
     """SIGTERM (SIGUSR1 alike) to the job: every rank finishes the current step, a complete checkpoint is written,
     exit code 0; the next start resumes from it and continues bit for bit."""
-    cmd = pretrain_cmd(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
+    cmd = pretrain_cmd(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
     proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
@@ -91,7 +93,7 @@ def test_preemption_signal_saves_and_exits_cleanly(sig, uninterrupted, corpus, t
     assert stopped < STEPS and "stopped by signal" in stdout, stdout
     assert (tmp_path / f"global_step{stopped}" / "complete.json").is_file()
 
-    out = pretrain(N, tmp_path, corpus, f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
+    out = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
     assert f"resumed from {tmp_path / f'global_step{stopped}'}" in out.stdout
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]

@@ -1,4 +1,4 @@
-"""Real-text test shards: UTF-8 bytes of Python's own standard-library sources, one document per file, written with
+"""Real-text test corpora. Shards: UTF-8 bytes of Python's own standard-library sources, one document per file, written with
 megatron-core's IndexedDatasetBuilder (the reader of record) and described by a data_prep-style manifest.json.
 Byte-level ids 0..255, end-of-document 256 (vocab 257)."""
 from __future__ import annotations
@@ -15,6 +15,7 @@ VOCAB = 257
 
 
 def stdlib_documents(max_bytes: int) -> list[bytes]:
+    """The running Python's standard-library sources in name order, one document per file, about max_bytes."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
     for p in sorted(root.glob("*.py")):
@@ -24,6 +25,11 @@ def stdlib_documents(max_bytes: int) -> list[bytes]:
         if total >= max_bytes:
             break
     return docs
+
+
+def stdlib_texts(max_bytes: int) -> list[str]:
+    """The same documents as text (undecodable bytes replaced)."""
+    return [d.decode("utf-8", errors="replace") for d in stdlib_documents(max_bytes)]
 
 
 def write_corpus(out_dir: Path, shards: int = 2, max_bytes: int = 600_000) -> Path:

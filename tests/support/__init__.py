@@ -1,0 +1,2 @@
+"""Shared test support: real-text corpora (`corpus`), training-run helpers (`runs`), launcher helpers (`launch`), the
+loopback sshd (`loopback_ssh`). Imported as `tests.support.*` (pytest.ini puts the repository root on sys.path)."""

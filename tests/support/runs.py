@@ -1,0 +1,51 @@
+"""Helpers of the multi-process CPU training tests: a `python -m recipes train --local N` runner and metrics readers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "configs/runs/tiny-cpu.yaml")
+
+
+def worker_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+
+
+def on_corpus(run_dir: Path, manifest: Path) -> list[str]:
+    """Overrides that train on `manifest` and checkpoint into `run_dir`."""
+    return [f"data.manifests=[{manifest}]", f"checkpoint.dir={run_dir}"]
+
+
+def pretrain_cmd(n: int, *overrides: str, config: str = RECIPE) -> list[str]:
+    return [sys.executable, "-m", "recipes", "train", "--config", config, "--local", str(n), "--quiet", *overrides]
+
+
+def pretrain(n: int, *overrides: str, config: str = RECIPE, timeout: int = 300,
+             check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m recipes train --local n` (default: the tiny recipe); output captured."""
+    proc = subprocess.run(pretrain_cmd(n, *overrides, config=config), cwd=REPO, env=worker_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    return [r for r in metrics(run_dir) if "loss" in r]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss; a resumed run's later records win (they are appended after the interrupted run's)."""
+    return {r["step"]: r["loss"] for r in train_records(run_dir)}
+
+
+def val_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in metrics(run_dir) if "val_loss" in r}
