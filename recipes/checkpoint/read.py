@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
 from types import SimpleNamespace
 from collections import OrderedDict
@@ -26,6 +27,8 @@ import torch
 
 from recipes.checkpoint import store as ckpt
 from recipes.checkpoint.shards import canonical_name, merge_tp, strip_vocab
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -47,7 +50,7 @@ def resolve_tag(ckpt_dir: str | Path, tag: str | None = None) -> Path:
         latest = root / "latest"
         if not latest.is_file():
             found = [t for _, t in ckpt._tags(root)]
-            newest = ckpt.newest_complete(str(root), log=lambda *_: None)
+            newest = ckpt.newest_complete(str(root))
             if newest:
                 hint = f"; tags found: {', '.join(found)}; pass --tag {newest} (the newest complete one)"
             elif found:
@@ -226,13 +229,12 @@ def _per_tp(lay: SourceLayout, pieces: dict[int, dict]) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------------ public
 def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, with_moments: bool = False,
-                    log=None) -> FullState:
+) -> FullState:
     """Canonical full state of a checkpoint. `model_cfg` is the recipe's model section (for the vocabulary size and
     the fc1 layout); with_moments also reads Adam's exp_avg / exp_avg_sq (ZeRO >= 1 checkpoints)."""
     tag_dir = resolve_tag(ckpt_dir, tag)
     lay = detect_layout(tag_dir)
-    if log:
-        log(f"reading {tag_dir} ({lay.describe()})")
+    log.info(f"reading {tag_dir} ({lay.describe()})")
     swiglu = model_cfg.activation == "swiglu"
     mp_ranks = range(lay.tp * lay.pp)
     keys = ("fp32", "exp_avg", "exp_avg_sq") if with_moments else ("fp32",)

@@ -14,6 +14,7 @@ is loaded; an interrupted or damaged save is skipped with a message saying so.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+log = logging.getLogger(__name__)
 MARKER = "complete.json"
 _TAG = re.compile(r"^global_step(\d+)$")
 
@@ -70,7 +72,7 @@ def write_atomic(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, log=print) -> str:
+def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -> str:
     """Collective: every rank calls it. Returns the tag."""
     tag = tag_for(step)
     root = Path(ckpt_dir)
@@ -84,8 +86,8 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, l
         marker = {"step": step, "client_state": client_state, "files": files}
         write_atomic(root / tag / MARKER, json.dumps(marker, indent=1))
         write_atomic(root / "latest", tag)
-        _prune(root, keep_last, log)
-        log(f"checkpoint: saved {root / tag} ({len(files)} files)")
+        _prune(root, keep_last)
+        log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
     _barrier()
     return tag
 
@@ -97,11 +99,11 @@ def _tags(root: Path) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)
 
 
-def _prune(root: Path, keep_last: int, log) -> None:
+def _prune(root: Path, keep_last: int) -> None:
     complete = [t for _, t in _tags(root) if (root / t / MARKER).is_file()]
     for t in complete[keep_last:]:
         shutil.rmtree(root / t, ignore_errors=True)
-        log(f"checkpoint: removed old {root / t} (keep_last={keep_last})")
+        log.info(f"checkpoint: removed old {root / t} (keep_last={keep_last})")
 
 
 def problems(tag_dir: Path) -> list[str]:
@@ -123,23 +125,23 @@ def problems(tag_dir: Path) -> list[str]:
     return out
 
 
-def newest_complete(ckpt_dir: str, log=print) -> str | None:
+def newest_complete(ckpt_dir: str) -> str | None:
     """The newest loadable tag, saying which newer ones were skipped and why."""
     root = Path(ckpt_dir)
     for _, tag in _tags(root):
         bad = problems(root / tag)
         if not bad:
             return tag
-        log(f"checkpoint: skipping {root / tag}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
-            "falling back to an older checkpoint")
+        log.warning(f"checkpoint: skipping {root / tag}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
+                    "falling back to an older checkpoint")
     return None
 
 
-def resume(engine, ckpt_dir: str | None, log=print) -> dict | None:
+def resume(engine, ckpt_dir: str | None) -> dict | None:
     """Collective. Load the newest complete checkpoint; returns its client_state, or None when starting fresh."""
     if not ckpt_dir:
         return None
-    choice = [newest_complete(ckpt_dir, log) if _rank() == 0 else None]
+    choice = [newest_complete(ckpt_dir) if _rank() == 0 else None]
     if torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(choice, src=0)  # every rank loads the same tag
     tag = choice[0]
@@ -155,6 +157,6 @@ def resume(engine, ckpt_dir: str | None, log=print) -> dict | None:
     rng = Path(ckpt_dir) / tag / f"rng_rank{_rank()}.pt"
     if rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
-    log(f"checkpoint: resumed from {Path(ckpt_dir) / tag} at step {client_state['step']}, "
+    log.info(f"checkpoint: resumed from {Path(ckpt_dir) / tag} at step {client_state['step']}, "
         f"{client_state['consumed_samples']} samples consumed")
     return client_state

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
@@ -21,6 +22,9 @@ from pathlib import Path
 
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.config.loading import RecipeError
+from recipes.config.logs import setup_logging
+
+log = logging.getLogger(__name__)
 
 def tokenizer_source(recipe) -> Path | None:
     """The sentencepiece model of the run: data.tokenizer, else the first manifest's tokenizer.path."""
@@ -85,7 +89,7 @@ def write_tokenizer(sp_model: Path, out: Path) -> None:
     shutil.copy(sp_model, out / "tokenizer.model")
 
 
-def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None, log=print) -> Path:
+def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -96,7 +100,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None, log=prin
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
-    state = read_full_state(ckpt_dir, recipe.model, tag=tag, log=log)
+    state = read_full_state(ckpt_dir, recipe.model, tag=tag)
     sp_model = tokenizer_source(recipe)
     if sp_model is not None and not sp_model.is_file():
         raise FileNotFoundError(f"tokenizer {sp_model} (from data.tokenizer or the manifest) does not exist; set "
@@ -117,7 +121,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None, log=prin
         if sp_model is not None:
             write_tokenizer(sp_model, tmp)
         else:
-            log("export: no sentencepiece tokenizer in data.tokenizer or the manifest; exported without one")
+            log.warning("export: no sentencepiece tokenizer in data.tokenizer or the manifest; exported without one")
         info = {"source": str(Path(ckpt_dir).resolve()), "tag": state.meta["tag"],
                 "source_layout": state.meta["source_layout"], "client_state": state.meta["client_state"],
                 "architecture": config.architectures[0], "tokenizer": str(sp_model) if sp_model else None,
@@ -129,7 +133,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None, log=prin
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"export: wrote {config.architectures[0]} to {out} ({sum(v.numel() for v in hf_state.values()):,} "
+    log.info(f"export: wrote {config.architectures[0]} to {out} ({sum(v.numel() for v in hf_state.values()):,} "
         f"tensor elements, step {state.meta['client_state'].get('step')})")
     return out
 
@@ -147,14 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.checkpoint.read import CheckpointError
     from recipes.hf.convert import UnsupportedModel
 
-    log = (lambda *_: None) if ns.quiet else (lambda s: print(s, file=sys.stderr))
+    setup_logging(quiet=ns.quiet)
     if ns.quiet:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     try:
         recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
-        export(ns.checkpoint, ns.out, recipe, tag=ns.tag, log=log)
+        export(ns.checkpoint, ns.out, recipe, tag=ns.tag)
     except (RecipeError, CheckpointError, UnsupportedModel, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,11 +12,15 @@ rank) with DeepSpeed's own save, plus CKPT_DIR/recipe.yaml (the merged recipe, f
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from pathlib import Path
 
+from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError, load_recipe
+
+log = logging.getLogger(__name__)
 
 
 def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
@@ -43,7 +47,6 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     from recipes.hf.convert import from_llama
     from recipes.train.cli import validate_recipe
 
-    log = (lambda *_: None) if quiet else (lambda s: print(s, file=sys.stderr))
     p = recipe.parallel
     world = p.tp * p.pp * p.dp
     validate_recipe(recipe, world)
@@ -55,9 +58,9 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     del model
     meta = {"client_state": {"step": 0, "consumed_samples": 0, "nan_skips_total": 0},
             "source": str(Path(hf_dir).resolve())}
-    log(f"import: {hf_dir} -> TP={p.tp} x PP={p.pp} x DP={p.dp}, ZeRO-{p.zero_stage}; writing with {world} processes")
+    log.info(f"import: {hf_dir} -> TP={p.tp} x PP={p.pp} x DP={p.dp}, ZeRO-{p.zero_stage}; writing with {world} processes")
     publish_checkpoint(out, world, weights, meta, recipe, quiet=quiet)
-    log(f"import: wrote {out}; continue pretraining with python -m recipes train --config {out}/recipe.yaml "
+    log.info(f"import: wrote {out}; continue pretraining with python -m recipes train --config {out}/recipe.yaml "
         f"--local {world} (or your launcher) checkpoint.dir={out}")
     return out
 
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.key=value, e.g. parallel.tp=2 parallel.pp=2 parallel.dp=1")
     ns = ap.parse_args(argv)
+    setup_logging(quiet=ns.quiet)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.hf.convert import UnsupportedModel
 

@@ -11,7 +11,7 @@ overlap, buffers) live in `Assumptions` and are printed with every plan.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from recipes.model.shape import hardware_flops_per_step, layer_parameters, model_flops_per_step, norm_params
 from recipes.parallel.layout import Layout

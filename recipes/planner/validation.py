@@ -32,7 +32,7 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
     warnings: list[RecipeWarning] = []
     m, par, tr, cl = recipe.model, recipe.parallel, recipe.training, recipe.cluster
     world = world_size if world_size is not None else cl.world_size
-    tp, pp = par.tp, par.pp
+    tp = par.tp
 
     # --- model shape vs tensor parallelism ---------------------------------------------------------------------------
     if m.hidden_size % m.num_attention_heads:

@@ -15,11 +15,15 @@ Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from pathlib import Path
 
-from recipes.config.loading import RecipeError, load_recipe
+from recipes.config.logs import setup_logging
+from recipes.config.loading import RecipeError
+
+log = logging.getLogger(__name__)
 
 
 def parse_target(spec: str) -> dict:
@@ -61,17 +65,16 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     from recipes.checkpoint.read import detect_layout, read_full_state, resolve_tag
     from recipes.train.state_writer import publish_checkpoint
 
-    log = (lambda *_: None) if quiet else (lambda s: print(s, file=sys.stderr))
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
     source = detect_layout(resolve_tag(ckpt_dir, tag))
     new, world = target_recipe(recipe, target, source.zero_stage)
-    state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True, log=log)
-    log(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
+    state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
+    log.info(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
         f"ZeRO-{new.parallel.zero_stage}; writing with {world} processes")
     publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
-    log(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
+    log.info(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
         f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
     return out
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
     ns = ap.parse_args(argv)
+    setup_logging(quiet=ns.quiet)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.checkpoint.read import CheckpointError
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe

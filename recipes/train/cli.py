@@ -7,6 +7,7 @@ starts (--local) or before torch.distributed is initialised (launcher), so a bad
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -16,6 +17,9 @@ import time
 import warnings
 
 from recipes.config.loading import RecipeError, load_recipe
+from recipes.config.logs import setup_logging
+
+log = logging.getLogger(__name__)
 
 
 def validate_recipe(recipe, world_size: int, show_warnings: bool = True) -> None:
@@ -24,7 +28,7 @@ def validate_recipe(recipe, world_size: int, show_warnings: bool = True) -> None
 
     for w in validate(recipe, world_size):
         if show_warnings:
-            print(w, file=sys.stderr)
+            log.warning(str(w))
     _check_runs_here(recipe)
 
 
@@ -89,6 +93,7 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar or per-step prints")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. parallel.tp=2")
     ns = ap.parse_args(args)
+    setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
     try:
         recipe = load_recipe(ns.config, ns.overrides)
         world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))

@@ -6,12 +6,12 @@ order; only global rank 0 writes logs.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import resource
 import signal
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,6 +22,8 @@ from recipes.train.data import MicroBatches, build_datasets
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
+
+logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -64,9 +66,10 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
-    def say(self, text: str, always: bool = False) -> None:
-        """Print on rank 0; `always` for events (resume, fallback, skips, stop) that --quiet must not hide."""
-        if self.enabled and (always or not self.quiet):
+    def say(self, text: str) -> None:
+        """Progress lines on rank 0's stdout (events such as resume, skips and stop go to the log, which --quiet
+        does not hide)."""
+        if self.enabled and not self.quiet:
             print(text, flush=True)
 
     def close(self) -> None:
@@ -168,7 +171,6 @@ def run(recipe, quiet: bool = False) -> int:
     if rank == 0 and ckpt_dir:
         write_recipe(recipe, Path(ckpt_dir))
     say = log.say
-    notice = partial(log.say, always=True)
 
     total_steps = t.steps(recipe.model.seq_length)
     grad_accum = layout.grad_accum_steps(t.global_batch)
@@ -182,7 +184,7 @@ def run(recipe, quiet: bool = False) -> int:
     valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
 
     eng = initialize(recipe, layout, device, total_steps)
-    state = checkpoint.resume(eng.engine, ckpt_dir, log=notice) if recipe.checkpoint.auto_resume else None
+    state = checkpoint.resume(eng.engine, ckpt_dir) if recipe.checkpoint.auto_resume else None
     step = state["step"] if state else 0
     consumed = state["consumed_samples"] if state else 0
     nan_skips_total = state.get("nan_skips_total", 0) if state else 0
@@ -199,7 +201,7 @@ def run(recipe, quiet: bool = False) -> int:
 
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
-        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last, log=notice)
+        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last)
 
     while step < total_steps:
         lr = eng.optimizer.param_groups[0]["lr"]
@@ -232,8 +234,8 @@ def run(recipe, quiet: bool = False) -> int:
             progress.update(1)
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", skipped=nan_skips_total)
         if skipped:
-            notice(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update skipped "
-                f"({consecutive_skips} in a row, {nan_skips_total} in total)")
+            logger.info(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update skipped "
+                        f"({consecutive_skips} in a row, {nan_skips_total} in total)")
             if consecutive_skips >= t.max_consecutive_nan_skips:
                 raise NonFiniteLossError(
                     f"{consecutive_skips} consecutive steps had a non-finite loss or gradient (limit "
@@ -251,7 +253,7 @@ def run(recipe, quiet: bool = False) -> int:
         if ckpt_dir and (periodic or stopping or step == total_steps):
             save_now()
         if stopping:
-            notice(f"stopped by signal after step {step}; resume with the same command")
+            logger.info(f"stopped by signal after step {step}; resume with the same command")
             break
 
     if progress is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,8 @@ import torch
 
 from recipes.checkpoint.recipe_file import RECIPE_FILE, write_recipe
 from recipes.checkpoint.shards import canonical_name, pad_vocab, split_tp
+
+log = logging.getLogger(__name__)
 
 WEIGHTS, EXP_AVG, EXP_AVG_SQ, META = "weights.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors", "meta.json"
 
@@ -54,9 +57,10 @@ def write_checkpoint(state_dir: Path, out_dir: Path, world_size: int, quiet: boo
     if proc.returncode != 0:
         raise RuntimeError(f"checkpoint writer failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
                            f"{proc.stderr[-4000:]}")
-    if not quiet:
-        print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("checkpoint:")),
-              file=sys.stderr)
+    if not quiet:  # the ranks' own log lines about the save, once (rank 0 logs them)
+        for line in proc.stderr.splitlines():
+            if line.startswith("checkpoint:"):
+                log.info(line)
 
 
 # ------------------------------------------------------------------------------------------------- in each rank
@@ -149,7 +153,9 @@ def _rank_main(state_dir: Path, out_dir: Path) -> int:
     from recipes.train.engine import init_distributed, init_parallel_state, initialize
     from recipes.parallel.layout import Layout
     from recipes.config.loading import load_recipe
+    from recipes.config.logs import setup_logging
 
+    setup_logging()
     recipe = load_recipe(str(state_dir / RECIPE_FILE), ["cluster.device=cpu", "cluster.backend=gloo"])
     meta = json.loads((state_dir / META).read_text())
     device = init_distributed(recipe)
@@ -163,8 +169,7 @@ def _rank_main(state_dir: Path, out_dir: Path) -> int:
     _install(eng, recipe, tensors, moments, meta)
     cs = meta["client_state"]
     rank0 = torch.distributed.get_rank() == 0
-    checkpoint.save(eng.engine, str(out_dir), int(cs.get("step", 0)), cs, keep_last=recipe.checkpoint.keep_last,
-                    log=print if rank0 else (lambda *_: None))
+    checkpoint.save(eng.engine, str(out_dir), int(cs.get("step", 0)), cs, keep_last=recipe.checkpoint.keep_last)
     if rank0:
         (Path(out_dir) / RECIPE_FILE).write_text((state_dir / RECIPE_FILE).read_text())
     torch.distributed.barrier()

@@ -23,9 +23,9 @@ warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not in
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-from interop_runs import EOD, RECIPE, REPO, Run, VOCAB, run_overrides  # noqa: F401 (fixtures below use them)
+from interop_runs import EOD, RECIPE, Run, VOCAB, run_overrides  # noqa: F401 (fixtures below use them)
 from tests.support.corpus import stdlib_texts
-from tests.support.runs import losses, pretrain, worker_env  # noqa: F401
+from tests.support.runs import pretrain
 
 
 @pytest.fixture(scope="session")

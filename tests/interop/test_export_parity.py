@@ -35,7 +35,7 @@ def exports(request, tmp_path_factory):
             assert export_main(["--checkpoint", str(run.path), "--out", str(hf_dir), "--quiet",
                                 "--config", run.config, *run.overrides]) == 0
         else:
-            export(str(run.path), str(hf_dir), run.recipe(), log=lambda *_: None)
+            export(str(run.path), str(hf_dir), run.recipe())
         out[name] = (run, hf_dir)
     return out
 

@@ -19,7 +19,7 @@ def test_import_of_export_gives_identical_weights(llama_222, corpus, tmp_path):
 
     original = read_full_state(llama_222.path, llama_222.recipe().model).weights
     hf_dir = tmp_path / "hf"
-    export(str(llama_222.path), str(hf_dir), llama_222.recipe(), log=lambda *_: None)
+    export(str(llama_222.path), str(hf_dir), llama_222.recipe())
     recipe, _ = hf_recipe(str(hf_dir), RECIPE, [f"data.manifests=[{corpus['manifest']}]", "parallel.tp=2",
                                                 "parallel.pp=1", "parallel.dp=1"])
     assert recipe.model == llama_222.recipe().model  # architecture recovered from config.json

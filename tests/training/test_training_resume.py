@@ -53,7 +53,7 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_pa
     assert (tmp_path / latest / "complete.json").is_file()
 
     resumed = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
-    assert "resumed from" in resumed.stdout, resumed.stdout
+    assert "resumed from" in resumed.stdout + resumed.stderr, resumed.stdout + resumed.stderr
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert sorted(got) == list(range(1, STEPS + 1))
     # Bitwise: the same float for every step after the kill (and for the re-run steps before it).
@@ -71,8 +71,8 @@ def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
     (tmp_path / "logs" / "metrics.jsonl").unlink()
 
     out = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
-    assert f"skipping {newest}" in out.stdout and f"missing {victim.name}" in out.stdout, out.stdout
-    assert f"resumed from {tmp_path / f'global_step{STEPS - 2}'}" in out.stdout, out.stdout
+    assert f"skipping {newest}" in out.stdout + out.stderr and f"missing {victim.name}" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert f"resumed from {tmp_path / f'global_step{STEPS - 2}'}" in out.stdout + out.stderr, out.stdout + out.stderr
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert sorted(got) == [STEPS - 1, STEPS]
     assert [got[s] for s in got] == [ref[s] for s in got]
@@ -90,10 +90,10 @@ def test_preemption_signal_saves_and_exits_cleanly(sig, uninterrupted, corpus, t
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
     stopped = max(losses(tmp_path))
-    assert stopped < STEPS and "stopped by signal" in stdout, stdout
+    assert stopped < STEPS and "stopped by signal" in stdout + stderr, stdout + stderr
     assert (tmp_path / f"global_step{stopped}" / "complete.json").is_file()
 
     out = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
-    assert f"resumed from {tmp_path / f'global_step{stopped}'}" in out.stdout
+    assert f"resumed from {tmp_path / f'global_step{stopped}'}" in out.stdout + out.stderr
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
