@@ -46,7 +46,7 @@ def read_all_docs(out_dir):
     """Every sequence of every shard in manifest order, as lists of ints, via megatron-core's reader."""
     import json
 
-    from data_prep.shards import indexed_dataset_class
+    from data_prep.write.shards import indexed_dataset_class
 
     IndexedDataset = indexed_dataset_class()
     m = json.load(open(os.path.join(out_dir, "manifest.json")))

@@ -18,7 +18,7 @@ def test_demo_end_to_end(tmp_path):
 
 
 def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
-    from data_prep.sample_corpus import build
+    from data_prep.tools.sample_corpus import build
 
     a = build(str(tmp_path / "a"), 200_000)
     b = build(str(tmp_path / "b"), 200_000)
@@ -31,8 +31,8 @@ def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
 def test_rerun_of_corpus_and_tokenizer_keeps_identical_files(tmp_path):
     """sample-corpus and train-tokenizer are deterministic; rerun, they leave identical outputs untouched (same
     mtime), so a tokenize rerun resumes instead of redoing every unit (unit keys include input mtimes)."""
-    from data_prep.sample_corpus import build
-    from data_prep.train_tokenizer import train
+    from data_prep.steps.train_tokenizer import train
+    from data_prep.tools.sample_corpus import build
 
     corpus = build(str(tmp_path / "c"), 200_000)
     model = train([corpus], str(tmp_path / "tok" / "sp"), vocab_size=400, quiet=True)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +10,10 @@ import numpy as np
 import pytest
 from dp_helpers import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
 
-from data_prep import manifest as mf
+import data_prep.write.manifest as mf
+from data_prep import io
 from data_prep.pipeline import Settings, run
-from data_prep.shards import ShardWriter
+from data_prep.write.shards import ShardWriter
 
 PY = sys.executable
 
@@ -60,9 +60,9 @@ def test_slices_in_any_order_then_merge_equal_one_local_run(tmp_path, corpus, sp
 
 
 def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path, corpus, sp_model, reference):
-    from data_prep.slurm import render
+    from data_prep.executors.slurm import render
 
-    paths = render(["in", "-o", "out", "-t", "tok"], 2500, str(tmp_path / "big"), REPO, PY, str(tmp_path),
+    paths = render(["in", "-o", "out", "-t", "tok"], 2500, str(tmp_path / "big"), PY, str(tmp_path),
                    max_array_size=1001)
     arrays = [p for p in paths if p.endswith(".sbatch") and "array_" in p]
     assert len(arrays) == 3
@@ -97,7 +97,7 @@ def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path,
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """A real sshd on loopback (temporary keys, free port), two host aliases on 127.0.0.1 and 127.0.0.2."""
-    from data_prep.loopback_ssh import loopback_sshd, unavailable
+    from tests.support.loopback_ssh import loopback_sshd, unavailable
 
     if unavailable():
         pytest.fail(f"cannot start a loopback sshd: {unavailable()}; run launch/install_system_deps.sh")
@@ -148,7 +148,7 @@ def _tiny_shards(d, n, rng):
     tok = {"type": "sentencepiece", "path": "x", "vocab_size": 1000, "eod_id": 2, "bos_id": None, "pad_id": None,
            "sha256": "t"}
     m = mf.build_manifest(str(d), stats, tok, "uint16", {})
-    mf.atomic_write(str(d / "manifest.json"), mf.dumps(m))
+    io.atomic_write(str(d / "manifest.json"), mf.dumps(m))
     return all_docs
 
 
@@ -171,13 +171,13 @@ def test_merge_1000_shards_streaming(tmp_path):
     assert 1 < len(m["shards"]) < 20 and all(s["bytes"] <= 20000 + 100 for s in m["shards"][:-1])
     assert m["totals"]["rejected"] == {"empty_text": 1000}
     assert m["totals"]["input_records"] == m["totals"]["documents"] + 1000
-    from data_prep.verify import verify
+    from data_prep.write.verify import verify
 
     assert verify(str(out)) == []
 
 
 def test_blend_weights_epochs_and_prefix_limit(tmp_path):
-    from data_prep.blend import build_blend, parse_sources
+    from data_prep.write.blend import build_blend, parse_sources
 
     a, b = tmp_path / "web", tmp_path / "code"
     for d, seed in ((a, 2), (b, 3)):

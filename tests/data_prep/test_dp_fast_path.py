@@ -4,9 +4,9 @@ import pytest
 import sentencepiece as spm
 from dp_helpers import TRICKY, read_all_docs, write_jsonl
 
-from data_prep.fast_path import FastEncoder, FastPathMismatch
 from data_prep.pipeline import Settings, run
-from data_prep.tokenizers import load_tokenizer
+from data_prep.steps.fast_path import FastEncoder, FastPathMismatch
+from data_prep.steps.tokenizers import load_tokenizer
 
 
 def _docs(texts):

@@ -89,7 +89,7 @@ def test_hf_tokenizer_json_and_transformers_dir(tmp_path, small, hf_bpe):
 
 
 def test_long_documents_split_into_sequences_of_one_document(tmp_path, texts, sp_model):
-    from data_prep.shards import indexed_dataset_class
+    from data_prep.write.shards import indexed_dataset_class
 
     big = max(texts, key=len)
     write_jsonl(tmp_path / "a.jsonl", [{"text": big}, {"text": "short one"}])

@@ -5,7 +5,7 @@ import shutil
 from dp_helpers import run_cli, write_jsonl
 
 from data_prep.pipeline import Settings, run
-from data_prep.verify import verify
+from data_prep.write.verify import verify
 
 
 def _make(tmp_path, texts, sp_model):
