@@ -5,6 +5,13 @@ import pytest
 from dp_helpers import TRICKY  # noqa: F401  (also puts the repository on sys.path)
 
 
+def pytest_configure(config):
+    # The test tiers (module- or test-level marks in this folder); `pytest -m unit` is the fast tier.
+    for line in ("unit: fast, in-process, no child processes", "multiproc: starts processes (CLI runs, worker pools, "
+                 "Ray)", "ssh: needs a loopback sshd (tests/support/loopback_ssh.py)"):
+        config.addinivalue_line("markers", line)
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
     from data_prep.tools.sample_corpus import build

@@ -2,9 +2,11 @@
 
 import json
 
+import pytest
 from dp_helpers import run_cli
 
 
+@pytest.mark.multiproc
 def test_demo_end_to_end(tmp_path):
     r = run_cli("demo", tmp_path / "demo", "-j", "2", "-q", "--corpus-mb", "0.5", "--vocab-size", "600")
     assert "[4/5] verify: OK" in r.stdout, r.stdout
@@ -17,6 +19,7 @@ def test_demo_end_to_end(tmp_path):
     assert all(json.loads(x)["license"] == "PSF-2.0" for x in lines)
 
 
+@pytest.mark.unit
 def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
     from data_prep.tools.sample_corpus import build
 
@@ -28,6 +31,7 @@ def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
     assert all(r["source"].endswith(".py") and r["text"] for r in recs)
 
 
+@pytest.mark.unit
 def test_rerun_of_corpus_and_tokenizer_keeps_identical_files(tmp_path):
     """sample-corpus and train-tokenizer are deterministic; rerun, they leave identical outputs untouched (same
     mtime), so a tokenize rerun resumes instead of redoing every unit (unit keys include input mtimes)."""

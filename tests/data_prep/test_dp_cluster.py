@@ -43,6 +43,7 @@ def _shared_files(tree):
     return {k: v for k, v in tree.items() if not k.startswith("logs/")}
 
 
+@pytest.mark.multiproc
 def test_slices_in_any_order_then_merge_equal_one_local_run(tmp_path, corpus, sp_model, reference):
     out = tmp_path / "out"
     for i in (2, 0):
@@ -59,6 +60,7 @@ def test_slices_in_any_order_then_merge_equal_one_local_run(tmp_path, corpus, sp
     assert got == reference
 
 
+@pytest.mark.multiproc
 def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path, corpus, sp_model, reference):
     from data_prep.executors.slurm import render
 
@@ -107,6 +109,7 @@ def sshd(tmp_path_factory):
         yield Path(config)
 
 
+@pytest.mark.ssh
 def test_hostfile_executor_over_real_ssh(tmp_path, corpus, sp_model, reference, sshd):
     env = dict(os.environ, LAUNCH_SSH_CONFIG=str(sshd), LAUNCH_SSH_TIMEOUT="20", OMP_NUM_THREADS="1")
     out = tmp_path / "out"
@@ -152,6 +155,7 @@ def _tiny_shards(d, n, rng):
     return all_docs
 
 
+@pytest.mark.multiproc
 def test_merge_1000_shards_streaming(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -176,6 +180,7 @@ def test_merge_1000_shards_streaming(tmp_path):
     assert verify(str(out)) == []
 
 
+@pytest.mark.unit
 def test_blend_weights_epochs_and_prefix_limit(tmp_path):
     from data_prep.write.blend import build_blend, parse_sources
 
@@ -201,6 +206,7 @@ def test_blend_weights_epochs_and_prefix_limit(tmp_path):
         build_blend(parse_sources([str(big)]))
 
 
+@pytest.mark.multiproc
 def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_model):
     r = run_cli("plan", "--corpus-size", "10P", "--sample", corpus / "big.jsonl", "-t", sp_model, "--sample-size",
                 "200k", "--nodes", "1", "100", "--model-params", "130e9", "--gpus", "800")
@@ -209,6 +215,7 @@ def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_
     assert "Chinchilla-optimal" in out and "% of this corpus" in out
 
 
+@pytest.mark.multiproc
 def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_model, reference):
     out = tmp_path / "out"
     m = run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000, workers=2,

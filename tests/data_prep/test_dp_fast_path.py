@@ -8,6 +8,8 @@ from data_prep.pipeline import Settings, run
 from data_prep.steps.fast_path import FastEncoder, FastPathMismatch
 from data_prep.steps.tokenizers import load_tokenizer
 
+pytestmark = pytest.mark.unit
+
 
 def _docs(texts):
     # real stdlib text, its paragraphs (many repeated pieces, so the cache is exercised) and the tricky cases

@@ -11,6 +11,8 @@ from dp_helpers import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
 
 from data_prep.pipeline import Settings, run
 
+pytestmark = pytest.mark.multiproc
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, texts):

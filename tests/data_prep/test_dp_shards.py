@@ -7,6 +7,8 @@ import torch
 from data_prep.write import shards
 from data_prep.write.shards import ShardWriter, indexed_dataset_class
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
 def test_writer_matches_megatron_builder_bytes(tmp_path, monkeypatch, dtype):
