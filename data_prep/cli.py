@@ -4,24 +4,18 @@ bench-executors, merge, blend, plan, slurm."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
-SIZE_UNITS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
+from data_prep import io
 
-
-def parse_size(text: str) -> int:
-    """'256M' = 256e6 bytes, '256Mi' = 256 x 2^20, '10P' = 1e16, plain digits = bytes; a trailing B is allowed."""
-    t = text.strip().lower()
-    t = t[:-1] if t.endswith("b") else t
-    binary = t.endswith("i")
-    t = t[:-1] if binary else t
+def _size_arg(text: str) -> int:
+    """argparse type for sizes (data_prep.io.parse_size: 64M, 1G, 10P, 512Mi, plain bytes)."""
     try:
-        if t and t[-1] in SIZE_UNITS:
-            return int(float(t[:-1]) * (1024 if binary else 1000) ** SIZE_UNITS[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 64M, 1G, 10P, 512Mi)") from None
+        return io.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +26,7 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                                                             "transformers directory")
     p.add_argument("--text-field", default="text")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
-    p.add_argument("--shard-size", type=parse_size, default="256M",
+    p.add_argument("--shard-size", type=_size_arg, default="256M",
                    help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at "
                         "newlines, big parquet files at row groups, big saved datasets at rows")
     p.add_argument("--no-eod", dest="append_eod", action="store_false", help="do not append EOD to each document")
@@ -67,15 +61,10 @@ def parse_slice(text: str):
 
 
 def cmd_tokenize(a) -> int:
-    from .pipeline import RunFailed, Settings, run
+    from data_prep.pipeline import RunFailed, run
 
-    s = Settings(inputs=a.inputs, output_dir=a.output, tokenizer=a.tokenizer, text_field=a.text_field,
-                 workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
-                 eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
-                 verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0], slice_count=a.slice[1],
-                 merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
     try:
-        m = run(s)
+        m = run(_settings_from(a))
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -88,7 +77,7 @@ def cmd_tokenize(a) -> int:
 
 
 def cmd_train_tokenizer(a) -> int:
-    from .train_tokenizer import train
+    from data_prep.steps.train_tokenizer import train
 
     path = train(a.inputs, a.model_prefix, a.vocab_size, a.model_type, a.text_field, a.sample_bytes,
                  quiet=a.quiet, normalization=a.normalization)
@@ -97,7 +86,7 @@ def cmd_train_tokenizer(a) -> int:
 
 
 def cmd_verify(a) -> int:
-    from .verify import verify
+    from data_prep.write.verify import verify
 
     problems = verify(a.dir, checksums=not a.no_checksums)
     for p in problems:
@@ -109,37 +98,37 @@ def cmd_verify(a) -> int:
 
 
 def cmd_stats(a) -> int:
-    from .inspect_shards import summarize
+    from data_prep.tools.inspect_shards import summarize
 
     print(summarize(a.dir, decode=a.decode))
     return 0
 
 
 def cmd_sample_corpus(a) -> int:
-    from .sample_corpus import build
+    from data_prep.tools.sample_corpus import build
 
-    print(build(a.out_dir, parse_size(a.max_mb + "M")))
+    print(build(a.out_dir, io.parse_size(a.max_mb + "M")))
     return 0
 
 
 def cmd_demo(a) -> int:
-    from .demo import demo
+    from data_prep.tools.demo import demo
 
     return demo(a.out_dir, workers=a.workers, quiet=a.quiet, corpus_bytes=int(a.corpus_mb * 1e6),
                 vocab_size=a.vocab_size)
 
 
 def cmd_bench(a) -> int:
-    from .bench import bench
+    from data_prep.tools.bench import bench
 
     return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, tokenizer=a.tokenizer)
 
 
 def cmd_bench_executors(a) -> int:
-    from .bench_executors import bench_executors
+    from data_prep.tools.bench_executors import bench_executors
 
     return bench_executors(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, shard_size=a.shard_size,
-                           tokenizer=a.tokenizer)
+                           tokenizer=a.tokenizer, hostfile=a.hostfile)
 
 
 def _tokenize_parser() -> argparse.ArgumentParser:
@@ -149,15 +138,19 @@ def _tokenize_parser() -> argparse.ArgumentParser:
 
 
 def _settings_from(a):
-    from .pipeline import Settings
+    """The run's Settings from parsed tokenize arguments."""
+    from data_prep.settings import Settings
 
     return Settings(inputs=a.inputs, output_dir=a.output, tokenizer=a.tokenizer, text_field=a.text_field,
                     workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
-                    eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, quiet=a.quiet)
+                    eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
+                    verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0],
+                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
 
 
 def cmd_slurm(a) -> int:
-    from .slurm import incomplete_slices, render
+    from data_prep.executors.slurm import render
+    from data_prep.pipeline import incomplete_slices
 
     targs = a.tokenize_args[1:] if a.tokenize_args[:1] == ["--"] else a.tokenize_args
     if not targs:
@@ -168,13 +161,13 @@ def cmd_slurm(a) -> int:
     if only == []:
         print("every unit is complete: nothing to submit (run the finalize script or tokenize --merge-only)")
         return 0
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = render(targs, a.tasks, a.scripts_dir, repo, sys.executable, os.getcwd(), a.max_array_size,
+    paths = render(targs, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
                    a.cpus_per_task, a.time, a.partition, a.max_concurrent, only)
     for p in paths:
         print(f"# {p}")
         if a.dry_run:
-            print(open(p).read())
+            with open(p) as f:
+                print(f.read())
     if a.dry_run:
         return 0
     import subprocess
@@ -183,7 +176,7 @@ def cmd_slurm(a) -> int:
 
 
 def cmd_merge(a) -> int:
-    from .merge import merge
+    from data_prep.write.merge import merge
 
     m = merge(a.sources, a.output, a.target_size, quiet=a.quiet)
     t = m["totals"]
@@ -194,20 +187,19 @@ def cmd_merge(a) -> int:
 def cmd_blend(a) -> int:
     import json
 
-    from .blend import build_blend, format_report, parse_sources
+    from data_prep.write.blend import build_blend, format_report, parse_sources
 
     b = build_blend(parse_sources(a.sources), a.token_budget)
     print(format_report(b))
     if a.output:
-        with open(a.output, "w") as f:
-            json.dump(b, f, indent=1)
+        io.atomic_write(a.output, json.dumps(b, indent=1))
         print(f"blend written to {a.output} (key 'blend': megatron-core's [weight, prefix, ...] list)")
     return 0
 
 
 def cmd_plan(a) -> int:
-    from .plan import calibrate, plan
-    from .sample_corpus import build
+    from data_prep.tools.plan import calibrate, plan
+    from data_prep.tools.sample_corpus import build
 
     sample = a.sample
     tok = a.tokenizer
@@ -217,17 +209,28 @@ def cmd_plan(a) -> int:
         d = tempfile.mkdtemp(prefix="data_prep_plan_")
         sample = sample or [build(d, 4 << 20)]
         if not tok:
-            from .train_tokenizer import train
+            from data_prep.steps.train_tokenizer import train
 
             tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20)
-    cal = calibrate(sample, tok, parse_size(a.sample_size))
-    print(plan(parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
+    cal = calibrate(sample, tok, io.parse_size(a.sample_size))
+    print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
     return 0
 
 
+def _log_to_stderr() -> None:
+    """data_prep's diagnostics (what a run does, failed units) on stderr as plain lines; results stay on stdout."""
+    logger = logging.getLogger("data_prep")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _log_to_stderr()
     ap = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -241,7 +244,7 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=4000)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     p.add_argument("--text-field", default="text")
-    p.add_argument("--sample-bytes", type=parse_size, default="20M")
+    p.add_argument("--sample-bytes", type=_size_arg, default="20M")
     p.add_argument("--normalization", choices=("identity", "nmt_nfkc"), default="identity",
                    help="identity (default): lossless, Llama-style; nmt_nfkc: sentencepiece's classic defaults")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -280,19 +283,22 @@ def main(argv=None) -> int:
     p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
     p.set_defaults(fn=cmd_bench)
 
-    p = sub.add_parser("bench-executors", help="local pool vs hostfile (ssh, loopback) vs Ray: wall, units/s, MB/s, "
+    p = sub.add_parser("bench-executors", help="local pool vs hostfile (ssh) vs Ray: wall, units/s, MB/s, "
                                                "MB/s per core, identical output")
     p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench_executors")
     p.add_argument("--corpus-mb", type=float, default=4.0)
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)), help="workers in all")
-    p.add_argument("--shard-size", type=parse_size, default="256k", help="input bytes per work unit")
+    p.add_argument("--shard-size", type=_size_arg, default="256k", help="input bytes per work unit")
     p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
+    p.add_argument("--hostfile", default=None, help="nodes for the hostfile case ('host slots=N' lines; default "
+                                                    "$LAUNCH_HOSTFILE; ssh options from $LAUNCH_SSH_CONFIG); "
+                                                    "skipped without one")
     p.set_defaults(fn=cmd_bench_executors)
 
     p = sub.add_parser("merge", help="combine many shards into fewer of a target size, streaming")
     p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--target-size", type=parse_size, default="4G", help=".bin bytes per merged shard")
+    p.add_argument("--target-size", type=_size_arg, default="4G", help=".bin bytes per merged shard")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(fn=cmd_merge)
 
@@ -309,7 +315,7 @@ def main(argv=None) -> int:
     p.add_argument("--sample-size", default="8M")
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
     p.add_argument("--cores-per-node", type=int, default=96)
-    p.add_argument("--shard-size", type=parse_size, default="256M")
+    p.add_argument("--shard-size", type=_size_arg, default="256M")
     p.add_argument("--model-params", type=float, default=0.0, help="e.g. 130e9")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the training run (e.g. 800)")
     p.add_argument("--gpu", default="H100")
@@ -331,9 +337,8 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_slurm)
 
     a = ap.parse_args(argv)
-    from .pipeline import RunFailed  # noqa: F401
-    from .tokenizers import TokenizerError
-    from .units import PlanError
+    from data_prep.steps.tokenizers import TokenizerError
+    from data_prep.read.units import PlanError
 
     try:
         return a.fn(a)

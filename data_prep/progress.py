@@ -1,10 +1,38 @@
-"""Progress for long runs: MB/s, documents/s, tokens/s and ETA on one tqdm bar (stderr); silent with --quiet."""
+"""Progress for long runs: MB/s, documents/s, tokens/s and ETA on one tqdm bar (stderr); silent with --quiet.
+
+Tasks report ``(unit index, documents, tokens, characters)`` with ``report``; their executor connects them to the
+driver's bar (``set_channel`` in each worker, ``Progress.drain`` in the driver). Without a channel (Ray tasks) the bar
+advances only as units finish."""
 
 from __future__ import annotations
 
+import logging
 import queue as queue_mod
 import sys
 import time
+
+log = logging.getLogger(__name__)
+
+# --- task side ---------------------------------------------------------------------------------------------------
+
+_channel = None  # a queue to the driver's bar, set in each worker by its executor
+
+
+def set_channel(q) -> None:
+    global _channel
+    _channel = q
+
+
+def watched() -> bool:
+    return _channel is not None
+
+
+def report(unit: int, docs: int, tokens: int, chars: int) -> None:
+    if _channel is not None:
+        _channel.put((unit, docs, tokens, chars))
+
+
+# --- driver side -------------------------------------------------------------------------------------------------
 
 
 class Progress:
@@ -74,4 +102,4 @@ class Progress:
         if self.bar is not None:
             self.bar.write(msg, file=sys.stderr)
         else:
-            print(msg, file=sys.stderr)
+            log.warning(msg)

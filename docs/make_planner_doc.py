@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-os.environ.update(PYTHONPATH=".", OMP_NUM_THREADS="1")
+os.environ.update(OMP_NUM_THREADS="1")  # the repo is pip-installed in .venv (setup_env.sh)
 
 
 def run(cmd):
@@ -19,7 +19,6 @@ def block(cmd, strip_assumptions=True):
 
 
 def megatron_table():
-    sys.path.insert(0, ".")
     from recipes.config.schema import ClusterConfig, ModelConfig
     from recipes.parallel.layout import Layout
     from recipes.planner.cost import estimate

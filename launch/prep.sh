@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cluster data prep over a DeepSpeed-style hostfile ("host slots=N"): node i of H runs
 #   python -m data_prep tokenize ARGS --slice i/H -j SLOTS
-# over ssh (all nodes at once; the repo and the output directory must be on a shared file system), then this
+# over ssh (all nodes at once; the repo, its venv and the output directory must be on a shared file system), then this
 # machine merges the per-unit stats into manifest.json (--merge-only) and lists any failed unit.
 # Rerunning the same command redoes only what is missing. ssh honours LAUNCH_SSH_CONFIG like train.sh.
 #
@@ -32,7 +32,8 @@ LOG_DIR=${LOG_DIR:-$REPO_DIR/runs/prep/$(date +%Y%m%d-%H%M%S)}
 QUOTED=$(printf '%q ' "${ARGS[@]}")
 setup_ssh
 
-# Relative paths in ARGS mean the same on every node: each runs in this directory (shared file system).
+# Relative paths in ARGS mean the same on every node: each runs in this directory (shared file system). The venv's
+# python finds data_prep because the repo is installed in it (pip install -e .): no PYTHONPATH needed.
 WORKDIR=$PWD
 cmd_for() {  # slice index, slots
   printf 'cd %q && OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false %q -m data_prep tokenize %s--slice %d/%d -j %d -q' \

@@ -111,8 +111,7 @@ def measure(recipe_path: str, overrides: list[str], stages: list[int], dp: int, 
     procs = []
     for rank in range(dp):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="",
-                   PYTHONPATH=str(REPO))
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "recipes", "measure-zero", recipe_path, *overrides, "--worker",
                "--stages", ",".join(map(str, stages)), "--dp", str(dp)]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -2,12 +2,13 @@
 
 import orjson
 import pytest
-from dp_helpers import TRICKY  # noqa: F401  (also puts the repository on sys.path)
+
+from tests.support.data_prep import TRICKY
 
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
-    from data_prep.sample_corpus import build
+    from data_prep.tools.sample_corpus import build
 
     d = tmp_path_factory.mktemp("corpus")
     build(str(d), 600_000)
@@ -22,7 +23,7 @@ def texts(corpus_dir):
 
 
 def _train_sp(corpus_dir, tmp_path_factory, name, **kw):
-    from data_prep.train_tokenizer import train
+    from data_prep.steps.train_tokenizer import train
 
     prefix = tmp_path_factory.mktemp("tok") / name
     return train([str(corpus_dir / "stdlib.jsonl")], str(prefix), vocab_size=800, quiet=True,

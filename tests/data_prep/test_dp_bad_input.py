@@ -5,9 +5,12 @@ import json
 import os
 
 import orjson
+import pytest
 import sentencepiece as spm
 import zstandard
-from dp_helpers import read_all_docs, run_cli
+from tests.support.data_prep import read_all_docs, run_cli
+
+pytestmark = pytest.mark.multiproc
 
 GOOD = ["first good document", "second good one", "third"]
 

@@ -2,9 +2,11 @@
 
 import json
 
-from dp_helpers import run_cli
+import pytest
+from tests.support.data_prep import run_cli
 
 
+@pytest.mark.multiproc
 def test_demo_end_to_end(tmp_path):
     r = run_cli("demo", tmp_path / "demo", "-j", "2", "-q", "--corpus-mb", "0.5", "--vocab-size", "600")
     assert "[4/5] verify: OK" in r.stdout, r.stdout
@@ -17,8 +19,9 @@ def test_demo_end_to_end(tmp_path):
     assert all(json.loads(x)["license"] == "PSF-2.0" for x in lines)
 
 
+@pytest.mark.unit
 def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
-    from data_prep.sample_corpus import build
+    from data_prep.tools.sample_corpus import build
 
     a = build(str(tmp_path / "a"), 200_000)
     b = build(str(tmp_path / "b"), 200_000)
@@ -28,11 +31,12 @@ def test_sample_corpus_is_real_stdlib_text_and_reproducible(tmp_path):
     assert all(r["source"].endswith(".py") and r["text"] for r in recs)
 
 
+@pytest.mark.unit
 def test_rerun_of_corpus_and_tokenizer_keeps_identical_files(tmp_path):
     """sample-corpus and train-tokenizer are deterministic; rerun, they leave identical outputs untouched (same
     mtime), so a tokenize rerun resumes instead of redoing every unit (unit keys include input mtimes)."""
-    from data_prep.sample_corpus import build
-    from data_prep.train_tokenizer import train
+    from data_prep.steps.train_tokenizer import train
+    from data_prep.tools.sample_corpus import build
 
     corpus = build(str(tmp_path / "c"), 200_000)
     model = train([corpus], str(tmp_path / "tok" / "sp"), vocab_size=400, quiet=True)

@@ -2,18 +2,18 @@
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from dp_helpers import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
+from tests.support.data_prep import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
 
-from data_prep import manifest as mf
+import data_prep.write.manifest as mf
+from data_prep import io
 from data_prep.pipeline import Settings, run
-from data_prep.shards import ShardWriter
+from data_prep.write.shards import ShardWriter
 
 PY = sys.executable
 
@@ -43,6 +43,7 @@ def _shared_files(tree):
     return {k: v for k, v in tree.items() if not k.startswith("logs/")}
 
 
+@pytest.mark.multiproc
 def test_slices_in_any_order_then_merge_equal_one_local_run(tmp_path, corpus, sp_model, reference):
     out = tmp_path / "out"
     for i in (2, 0):
@@ -59,10 +60,11 @@ def test_slices_in_any_order_then_merge_equal_one_local_run(tmp_path, corpus, sp
     assert got == reference
 
 
+@pytest.mark.multiproc
 def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path, corpus, sp_model, reference):
-    from data_prep.slurm import render
+    from data_prep.executors.slurm import render
 
-    paths = render(["in", "-o", "out", "-t", "tok"], 2500, str(tmp_path / "big"), REPO, PY, str(tmp_path),
+    paths = render(["in", "-o", "out", "-t", "tok"], 2500, str(tmp_path / "big"), PY, str(tmp_path),
                    max_array_size=1001)
     arrays = [p for p in paths if p.endswith(".sbatch") and "array_" in p]
     assert len(arrays) == 3
@@ -97,7 +99,7 @@ def test_slurm_scripts_chunk_the_array_and_run_for_real_as_array_tasks(tmp_path,
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """A real sshd on loopback (temporary keys, free port), two host aliases on 127.0.0.1 and 127.0.0.2."""
-    from data_prep.loopback_ssh import loopback_sshd, unavailable
+    from tests.support.loopback_ssh import loopback_sshd, unavailable
 
     if unavailable():
         pytest.fail(f"cannot start a loopback sshd: {unavailable()}; run launch/install_system_deps.sh")
@@ -107,6 +109,7 @@ def sshd(tmp_path_factory):
         yield Path(config)
 
 
+@pytest.mark.ssh
 def test_hostfile_executor_over_real_ssh(tmp_path, corpus, sp_model, reference, sshd):
     env = dict(os.environ, LAUNCH_SSH_CONFIG=str(sshd), LAUNCH_SSH_TIMEOUT="20", OMP_NUM_THREADS="1")
     out = tmp_path / "out"
@@ -148,10 +151,11 @@ def _tiny_shards(d, n, rng):
     tok = {"type": "sentencepiece", "path": "x", "vocab_size": 1000, "eod_id": 2, "bos_id": None, "pad_id": None,
            "sha256": "t"}
     m = mf.build_manifest(str(d), stats, tok, "uint16", {})
-    mf.atomic_write(str(d / "manifest.json"), mf.dumps(m))
+    io.atomic_write(str(d / "manifest.json"), mf.dumps(m))
     return all_docs
 
 
+@pytest.mark.multiproc
 def test_merge_1000_shards_streaming(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -162,7 +166,7 @@ def test_merge_1000_shards_streaming(tmp_path):
             "print('MAXRSS', [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]); "
             "sys.exit(rc)")
     r = subprocess.run([PY, "-c", code, "merge", str(src), "-o", str(out), "--target-size", "20000", "-q"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     rss_mb = int(r.stdout.split("MAXRSS")[1]) / 1024
     assert rss_mb < 200, f"merge peak RSS {rss_mb:.0f} MB"
@@ -171,13 +175,14 @@ def test_merge_1000_shards_streaming(tmp_path):
     assert 1 < len(m["shards"]) < 20 and all(s["bytes"] <= 20000 + 100 for s in m["shards"][:-1])
     assert m["totals"]["rejected"] == {"empty_text": 1000}
     assert m["totals"]["input_records"] == m["totals"]["documents"] + 1000
-    from data_prep.verify import verify
+    from data_prep.write.verify import verify
 
     assert verify(str(out)) == []
 
 
+@pytest.mark.unit
 def test_blend_weights_epochs_and_prefix_limit(tmp_path):
-    from data_prep.blend import build_blend, parse_sources
+    from data_prep.write.blend import build_blend, parse_sources
 
     a, b = tmp_path / "web", tmp_path / "code"
     for d, seed in ((a, 2), (b, 3)):
@@ -201,6 +206,7 @@ def test_blend_weights_epochs_and_prefix_limit(tmp_path):
         build_blend(parse_sources([str(big)]))
 
 
+@pytest.mark.multiproc
 def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_model):
     r = run_cli("plan", "--corpus-size", "10P", "--sample", corpus / "big.jsonl", "-t", sp_model, "--sample-size",
                 "200k", "--nodes", "1", "100", "--model-params", "130e9", "--gpus", "800")
@@ -209,6 +215,7 @@ def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_
     assert "Chinchilla-optimal" in out and "% of this corpus" in out
 
 
+@pytest.mark.multiproc
 def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_model, reference):
     out = tmp_path / "out"
     m = run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000, workers=2,

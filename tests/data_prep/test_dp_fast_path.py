@@ -2,11 +2,13 @@
 
 import pytest
 import sentencepiece as spm
-from dp_helpers import TRICKY, read_all_docs, write_jsonl
+from tests.support.data_prep import TRICKY, read_all_docs, write_jsonl
 
-from data_prep.fast_path import FastEncoder, FastPathMismatch
 from data_prep.pipeline import Settings, run
-from data_prep.tokenizers import load_tokenizer
+from data_prep.steps.fast_path import FastEncoder, FastPathMismatch
+from data_prep.steps.tokenizers import load_tokenizer
+
+pytestmark = pytest.mark.unit
 
 
 def _docs(texts):

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 import sentencepiece as spm
-from dp_helpers import read_all_docs, write_jsonl
+from tests.support.data_prep import read_all_docs, write_jsonl
 
 from data_prep.pipeline import Settings, run
 
@@ -25,6 +25,7 @@ def _run(inputs, out, tok, **kw):
     return run(Settings(inputs=[str(i) for i in inputs], output_dir=str(out), tokenizer=tok, quiet=True, **kw))
 
 
+@pytest.mark.multiproc
 def test_jsonl_json_gz_zst_txt_parquet_and_megatron_reader(tmp_path, small, sp_model):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -55,6 +56,7 @@ def test_jsonl_json_gz_zst_txt_parquet_and_megatron_reader(tmp_path, small, sp_m
         assert os.path.getsize(out / (s["prefix"] + ".bin")) == s["tokens"] * 2 == s["bytes"]
 
 
+@pytest.mark.unit
 def test_hf_dataset_saved_to_disk_and_bos_option(tmp_path, small, sp_model):
     import datasets
 
@@ -68,6 +70,7 @@ def test_hf_dataset_saved_to_disk_and_bos_option(tmp_path, small, sp_model):
     assert docs == _sp_expected(sp_model, small[:5] + small[5:7], bos=True)
 
 
+@pytest.mark.unit
 def test_hf_tokenizer_json_and_transformers_dir(tmp_path, small, hf_bpe):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -88,8 +91,9 @@ def test_hf_tokenizer_json_and_transformers_dir(tmp_path, small, hf_bpe):
     assert read_all_docs(out2)[1] == want
 
 
+@pytest.mark.unit
 def test_long_documents_split_into_sequences_of_one_document(tmp_path, texts, sp_model):
-    from data_prep.shards import indexed_dataset_class
+    from data_prep.write.shards import indexed_dataset_class
 
     big = max(texts, key=len)
     write_jsonl(tmp_path / "a.jsonl", [{"text": big}, {"text": "short one"}])
@@ -109,6 +113,7 @@ def test_long_documents_split_into_sequences_of_one_document(tmp_path, texts, sp
     assert read_all_docs(out2)[1] == [full[1]]
 
 
+@pytest.mark.unit
 def test_vocab_at_least_65500_uses_int32(tmp_path, small):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -125,6 +130,7 @@ def test_vocab_at_least_65500_uses_int32(tmp_path, small):
     assert read_all_docs(tmp_path / "out")[1] == [[65599, 1, 0, 70000]]
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("fmt", ["parquet", "hf"])
 def test_big_parquet_and_datasets_are_cut_into_row_ranges(tmp_path, texts, sp_model, fmt):
     """A parquet file bigger than --shard-size is cut along its row groups, a saved dataset at rows, one unit each,

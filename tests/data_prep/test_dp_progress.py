@@ -6,6 +6,7 @@ import pytest
 from data_prep.progress import Progress
 
 
+@pytest.mark.unit
 def test_text_read_from_a_compressed_unit_is_capped_at_its_input_size():
     # two .zst units of 100 input bytes each, whose text is 4x larger once decompressed
     with Progress({0: 100, 1: 100}, quiet=True) as bar:
@@ -23,10 +24,11 @@ def test_text_read_from_a_compressed_unit_is_capped_at_its_input_size():
         assert (bar.docs, bar.tokens, bar.chars) == (6, 60, 290)
 
 
+@pytest.mark.multiproc
 def test_a_real_run_reports_every_unit(tmp_path, texts, sp_model):
     """Worker messages carry their unit; at the end the bar has counted exactly the input bytes of all units."""
     import zstandard
-    from dp_helpers import write_jsonl
+    from tests.support.data_prep import write_jsonl
 
     from data_prep.pipeline import Settings, run
 

@@ -7,9 +7,11 @@ import sys
 import time
 
 import pytest
-from dp_helpers import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
+from tests.support.data_prep import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
 
 from data_prep.pipeline import Settings, run
+
+pytestmark = pytest.mark.multiproc
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def test_sigkill_at_any_moment_then_rerun_is_byte_identical(tmp_path, inputs, sp
     ref_dir = tmp_path / "ref"
     run(Settings(inputs=[str(inputs)], output_dir=str(ref_dir), tokenizer=sp_model, shard_size=1_000, quiet=True))
     ref = tree_bytes(ref_dir)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
 
     def cli(out, workers=1):
         return [sys.executable, "-m", "data_prep", "tokenize", str(inputs), "-o", str(out), "-t", sp_model,

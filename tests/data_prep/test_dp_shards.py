@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep import shards
-from data_prep.shards import ShardWriter, indexed_dataset_class
+from data_prep.write import shards
+from data_prep.write.shards import ShardWriter, indexed_dataset_class
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])

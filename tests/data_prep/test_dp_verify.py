@@ -2,10 +2,13 @@
 
 import shutil
 
-from dp_helpers import run_cli, write_jsonl
+import pytest
+from tests.support.data_prep import run_cli, write_jsonl
 
 from data_prep.pipeline import Settings, run
-from data_prep.verify import verify
+from data_prep.write.verify import verify
+
+pytestmark = pytest.mark.multiproc
 
 
 def _make(tmp_path, texts, sp_model):

@@ -34,7 +34,7 @@ def corpus(tmp_path_factory) -> dict:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     import sentencepiece as spm
 
-    from data_prep.train_tokenizer import train
+    from data_prep.steps.train_tokenizer import train
 
     out = tmp_path_factory.mktemp("interop_corpus")
     texts = stdlib_texts(400_000)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.loopback_ssh import loopback_sshd
+from tests.support.loopback_ssh import loopback_sshd
 from tests.support.launch import REPO, SSHD, TOY, free_port, launch_env
 
 

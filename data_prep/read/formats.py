@@ -15,6 +15,8 @@ from typing import Iterator, Optional, Tuple
 
 import orjson
 
+from data_prep import io
+
 Record = Tuple[int, Optional[str], Optional[str]]
 
 # Reject reasons (the manifest and reject log use these names).
@@ -104,8 +106,8 @@ def _parse_json_line(line: bytes, field: str) -> Tuple[Optional[str], Optional[s
 
 def read_jsonl_range(piece: Piece, field: str) -> Iterator[Record]:
     """Lines of an uncompressed .jsonl in [start, end); blank lines are not records."""
-    end = piece.end if piece.end >= 0 else os.path.getsize(piece.path)
-    with open(piece.path, "rb", buffering=1 << 20) as f:
+    end = piece.end if piece.end >= 0 else io.size(piece.path)
+    with io.open_read(piece.path, buffering=1 << 20) as f:
         f.seek(piece.start)
         offset = piece.start
         for line in f:
@@ -122,7 +124,7 @@ def read_jsonl_range(piece: Piece, field: str) -> Iterator[Record]:
 def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[bytes]:
     """Decompressed bytes of a .gz (all members) or .zst (all frames); raises InputError when truncated or corrupt."""
     try:
-        f = open(path, "rb")
+        f = io.open_read(path)
     except OSError as e:
         raise InputError(path, f"cannot open ({e.strerror})") from e
     with f:
@@ -178,7 +180,7 @@ def read_jsonl_compressed(piece: Piece, field: str) -> Iterator[Record]:
 def read_txt(piece: Piece, field: str) -> Iterator[Record]:
     """A .txt file is one document (the whole file): splitting prose at blank lines would cut documents apart."""
     try:
-        with open(piece.path, "rb") as f:
+        with io.open_read(piece.path) as f:
             raw = f.read()
     except OSError as e:
         raise InputError(piece.path, f"cannot read ({e.strerror})") from e

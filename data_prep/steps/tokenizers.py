@@ -8,12 +8,13 @@ whitespace-delimited pieces where that is exact. Nothing is downloaded.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from typing import List, Optional
 
 import numpy as np
+
+from data_prep import io
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "[SEP]")
 
@@ -27,14 +28,6 @@ def optimal_dtype(vocab_size: int):
     return np.uint16 if vocab_size < 65500 else np.int32
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @dataclass
 class TokenizerInfo:
     type: str  # sentencepiece | hf
@@ -46,6 +39,7 @@ class TokenizerInfo:
     sha256: str
 
     def manifest_dict(self) -> dict:
+        """The manifest's ``tokenizer`` entry."""
         return {
             "type": self.type,
             "path": self.path,
@@ -55,6 +49,18 @@ class TokenizerInfo:
             "pad_id": self.pad_id,
             "sha256": self.sha256,
         }
+
+    @classmethod
+    def from_manifest(cls, entry: dict) -> "TokenizerInfo":
+        """Back from a manifest's ``tokenizer`` entry (what training reads); KeyError names a missing field, the
+        optional ids (bos, pad) may be absent or null."""
+        return cls(type=entry.get("type", ""), path=entry.get("path", ""), vocab_size=int(entry["vocab_size"]),
+                   eod_id=int(entry["eod_id"]), bos_id=_opt_int(entry.get("bos_id")),
+                   pad_id=_opt_int(entry.get("pad_id")), sha256=entry.get("sha256", ""))
+
+
+def _opt_int(x) -> Optional[int]:
+    return None if x is None else int(x)
 
 
 class Tokenizer:
@@ -78,7 +84,7 @@ class SentencePieceTokenizer(Tokenizer):
         opt = lambda i: None if i < 0 else int(i)  # noqa: E731
         self.info = TokenizerInfo(
             "sentencepiece", path, self.sp.get_piece_size(), int(eos), opt(self.sp.bos_id()), opt(self.sp.pad_id()),
-            file_sha256(path),
+            io.file_sha256(path),
         )
 
     def encode_batch(self, texts):
@@ -128,7 +134,7 @@ class HFTokenizer(Tokenizer):
                 f"{path}: no end-of-document token found (looked for {', '.join(EOD_CANDIDATES)}); pass --eod-id N"
             )
         size = max(self.tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
-        sha = file_sha256(digest_file) if os.path.exists(digest_file) else hashlib.sha256(
+        sha = io.file_sha256(digest_file) if os.path.exists(digest_file) else hashlib.sha256(
             self.tok.to_str().encode()).hexdigest()
         self.info = TokenizerInfo("hf", path, size, int(eos), bos, pad, sha)
 
@@ -157,7 +163,3 @@ def load_tokenizer(path: str, eod_id: Optional[int] = None) -> Tokenizer:
         raise
     except Exception as e:
         raise TokenizerError(f"{path}: not a sentencepiece model ({e})") from e
-
-
-def describe_json(tok) -> dict:
-    return json.loads(tok.to_str())

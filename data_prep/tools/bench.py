@@ -17,12 +17,12 @@ import time
 
 import orjson
 
-from .sample_corpus import build
+from data_prep.tools.sample_corpus import build
 
 
 def _bare_worker(args):
     corpus, tokenizer, k, n = args
-    from .tokenizers import load_tokenizer
+    from data_prep.steps.tokenizers import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     with open(corpus, "rb") as f:
@@ -48,7 +48,7 @@ def pipeline(corpus: str, tokenizer: str, out: str, workers: int, fast: bool = T
            "--shard-size", "1M", "-q"] + ([] if fast else ["--no-fast-path"])
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen(cmd, env=env)
     peak_mb = _peak_rss_of_tree_mb(p)
     secs = time.perf_counter() - t0
     if p.returncode != 0:
@@ -102,7 +102,7 @@ def bench(out_dir: str, corpus_mb: float = 3.0, workers: int = 2, scale: int = 1
     sizes = [("1x", int(corpus_mb * 1e6)), (f"{scale}x", int(corpus_mb * 1e6 * scale))]
     corpora = {name: build(os.path.join(out_dir, f"corpus_{name}"), size) for name, size in sizes}
     if tokenizer is None:
-        from .train_tokenizer import train
+        from data_prep.steps.train_tokenizer import train
 
         prefix = os.path.join(out_dir, "tokenizer", "sp")
         tokenizer = prefix + ".model"

@@ -7,19 +7,18 @@ sha256 of .bin and .idx. Returns a list of problems, each naming the shard.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import List
 
 import numpy as np
 
-from .manifest import read_manifest
-from .shards import expected_idx_bytes, read_header
-from .tokenizers import file_sha256
+from data_prep import io
+from data_prep.write.manifest import read_manifest
+from data_prep.write.shards import expected_idx_bytes, read_header
 
 
 def verify_shard(out_dir: str, shard: dict, dtype: str, vocab_size: int, checksums: bool = True) -> List[str]:
-    from .shards import indexed_dataset_class
+    from data_prep.write.shards import indexed_dataset_class
 
     IndexedDataset = indexed_dataset_class()
     name = shard["prefix"]
@@ -46,7 +45,6 @@ def verify_shard(out_dir: str, shard: dict, dtype: str, vocab_size: int, checksu
         problems.append(f"{name}: .bin is {bin_size} bytes, manifest says {shard['bytes']}")
     if bin_size == 0:
         return problems + [f"{name}: .bin is empty"]
-    logging.getLogger("megatron.core").setLevel(logging.WARNING)
     try:
         ds = IndexedDataset(prefix)
     except Exception as e:  # megatron-core asserts on inconsistent indexes
@@ -74,9 +72,9 @@ def verify_shard(out_dir: str, shard: dict, dtype: str, vocab_size: int, checksu
             break
     del tokens, ds
     if checksums:
-        if file_sha256(prefix + ".bin") != shard["sha256_bin"]:
+        if io.file_sha256(prefix + ".bin") != shard["sha256_bin"]:
             problems.append(f"{name}: sha256 of .bin does not match the manifest (corrupted data)")
-        if file_sha256(prefix + ".idx") != shard["sha256_idx"]:
+        if io.file_sha256(prefix + ".idx") != shard["sha256_idx"]:
             problems.append(f"{name}: sha256 of .idx does not match the manifest")
     return problems
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
-from .fast_path import FastEncoder
-from .tokenizers import load_tokenizer, optimal_dtype
+from data_prep.steps.fast_path import FastEncoder
+from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
 
 
 def calibrate(sample_inputs: List[str], tokenizer: str, max_bytes: int = 8 << 20, text_field: str = "text") -> Dict:
-    from .train_tokenizer import sample_texts
+    from data_prep.steps.train_tokenizer import sample_texts
 
     tok = load_tokenizer(tokenizer)
     enc = FastEncoder(tok)

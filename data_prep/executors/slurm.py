@@ -1,10 +1,13 @@
-"""Slurm executor: job-array scripts that run `tokenize --slice TASK/N`, chunked to respect MaxArraySize.
+"""Slurm job arrays: scripts whose array task I runs `tokenize --slice I/N`, chunked to respect MaxArraySize.
 
 Each array task is one slice of the deterministic unit plan. Scripts are written to ``scripts_dir``: one array
 script per chunk (its task ids offset so chunk c covers slices c*max .. ), a finalize script (`--merge-only`) that
 runs after all chunks (afterany), and submit.sh that sbatches them in order. Per-task logs go to
 ``logs/prep_%A_%a.out``. ``only_slices`` (from --only-incomplete) lists just the slices that still have incomplete
 units, so a rerun resubmits only what failed.
+
+The scripts run ``python`` (the venv's interpreter, where data_prep is installed) from ``workdir``; the nodes must
+see the venv, the inputs and the output directory at the same paths (a shared file system).
 """
 
 from __future__ import annotations
@@ -27,10 +30,9 @@ def _ranges(ids: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def render(tokenize_args: List[str], tasks: int, scripts_dir: str, repo: str, python: str, workdir: str,
+def render(tokenize_args: List[str], tasks: int, scripts_dir: str, python: str, workdir: str,
            max_array_size: int = 1001, cpus_per_task: int = 8, time_limit: str = "24:00:00",
-           partition: Optional[str] = None, max_concurrent: int = 0, only_slices: Optional[List[int]] = None,
-           extra_sbatch: Sequence[str] = ()) -> List[str]:
+           partition: Optional[str] = None, max_concurrent: int = 0, only_slices: Optional[List[int]] = None) -> List[str]:
     """Write the scripts; returns their paths (array chunks..., finalize, submit.sh)."""
     if tasks < 1:
         raise ValueError("--tasks must be >= 1")
@@ -43,7 +45,6 @@ def render(tokenize_args: List[str], tasks: int, scripts_dir: str, repo: str, py
             "#SBATCH --ntasks=1", f"#SBATCH --time={time_limit}"]
     if partition:
         head.append(f"#SBATCH --partition={partition}")
-    head += [f"#SBATCH {x}" for x in extra_sbatch]
     paths = []
     for c in range(0, tasks, per):
         ids = [t - c for t in wanted if c <= t < c + per]
@@ -56,7 +57,7 @@ def render(tokenize_args: List[str], tasks: int, scripts_dir: str, repo: str, py
             "set -euo pipefail",
             f"SLICE=$(( SLURM_ARRAY_TASK_ID + {c} ))",
             f"cd {shlex.quote(workdir)}",  # relative input/output paths mean what they meant at render time
-            f"export PYTHONPATH={shlex.quote(repo)} OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false",
+            "export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false",
             f"exec {shlex.quote(python)} -m data_prep tokenize {args} --slice \"$SLICE/{tasks}\" "
             "-j \"${SLURM_CPUS_PER_TASK:-1}\" -q",
         ]
@@ -69,7 +70,6 @@ def render(tokenize_args: List[str], tasks: int, scripts_dir: str, repo: str, py
         f"#SBATCH --output={scripts_dir}/logs/finalize_%j.out",
         "set -euo pipefail",
         f"cd {shlex.quote(workdir)}",
-        f"export PYTHONPATH={shlex.quote(repo)}",
         f"exec {shlex.quote(python)} -m data_prep tokenize {args} --merge-only -q",
     ]
     fin_path = os.path.join(scripts_dir, "finalize.sbatch")
@@ -88,16 +88,3 @@ def render(tokenize_args: List[str], tasks: int, scripts_dir: str, repo: str, py
         f.write("\n".join(submit) + "\n")
     os.chmod(sub_path, 0o755)
     return paths + [fin_path, sub_path]
-
-
-def incomplete_slices(settings, tasks: int) -> List[int]:
-    """Slices that still have a unit without a valid completion marker."""
-    from .pipeline import fingerprint, unit_is_complete
-    from .tokenizers import load_tokenizer
-    from .units import list_inputs, plan_units
-
-    info = load_tokenizer(settings.tokenizer, settings.eod_id).info
-    fp = fingerprint(settings.output_affecting(info.sha256))
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
-    out = os.path.abspath(settings.output_dir)
-    return sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})

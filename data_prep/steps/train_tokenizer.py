@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Iterator, List
 
-from .manifest import replace_unless_identical
-from .readers import read_piece
-from .units import list_inputs
+from data_prep import io
+from data_prep.read.formats import read_piece
+from data_prep.read.units import list_inputs
 
 
 def sample_texts(inputs: List[str], text_field: str, max_bytes: int) -> Iterator[str]:
@@ -75,5 +75,5 @@ def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_ty
     with open(tmp_prefix + ".model", "wb") as f:
         f.write(m.SerializeToString())
     for ext in (".vocab", ".model"):  # the .model last: its presence means the pair is complete
-        replace_unless_identical(tmp_prefix + ext, model_prefix + ext)
+        io.replace_unless_identical(tmp_prefix + ext, model_prefix + ext)
     return model_prefix + ".model"

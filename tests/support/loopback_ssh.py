@@ -1,15 +1,21 @@
 """A private sshd on loopback with temporary keys, and an ssh_config of host aliases for it (LAUNCH_SSH_CONFIG).
 
-The same recipe as the launcher tests' fixtures: lets benchmarks run the ssh-based launch scripts on one machine.
-Needs root (sshd drops privileges per session; root login by key only) and /usr/sbin/sshd.
+Lets the tests (and benchmarks) run the ssh-based launch scripts on one machine: each alias is a "node" on its own
+loopback address. Needs root (sshd drops privileges per session; root login by key only) and /usr/sbin/sshd.
+
+As a command, it runs another one with two loopback nodes set up, LAUNCH_SSH_CONFIG and LAUNCH_HOSTFILE exported:
+    python tests/support/loopback_ssh.py [--slots N] -- python -m data_prep bench-executors /tmp/be -j 2
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from typing import Dict, Iterator, Optional
 
@@ -81,3 +87,30 @@ def loopback_sshd(d: str, aliases: Dict[str, str], unreachable: Optional[Dict[st
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="run COMMAND with two loopback ssh nodes (loop1, loop2) in "
+                                             "LAUNCH_HOSTFILE and LAUNCH_SSH_CONFIG")
+    ap.add_argument("--slots", type=int, default=1, help="slots of each node in the hostfile")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    a = ap.parse_args(argv)
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not cmd:
+        ap.error("give the command after --")
+    why_not = unavailable()
+    if why_not:
+        print(f"cannot start a loopback sshd: {why_not}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="loopback_sshd_") as d:
+        with loopback_sshd(d, {"loop1": "127.0.0.1", "loop2": "127.0.0.2"}) as config:
+            hostfile = os.path.join(d, "hostfile")
+            with open(hostfile, "w") as f:
+                f.write(f"loop1 slots={a.slots}\nloop2 slots={a.slots}\n")
+            env = dict(os.environ, LAUNCH_SSH_CONFIG=config, LAUNCH_HOSTFILE=hostfile)
+            env.pop("LAUNCH_SSH_SHIM", None)  # a parent launch script's ssh wrapper would point at another config
+            return subprocess.call(cmd, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

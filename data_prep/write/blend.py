@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Tuple
 
-from .manifest import read_manifest
+from data_prep.write.manifest import read_manifest
 
 MAX_PREFIXES = 32767
 

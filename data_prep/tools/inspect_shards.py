@@ -6,11 +6,11 @@ import os
 
 import numpy as np
 
-from .manifest import read_manifest
+from data_prep.write.manifest import read_manifest
 
 
 def summarize(out_dir: str, decode: int = 2, chars: int = 300) -> str:
-    from .shards import indexed_dataset_class
+    from data_prep.write.shards import indexed_dataset_class
 
     IndexedDataset = indexed_dataset_class()
     m = read_manifest(out_dir)
@@ -37,7 +37,7 @@ def summarize(out_dir: str, decode: int = 2, chars: int = 300) -> str:
             label = f"{lo}-{hi - 1}" if hi < 2**31 else f">={lo}"
             lines.append(f"  {label:>12} {n:8d} {'#' * int(40 * n / top)}")
     if decode and m["shards"]:
-        from .tokenizers import load_tokenizer
+        from data_prep.steps.tokenizers import load_tokenizer
 
         tok = load_tokenizer(m["tokenizer"]["path"], m["tokenizer"]["eod_id"])
         ds = IndexedDataset(os.path.join(out_dir, m["shards"][0]["prefix"]))

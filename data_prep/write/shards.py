@@ -18,29 +18,14 @@ from typing import List
 
 import numpy as np
 
+from data_prep import io
+
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
                np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 HEADER_BYTES = 9 + 8 + 1 + 8 + 8
 CHUNK = 1 << 20  # entries per chunk when copying index arrays
-
-
-def _fsync_file(f, really: bool = True) -> None:
-    f.flush()
-    if really:
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def tmp_paths(prefix: str) -> List[str]:
@@ -119,13 +104,13 @@ class ShardWriter:
             with open(self.prefix + ".doc.tmp", "rb") as f:
                 for block in iter(lambda: f.read(8 * CHUNK), b""):
                     put(block)
-            _fsync_file(out, self.fsync)
+            io.fsync_file(out, self.fsync)
         return sha.hexdigest()
 
     def finalize(self) -> dict:
         self.flush()
         for f in (self.bin, self.lens, self.docs):
-            _fsync_file(f, self.fsync)
+            io.fsync_file(f, self.fsync)
             f.close()
         idx_sha = self._write_index(self.prefix + ".idx.tmp")
         nbytes = os.path.getsize(self.prefix + ".bin.tmp")
@@ -135,7 +120,7 @@ class ShardWriter:
         for p in (self.prefix + ".len.tmp", self.prefix + ".doc.tmp"):
             os.remove(p)
         if self.fsync:
-            fsync_dir(os.path.dirname(self.prefix) or ".")
+            io.fsync_dir(os.path.dirname(self.prefix) or ".")
         return {
             "documents": self.documents,
             "sequences": self.sequences,
@@ -159,7 +144,7 @@ class ShardWriter:
 
 def read_header(idx_path: str) -> dict:
     """Header fields of an .idx; raises ValueError naming the file when it is not a valid MMIDIDX index."""
-    with open(idx_path, "rb") as f:
+    with io.open_read(idx_path) as f:
         head = f.read(HEADER_BYTES)
     if len(head) < HEADER_BYTES or head[:9] != INDEX_HEADER:
         raise ValueError(f"{idx_path}: not an MMIDIDX index (bad or short header)")
@@ -206,7 +191,7 @@ def append_shard(writer: "ShardWriter", prefix: str, chunk_bytes: int = 1 << 24)
     if np.dtype(dtype) != writer.dtype:
         raise ValueError(f"{prefix}: dtype {np.dtype(dtype).name} differs from {writer.dtype.name}; merge shards "
                          "made with the same tokenizer")
-    with open(prefix + ".bin", "rb") as f:
+    with io.open_read(prefix + ".bin") as f:
         for block in iter(lambda: f.read(chunk_bytes), b""):
             writer.bin.write(block)
             writer.bin_sha.update(block)

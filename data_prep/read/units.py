@@ -17,7 +17,8 @@ from typing import List, Sequence, Tuple
 
 import orjson
 
-from .readers import Piece, is_hf_dataset_dir, kind_of
+from data_prep import io
+from data_prep.read.formats import Piece, is_hf_dataset_dir, kind_of
 
 SPLITTABLE = ("jsonl",)  # uncompressed, one record per line: can be cut at any newline
 ROW_KINDS = ("parquet", "hf")  # cut into row ranges (parquet: along its row groups)
@@ -44,29 +45,17 @@ class Unit:
         for p in self.pieces:
             if p.kind in ROW_KINDS:
                 rows = _num_rows(p.path, p.kind) if p.end >= 0 else 0  # a whole input needs no row count
-                total += int(_size(p.path) * ((p.end - p.start) / rows if rows else 1.0))
+                total += int(io.size(p.path) * ((p.end - p.start) / rows if rows else 1.0))
             else:
-                end = p.end if p.end >= 0 else os.path.getsize(p.path)
+                end = p.end if p.end >= 0 else io.size(p.path)
                 total += end - p.start
         return total
 
     def key(self) -> str:
         """Identity of the unit's input (paths, ranges, sizes, modification times): part of its completion check,
         so an input rewritten in place is redone on resume."""
-        desc = [p.as_dict() | {"size": _size(p.path), "mtime_ns": _mtime(p.path)} for p in self.pieces]
+        desc = [p.as_dict() | {"size": io.size(p.path), "mtime_ns": io.mtime_ns(p.path)} for p in self.pieces]
         return hashlib.sha256(orjson.dumps(desc)).hexdigest()
-
-
-def _mtime(path: str) -> int:
-    if os.path.isdir(path):
-        return max((os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(path) for f in fs), default=0)
-    return os.stat(path).st_mtime_ns
-
-
-def _size(path: str) -> int:
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-    return os.path.getsize(path)
 
 
 def list_inputs(specs: Sequence[str]) -> List[Piece]:
@@ -106,7 +95,7 @@ def list_inputs(specs: Sequence[str]) -> List[Piece]:
 
 def _next_line_start(path: str, offset: int, size: int) -> int:
     """The first byte after the first newline at or after ``offset`` (or the file size)."""
-    with open(path, "rb") as f:
+    with io.open_read(path) as f:
         f.seek(offset)
         while True:
             block = f.read(1 << 16)
@@ -120,7 +109,7 @@ def _next_line_start(path: str, offset: int, size: int) -> int:
 
 def split_ranges(path: str, target_bytes: int) -> List[Piece]:
     """Newline-aligned byte ranges of about ``target_bytes`` covering a .jsonl file."""
-    size = os.path.getsize(path)
+    size = io.size(path)
     pieces, start = [], 0
     while start < size:
         end = size if size - start <= target_bytes else _next_line_start(path, start + target_bytes - 1, size)
@@ -147,7 +136,7 @@ def _parquet_row_groups(path: str) -> Tuple[Tuple[int, int], ...]:
 def _num_rows(path: str, kind: str) -> int:
     if kind == "parquet":
         return sum(rows for rows, _ in _parquet_row_groups(path))
-    from .readers import open_hf_dataset
+    from data_prep.read.formats import open_hf_dataset
 
     try:
         return len(open_hf_dataset(path))
@@ -160,7 +149,7 @@ def _row_ranges(path: str, kind: str, target_bytes: int) -> List[Piece]:
     whole), a saved dataset at any row. One whole-input piece when it does not split."""
     if kind == "hf":
         n = _num_rows(path, kind)
-        step = max(1, int(target_bytes * n / max(_size(path), 1)))
+        step = max(1, int(target_bytes * n / max(io.size(path), 1)))
         if n <= step:
             return [Piece(path, kind)]
         return [Piece(path, kind, lo, min(lo + step, n)) for lo in range(0, n, step)]
@@ -190,7 +179,7 @@ def plan_units(pieces: Sequence[Piece], target_bytes: int) -> List[Unit]:
         open_unit, open_bytes = None, 0
 
     for piece in pieces:
-        size = _size(piece.path)
+        size = io.size(piece.path)
         if piece.kind in SPLITTABLE and size > target_bytes:
             close()
             for part in split_ranges(piece.path, target_bytes):

@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
+from data_prep.steps.tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 META = "\u2581"

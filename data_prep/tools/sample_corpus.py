@@ -12,7 +12,7 @@ import sysconfig
 
 import orjson
 
-from .manifest import replace_unless_identical
+from data_prep import io
 
 LICENSE = "PSF-2.0"
 
@@ -49,5 +49,5 @@ def build(out_dir: str, max_bytes: int = 4 << 20, name: str = "stdlib.jsonl") ->
                 continue  # too big for what is left: a smaller file may still fit
             f.write(line)
             written += len(line)
-    replace_unless_identical(tmp, path)
+    io.replace_unless_identical(tmp, path)
     return path

@@ -1,4 +1,4 @@
-"""Helpers for data_prep tests (a uniquely named module: other test folders have their own conftest.py)."""
+"""Helpers for the data_prep tests: tricky texts, the CLI in a subprocess, jsonl writing and shard reading."""
 
 import os
 import subprocess
@@ -7,8 +7,6 @@ import sys
 import orjson
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 # Texts that exercise normalization and whitespace handling on top of the real stdlib text.
 TRICKY = [
@@ -26,7 +24,7 @@ TRICKY = [
 
 
 def run_cli(*args, check=True, timeout=180, env_extra=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=REPO)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.update(env_extra or {})
     r = subprocess.run([sys.executable, "-m", "data_prep", *map(str, args)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=timeout)
@@ -46,7 +44,7 @@ def read_all_docs(out_dir):
     """Every sequence of every shard in manifest order, as lists of ints, via megatron-core's reader."""
     import json
 
-    from data_prep.shards import indexed_dataset_class
+    from data_prep.write.shards import indexed_dataset_class
 
     IndexedDataset = indexed_dataset_class()
     m = json.load(open(os.path.join(out_dir, "manifest.json")))

@@ -9,11 +9,11 @@ import time
 
 def demo(out_dir: str, workers: int = 2, quiet: bool = False, corpus_bytes: int = 4 << 20,
          vocab_size: int = 3000) -> int:
-    from .inspect_shards import summarize
-    from .pipeline import Settings, run
-    from .sample_corpus import build
-    from .train_tokenizer import train
-    from .verify import verify
+    from data_prep.tools.inspect_shards import summarize
+    from data_prep.pipeline import Settings, run
+    from data_prep.tools.sample_corpus import build
+    from data_prep.steps.train_tokenizer import train
+    from data_prep.write.verify import verify
 
     out_dir = os.path.abspath(out_dir)
     t0 = time.time()

@@ -10,8 +10,9 @@ import os
 from collections import Counter
 from typing import List
 
-from . import manifest as mf
-from .shards import ShardWriter, append_shard
+import data_prep.write.manifest as mf
+from data_prep import io
+from data_prep.write.shards import ShardWriter, append_shard
 
 
 def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = False) -> dict:
@@ -62,5 +63,5 @@ def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = Fal
                                   "merge_target_bytes": target_bytes})
     for i, sh in enumerate(s for s in stats if s["prefix"]):
         manifest["shards"][i]["merged_from"] = sh["merged_from"]
-    mf.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
+    io.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest

@@ -1,0 +1,43 @@
+"""The executor interface: run a task on every work unit, hand each result back as it arrives.
+
+``Executor.run(task, units, on_result, bar)`` calls ``task(unit)`` for every unit (in this process, in a pool of forked
+workers, as Ray tasks) and ``on_result(unit, result)`` in the driver as each one finishes; tasks report progress with
+``data_prep.progress.report``, which the executor connects to ``bar``. An executor knows nothing of what the task does.
+
+Clusters run slices: slice I of N is the units whose index % N == I (``select_slice``); each slice runs this same
+interface on its node. Slurm job arrays (executors/slurm.py: one array task per slice) and hostfile nodes over ssh
+(launch/prep.sh: one node per slice) start the slices; the last slice to finish, or ``tokenize --merge-only``, writes
+the manifest.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, List, Optional, Sequence, TypeVar
+
+U = TypeVar("U")  # a work unit: anything with an ``index`` (read.units.Unit)
+KINDS = ("local", "ray")
+
+
+class Executor(ABC):
+    @abstractmethod
+    def run(self, task: Callable[[U], Any], units: Sequence[U], on_result: Callable[[U, Any], None], bar) -> None:
+        """Run ``task`` on every unit; call ``on_result(unit, result)`` here as each finishes. A task that raises
+        stops the run (units not started are not started) and the error propagates."""
+
+
+def select_slice(units: Sequence[U], index: int, count: int) -> List[U]:
+    """The units of slice ``index`` of ``count``: a deterministic share that needs no coordination between nodes."""
+    return [u for u in units if u.index % count == index]
+
+
+def make_executor(kind: str, workers: int, ray_address: Optional[str] = None) -> Executor:
+    if kind == "local":
+        from data_prep.executors.local import LocalExecutor
+
+        return LocalExecutor(workers)
+    if kind == "ray":
+        from data_prep.executors.ray import RayExecutor
+
+        return RayExecutor(workers, ray_address)
+    raise ValueError(f"unknown executor {kind!r}: choose one of {', '.join(KINDS)}")

@@ -1,0 +1,163 @@
+"""File access for data_prep: every open, size, time stamp and atomic write of inputs and outputs goes through here.
+
+Local POSIX paths today. The functions take path strings and return plain file objects, so an fsspec-backed version
+(s3://, gs://: ``fsspec.open``, ``fs.size``, ``fs.modified``, ``fs.put`` of a finished temporary file) can replace
+their bodies without touching the readers, the planner or the writers.
+
+Atomic writes: the data goes to a temporary name next to the target, is fsynced, renamed over the target, and the
+directory is fsynced, so a crash leaves the old file or the new one, never a torn one, and the rename itself survives
+a power cut.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import os
+import socket
+from typing import BinaryIO, Union
+
+SIZE_UNITS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
+
+
+def parse_size(text: Union[str, int]) -> int:
+    """'256M' = 256e6 bytes, '256Mi' = 256 x 2^20, '10P' = 1e16, plain digits = bytes; a trailing B is allowed.
+    Raises ValueError naming the text and the accepted forms."""
+    if isinstance(text, int):
+        return text
+    t = text.strip().lower()
+    t = t[:-1] if t.endswith("b") else t
+    binary = t.endswith("i")
+    t = t[:-1] if binary else t
+    try:
+        if t and t[-1] in SIZE_UNITS:
+            return int(float(t[:-1]) * (1024 if binary else 1000) ** SIZE_UNITS[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (e.g. 64M, 1G, 10P, 512Mi)") from None
+
+
+# --- reading -----------------------------------------------------------------------------------------------------
+
+
+def open_read(path: str, buffering: int = -1) -> BinaryIO:
+    """A binary file object for reading ``path``."""
+    return open(path, "rb", buffering=buffering)
+
+
+def size(path: str) -> int:
+    """Bytes of a file, or of all files under a directory (a saved dataset)."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    return os.path.getsize(path)
+
+
+def mtime_ns(path: str) -> int:
+    """Modification time of a file, or the newest of the files under a directory."""
+    if os.path.isdir(path):
+        return max((os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(path) for f in fs), default=0)
+    return os.stat(path).st_mtime_ns
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open_read(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- writing -----------------------------------------------------------------------------------------------------
+
+
+def fsync_file(f, really: bool = True) -> None:
+    """Flush a file object to the OS and (unless ``really`` is False) to the disk."""
+    f.flush()
+    if really:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: str) -> None:
+    """Make the renames in a directory durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_name(path: str, shared: bool = False) -> str:
+    """The temporary name ``path`` is written under before its rename.
+
+    A file with one writer gets a fixed name (a rerun overwrites the leftover of a killed one). A ``shared`` file
+    (plan, manifest, reject log) may be written by several nodes at once: a name per writer (host, pid)."""
+    return f"{path}.tmp.{socket.gethostname()}.{os.getpid()}" if shared else path + ".tmp"
+
+
+def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` all or nothing: temporary file, fsync, rename over ``path``, fsync of the
+    directory. ``shared``: several writers may race on ``path`` (see ``tmp_name``); the last rename wins whole."""
+    if isinstance(data, str):
+        data = data.encode()
+    tmp = tmp_name(path, shared)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        fsync_file(f, fsync)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def commit(tmp: str, path: str, fsync: bool = True) -> None:
+    """Rename a finished (already fsynced) temporary file into place and make the rename durable."""
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def replace_unless_identical(tmp: str, path: str) -> bool:
+    """Move a finished ``tmp`` over ``path``, unless ``path`` already holds the same bytes: then keep it (and its
+    mtime, which work-unit keys include, so a rerun that regenerates the same file resumes instead of redoing)."""
+    if os.path.exists(path) and filecmp.cmp(tmp, path, shallow=False):
+        os.remove(tmp)
+        return False
+    os.replace(tmp, path)
+    return True
+
+
+def remove(path: str) -> None:
+    """Remove a file if it is there."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_stale_tmp(out_dir: str) -> None:
+    """Remove shared temporary files left by killed writers of this host (other hosts' files are left alone)."""
+    host = socket.gethostname()
+    for name in os.listdir(out_dir):
+        head, sep, pid = name.rpartition(".")
+        if not sep or not pid.isdigit() or not head.endswith(f".tmp.{host}"):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            remove(os.path.join(out_dir, name))
+        except PermissionError:
+            pass
+
+
+def check_writable(out_dir: str) -> None:
+    """Create ``out_dir`` if needed and prove a file can be written there; PermissionError says what to do."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, ".write_probe")
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.remove(probe)
+    except OSError as e:
+        raise PermissionError(f"output directory {out_dir} is not writable ({e.strerror}); choose another --output") from e

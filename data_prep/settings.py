@@ -1,0 +1,53 @@
+"""The settings of a tokenize run, and the fingerprint of those that change the bytes written."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import List, Optional
+
+import orjson
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class Settings:
+    inputs: List[str]
+    output_dir: str
+    tokenizer: str
+    text_field: str = "text"
+    workers: int = 1
+    shard_size: int = 256 << 20  # input bytes per work unit (and so per shard)
+    append_eod: bool = True
+    add_bos: bool = False
+    eod_id: Optional[int] = None
+    max_doc_tokens: int = INT32_MAX
+    long_docs: str = "split"  # split | reject
+    fast_path: bool = True
+    verify_fraction: float = 0.0
+    batch_docs: int = 256
+    slice_index: int = 0  # this node runs units with index % slice_count == slice_index
+    slice_count: int = 1
+    merge_only: bool = False  # do no unit work: write the manifest if all units are complete, else list them
+    executor: str = "local"  # local (process pool) | ray (tasks on a Ray cluster)
+    ray_address: Optional[str] = None  # None: start a local Ray instance; "auto" or ray://host:port: join one
+    batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
+    quiet: bool = False
+
+    def output_affecting(self, tok_sha: str) -> dict:
+        """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""
+        return {
+            "tokenizer_sha256": tok_sha,
+            "text_field": self.text_field,
+            "shard_size": self.shard_size,
+            "append_eod": self.append_eod,
+            "add_bos": self.add_bos,
+            "eod_id": self.eod_id,
+            "max_doc_tokens": self.max_doc_tokens,
+            "long_docs": self.long_docs,
+        }
+
+
+def fingerprint(d: dict) -> str:
+    return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()

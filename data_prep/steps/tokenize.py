@@ -1,0 +1,200 @@
+"""The tokenize step: one work unit's records -> documents of token ids -> its shard, reject log and stats marker.
+
+``tokenize_unit`` is the task an executor runs for each unit (in a pool worker, a Ray task or in-process); it returns
+the unit's stats, or a failure record when an input cannot be read, so the other units carry on. Its outputs appear
+in this order, each atomically: shard (.bin then .idx), reject log, then ``shard_NNNNNN.stats.json``, the unit's
+completion marker; a unit killed before its marker is redone from scratch on resume.
+
+Per worker process, the tokenizer and its fast-path encoder are loaded once and self-checked on the first documents;
+a pool forked from the driver starts from the driver's (``preload``), so workers do not load it again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import List, Optional
+
+import numpy as np
+
+import data_prep.write.manifest as mf
+from data_prep import io, progress
+from data_prep.read.formats import TOO_LONG, InputError, Piece, position_kind, read_piece
+from data_prep.read.units import Unit
+from data_prep.settings import Settings
+from data_prep.steps.fast_path import FastEncoder, FastPathMismatch
+from data_prep.steps.tokenizers import Tokenizer, TokenizerInfo, load_tokenizer, optimal_dtype
+from data_prep.write.rejects import RejectLog
+from data_prep.write.shards import ShardWriter
+
+# This process's tokenizer info and encoder: {"info", "enc_key", "enc", "enc_checked"}.
+_STATE: dict = {}
+
+
+def preload(settings: Settings, tok: Tokenizer, enc: FastEncoder) -> None:
+    """Hand the driver's tokenizer and encoder to the units run in this process and in workers forked from it; each
+    worker still self-checks the encoder on its own first documents."""
+    _STATE.update(info=tok.info, enc_key=_encoder_key(settings), enc=enc, enc_checked=False)
+
+
+def _encoder_key(settings: Settings) -> tuple:
+    return settings.tokenizer, settings.eod_id, settings.fast_path
+
+
+def _tokenizer_info(settings: Settings) -> TokenizerInfo:
+    info = _STATE.get("info")
+    if info is None or info.path != os.path.abspath(settings.tokenizer):
+        info = load_tokenizer(settings.tokenizer, settings.eod_id).info
+        _STATE["info"] = info
+    return info
+
+
+def _encoder(settings: Settings, sample: List[str]) -> FastEncoder:
+    key = _encoder_key(settings)
+    if _STATE.get("enc_key") != key or not _STATE.get("enc_checked"):
+        # A forked worker inherits the driver's encoder (not yet self-checked): no second load per worker.
+        enc = _STATE.get("enc") if _STATE.get("enc_key") == key else None
+        if enc is None:
+            enc = FastEncoder(load_tokenizer(settings.tokenizer, settings.eod_id), enabled=settings.fast_path)
+        # self-check on the first documents, up to ~256k characters (it encodes them twice)
+        check, chars = [], 0
+        for t in sample[:64]:
+            if check and chars + len(t) > 256_000:
+                break
+            check.append(t)
+            chars += len(t)
+        enc.self_check(check)
+        _STATE.update(enc_key=key, enc=enc, enc_checked=True)
+    return _STATE["enc"]
+
+
+class _UnitRun:
+    def __init__(self, unit: Unit, settings: Settings, fp: str):
+        self.unit, self.s, self.fp = unit, settings, fp
+        self.prefix = os.path.join(settings.output_dir, unit.name)
+        self.records = 0
+        self.seen_docs = 0
+        self.rejects = RejectLog(settings.output_dir, unit.name)
+        self.writer: Optional[ShardWriter] = None
+        self.enc: Optional[FastEncoder] = None
+        self.last_report = time.monotonic()
+        self.pending = [0, 0, 0]  # docs, tokens, chars since the last progress report
+
+    def reject(self, piece: Piece, pos: int, reason: str) -> None:
+        self.rejects.add(piece.path, position_kind(piece), pos, reason)
+
+    def flush_batch(self, batch):
+        if not batch:
+            return
+        texts = [t for _, _, t in batch]
+        if self.enc is None:
+            self.enc = _encoder(self.s, texts)
+        ids_list = self.enc.encode_arrays(texts)
+        s = self.s
+        if s.verify_fraction > 0:
+            self._verify(texts, ids_list)
+        dtype = self.writer.dtype
+        eod, bos = self.enc.tok.info.eod_id, self.enc.tok.info.bos_id
+        head = np.array([bos] if s.add_bos and bos is not None else [], dtype=dtype)
+        tail = np.array([eod] if s.append_eod else [], dtype=dtype)
+        ntok = 0
+        for (piece, pos, _), ids in zip(batch, ids_list):
+            arr = np.concatenate([head, ids.astype(dtype, copy=False), tail])
+            if len(arr) > s.max_doc_tokens:
+                if s.long_docs == "reject":
+                    self.reject(piece, pos, TOO_LONG)
+                    continue
+                seqs = [arr[i : i + s.max_doc_tokens] for i in range(0, len(arr), s.max_doc_tokens)]
+            else:
+                seqs = [arr]
+            self.writer.add_document(seqs)
+            ntok += len(arr)
+        self._progress(len(batch), ntok, sum(len(t) for t in texts))
+
+    def _verify(self, texts, ids_list):
+        f = self.s.verify_fraction
+        picks = []
+        for i in range(len(texts)):
+            n = self.seen_docs + i
+            if int((n + 1) * f) > int(n * f):
+                picks.append(i)
+        self.seen_docs += len(texts)
+        if picks and self.enc.active:
+            whole = self.enc.tok.encode_batch([texts[i] for i in picks])
+            for i, want in zip(picks, whole):
+                if list(want) != ids_list[i].tolist():
+                    raise FastPathMismatch(
+                        f"fast path differs from whole-document encoding in {self.unit.name} (document {i} of a "
+                        "batch); rerun with --no-fast-path and report the tokenizer")
+
+    def _progress(self, docs, toks, chars):
+        p = self.pending
+        p[0] += docs
+        p[1] += toks
+        p[2] += chars
+        now = time.monotonic()
+        if progress.watched() and now - self.last_report > 0.5:
+            progress.report(self.unit.index, *p)
+            self.pending, self.last_report = [0, 0, 0], now
+
+    def run(self) -> dict:
+        s = self.s
+        # The dtype needs the vocabulary size; the encoder is made lazily, so read it from the tokenizer's info.
+        self.writer = ShardWriter(self.prefix, optimal_dtype(_tokenizer_info(s).vocab_size))
+        try:
+            batch, chars = [], 0
+            for piece in self.unit.pieces:
+                for pos, text, reason in read_piece(piece, s.text_field):
+                    self.records += 1
+                    if text is None:
+                        self.reject(piece, pos, reason)
+                        continue
+                    batch.append((piece, pos, text))
+                    chars += len(text)
+                    if len(batch) >= s.batch_docs or chars >= s.batch_chars:
+                        self.flush_batch(batch)
+                        batch, chars = [], 0
+            self.flush_batch(batch)
+        except BaseException:
+            self.writer.abort()
+            self.rejects.abort()
+            raise
+        progress.report(self.unit.index, *self.pending)
+        if self.writer.documents:
+            shard = self.writer.finalize()
+        else:  # megatron cannot mmap an empty .bin: a unit with no documents has stats but no shard
+            self.writer.abort()
+            shard = {"documents": 0, "sequences": 0, "tokens": 0, "bytes": 0, "idx_bytes": 0,
+                     "sha256_bin": None, "sha256_idx": None}
+            for suffix in (".bin", ".idx"):
+                io.remove(self.prefix + suffix)
+        self.rejects.commit()
+        rejected = self.rejects.counts
+        stats = {
+            "unit": self.unit.name,
+            "key": self.unit.key(),
+            "fingerprint": self.fp,
+            "prefix": self.unit.name if shard["documents"] else None,
+            **shard,
+            "input_records": self.records,
+            "inputs": [{"path": p.path, "kind": p.kind, "start": p.start, "end": p.end} for p in self.unit.pieces],
+            "rejected": dict(sorted(rejected.items())),
+        }
+        if self.records != shard["documents"] + sum(rejected.values()):
+            raise AssertionError(f"{self.unit.name}: records do not balance")
+        io.atomic_write(mf.stats_path(s.output_dir, self.unit.name), mf.dumps(stats))
+        return stats
+
+
+def tokenize_unit(unit: Unit, settings: Settings, fp: str) -> dict:
+    """Run one unit: {"ok": True, "stats": ...}, or {"ok": False, "unit", "path", "error"} when an input cannot be
+    read (recorded in the unit's error file, not raised, so other units carry on). Anything else raises."""
+    err_path = mf.error_path(settings.output_dir, unit.name)
+    try:
+        stats = _UnitRun(unit, settings, fp).run()
+    except InputError as e:
+        res = {"ok": False, "unit": unit.name, "path": e.path, "error": e.why}
+        io.atomic_write(err_path, mf.dumps({k: res[k] for k in ("unit", "path", "error")}))
+        return res
+    io.remove(err_path)
+    return {"ok": True, "stats": stats}

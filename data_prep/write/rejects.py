@@ -1,0 +1,69 @@
+"""The reject log: every record that did not become a document, with where it was and why.
+
+Each unit writes ``shard_NNNNNN.rejects.jsonl`` (one JSON line per rejected record: the input file, its position
+and the reason), made visible with the unit's shard; the finished run concatenates them in unit order into
+``rejects.jsonl``, so the log is the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import List
+
+import orjson
+
+from data_prep import io
+
+REJECTS = "rejects.jsonl"
+
+
+def rejects_path(out_dir: str, unit_name: str) -> str:
+    return os.path.join(out_dir, unit_name + ".rejects.jsonl")
+
+
+class RejectLog:
+    """One unit's rejects: counted by reason, logged to a temporary file opened at the first reject."""
+
+    def __init__(self, out_dir: str, unit_name: str):
+        self.path = rejects_path(out_dir, unit_name)
+        self.tmp = self.path + ".tmp"
+        self.counts: Counter = Counter()
+        self._f = None
+
+    def add(self, file: str, position_kind: str, position: int, reason: str) -> None:
+        self.counts[reason] += 1
+        if self._f is None:
+            self._f = open(self.tmp, "wb")
+        self._f.write(orjson.dumps({"file": file, position_kind: position, "reason": reason}) + b"\n")
+
+    def commit(self) -> None:
+        """Make the log visible; a unit without rejects removes the log of an earlier run."""
+        if self._f is not None:
+            io.fsync_file(self._f)
+            self._f.close()
+            self._f = None
+            io.commit(self.tmp, self.path)
+        else:
+            io.remove(self.path)
+
+    def abort(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+            os.remove(self.tmp)
+
+
+def merge_reject_logs(out_dir: str, unit_names: List[str]) -> None:
+    """Concatenate the units' logs, in unit order, into rejects.jsonl (written atomically)."""
+    path = os.path.join(out_dir, REJECTS)
+    tmp = io.tmp_name(path, shared=True)
+    with open(tmp, "wb") as out:
+        for name in unit_names:
+            p = rejects_path(out_dir, name)
+            if os.path.exists(p):
+                with io.open_read(p) as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        out.write(block)
+        io.fsync_file(out)
+    io.commit(tmp, path)
