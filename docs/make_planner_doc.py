@@ -1,7 +1,6 @@
 """Regenerate docs/planner.md from real CLI runs: .venv/bin/python docs/make_planner_doc.py (from the repo root)."""
 import os
 import subprocess
-import sys
 
 os.environ.update(OMP_NUM_THREADS="1")  # the repo is pip-installed in .venv (setup_env.sh)
 
