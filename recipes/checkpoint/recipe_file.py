@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from recipes.checkpoint.store import write_atomic
+from data_prep.io import atomic_write
 from recipes.config.loading import RecipeError, load_recipe
 
 RECIPE_FILE = "recipe.yaml"
@@ -15,7 +15,7 @@ RECIPE_FILE = "recipe.yaml"
 def write_recipe(recipe, directory: Path) -> None:
     """DIRECTORY/recipe.yaml: the fully resolved recipe (every default filled in), written atomically."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / RECIPE_FILE, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    atomic_write(str(directory / RECIPE_FILE), yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 
 
 def load_checkpoint_recipe(ckpt_dir: str, config: str | None, overrides: list[str]):

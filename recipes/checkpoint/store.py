@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from data_prep.io import atomic_write
 
 log = logging.getLogger(__name__)
 MARKER = "complete.json"
@@ -57,21 +58,6 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file + fsync + rename + directory fsync: the file is either old or new after a crash."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -> str:
     """Collective: every rank calls it. Returns the tag."""
     tag = tag_for(step)
@@ -84,8 +70,8 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -
         files = {str(p.relative_to(root / tag)): p.stat().st_size
                  for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
         marker = {"step": step, "client_state": client_state, "files": files}
-        write_atomic(root / tag / MARKER, json.dumps(marker, indent=1))
-        write_atomic(root / "latest", tag)
+        atomic_write(str(root / tag / MARKER), json.dumps(marker, indent=1))
+        atomic_write(str(root / "latest"), tag)
         _prune(root, keep_last)
         log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
     _barrier()

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import yaml
 
+from data_prep.io import parse_size as parse_bytes
 from recipes.config.schema import Recipe
 from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, apply_overrides, deep_merge, load_raw, recipe_from_dict
@@ -29,18 +29,15 @@ from recipes.planner.cost import (
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
 NEAR_BEST = 0.02  # layouts within 2% of the fastest are "as fast"; among them the simplest is recommended
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "PB": 1e15, "EB": 1e18}
-
-
 def parse_size(text: str) -> float:
-    """'10PB', '2.5 TB', '3e12' -> bytes (decimal units, as storage is sold)."""
-    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([KMGTPE]?B?)\s*", text.upper())
-    if not m:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size; write e.g. 10PB, 500TB or 3e15")
-    value = float(m.group(1)) * _UNITS[m.group(2) if m.group(2) != "" else ""]
+    """'10PB', '2.5 TB', '3e12' -> bytes (decimal units, as storage is sold; data_prep's one size parser)."""
+    try:
+        value = parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}; write e.g. 10PB, 500TB or 3e15") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got '{text}'")
-    return value
+    return float(value)
 
 
 def _positive(kind):

@@ -3,9 +3,9 @@
 Everything here is arithmetic on the recipe's model shape, a cluster description and a `Layout`; nothing touches a GPU.
 `plan_layouts` enumerates every valid layout for a cluster and ranks them; `recipes.planner.cli` is the CLI around it.
 
-Sources (see ../shared/reference/formulas.md): parameter and FLOP counts from Narayanan et al. 2021 (Megatron-LM, Eq. 2
-and Eq. 3) and Korthikanti et al. 2022 (model FLOPs, activation memory Table 2); model-state memory from Rajbhandari
-et al. 2019 (ZeRO); ring collective costs from nccl-tests PERFORMANCE.md. The assumptions that are ours (efficiencies,
+Sources (docs/planner.md shows the checks against their published numbers): parameter and FLOP counts from Narayanan
+et al. 2021 (Megatron-LM, Eq. 2 and Eq. 3) and Korthikanti et al. 2022 (model FLOPs, activation memory Table 2);
+model-state memory from Rajbhandari et al. 2019 (ZeRO); ring collective costs from nccl-tests PERFORMANCE.md. The assumptions that are ours (efficiencies,
 overlap, buffers) live in `Assumptions` and are printed with every plan.
 """
 from __future__ import annotations

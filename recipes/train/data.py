@@ -17,14 +17,17 @@ from pathlib import Path
 
 import torch
 
+from data_prep.steps.tokenizers import TokenizerInfo
+
 
 class DataError(ValueError):
     """A data problem the user can fix (missing manifest, vocabulary mismatch, ...)."""
 
 
 @dataclass
-class TokenizerInfo:
-    """What megatron-core's GPTDataset needs of a tokenizer: eod, pad, vocab_size, unique_identifiers."""
+class DatasetTokenizer:
+    """What megatron-core's GPTDataset asks of a tokenizer (eod, pad, vocab_size, unique_identifiers), made from the
+    manifest's tokenizer record (data_prep's `TokenizerInfo`, the one description of a tokenizer)."""
 
     vocab_size: int
     eod: int
@@ -32,21 +35,21 @@ class TokenizerInfo:
     unique_identifiers: dict = field(default_factory=dict)
 
     @classmethod
-    def from_manifest(cls, tok: dict, source: str) -> "TokenizerInfo":
+    def from_manifest(cls, tok: dict, source: str) -> "DatasetTokenizer":
         try:
-            vocab, eod = int(tok["vocab_size"]), int(tok["eod_id"])
+            info = TokenizerInfo.from_manifest(tok)
         except (KeyError, TypeError) as e:
             raise DataError(f"{source}: tokenizer.{e} missing; re-run data_prep to write a complete manifest") from None
-        pad = tok.get("pad_id")
-        ident = {"vocab_size": vocab, "eod": eod, "type": tok.get("type"), "path": tok.get("path")}
-        return cls(vocab_size=vocab, eod=eod, pad=-1 if pad is None else int(pad), unique_identifiers=ident)
+        ident = {"vocab_size": info.vocab_size, "eod": info.eod_id, "type": tok.get("type"), "path": tok.get("path")}
+        return cls(vocab_size=info.vocab_size, eod=info.eod_id, pad=-1 if info.pad_id is None else info.pad_id,
+                   unique_identifiers=ident)
 
 
 @dataclass
 class Blend:
     prefixes: list[str]
     weights: list[float]
-    tokenizer: TokenizerInfo
+    tokenizer: DatasetTokenizer
 
 
 def _manifest_path(entry: str) -> Path:
@@ -76,7 +79,7 @@ def load_blend(recipe) -> Blend:
     for entry in d.manifests:
         path = _manifest_path(entry)
         m = json.loads(path.read_text())
-        tok = TokenizerInfo.from_manifest(m.get("tokenizer") or _blend_tokenizer(m, path), str(path))
+        tok = DatasetTokenizer.from_manifest(m.get("tokenizer") or _blend_tokenizer(m, path), str(path))
         if tokenizer is not None and (tok.vocab_size, tok.eod) != (tokenizer.vocab_size, tokenizer.eod):
             raise DataError(f"{path}: tokenizer (vocab {tok.vocab_size}, eod {tok.eod}) differs from the first "
                             f"manifest's (vocab {tokenizer.vocab_size}, eod {tokenizer.eod}); use one tokenizer")

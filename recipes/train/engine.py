@@ -163,7 +163,7 @@ class GuardedAdamW(torch.optim.AdamW):
 
 def build_optimizer(model: torch.nn.Module, recipe, device: torch.device) -> GuardedAdamW:
     """AdamW with decoupled weight decay on matrices only (not on norms, biases); torch's fused kernel on CUDA."""
-    o = recipe.optimizer if hasattr(recipe, "optimizer") else recipe.training.optimizer
+    o = recipe.training.optimizer
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
