@@ -9,6 +9,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import torch
 
 pytestmark = pytest.mark.multiproc
 
@@ -64,10 +65,22 @@ def test_export_loads_in_transformers_and_generates(demo_run):
 
     tok = AutoTokenizer.from_pretrained(out / "hf", local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(out / "hf", local_files_only=True)
-    ids = tok("def main():", return_tensors="pt").input_ids
-    logits = model(ids).logits
-    assert logits.shape[-1] >= 1000 and logits.isfinite().all()
+    ids = tok("def main():\n    return read_file(path)", return_tensors="pt").input_ids
+    with torch.no_grad():
+        exported = model.eval()(ids).logits
     assert "generate: greedy text from the exported model" in stdout
+
+    # The export computes what the trained model computes: our own model, rebuilt from the newest checkpoint as
+    # read by recipes.checkpoint.read (TP/PP shards merged), gives the same logits on the same ids.
+    from recipes.checkpoint.plain_model import build_plain_model, logits
+    from recipes.checkpoint.read import read_full_state
+    from recipes.checkpoint.recipe_file import load_checkpoint_recipe
+
+    recipe = load_checkpoint_recipe(str(out / "checkpoints"), None, [])
+    state = read_full_state(out / "checkpoints", recipe.model)
+    ours = logits(build_plain_model(recipe, state.weights), ids, recipe.model.vocab_size)
+    assert exported.shape == ours.shape and exported.shape[-1] == recipe.model.vocab_size
+    assert (exported - ours).abs().max().item() < 1e-4, (exported - ours).abs().max().item()
 
 
 def test_report_and_plots_are_valid(demo_run):

@@ -2,7 +2,6 @@
 benchmark. Run on a GPU machine: `.venv/bin/python -m pytest -q tests/gpu`."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,10 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _corpus(tmp: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("corpus", REPO / "tests" / "training" / "corpus.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.write_corpus(tmp / "corpus")
+    from tests.support.corpus import write_corpus
+
+    return write_corpus(tmp / "corpus")
 
 
 def _torchrun(n: int, module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -37,7 +37,7 @@ def real_training(tmp_path, corpus, *args, env):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from tests.training.corpus import write_corpus  # the training tests' real-text shards (megatron-core writer)
+    from tests.support.corpus import write_corpus  # the training tests' real-text shards (megatron-core writer)
 
     return write_corpus(tmp_path_factory.mktemp("corpus"), max_bytes=200_000)
 
