@@ -27,6 +27,10 @@ def pick_device(recipe) -> torch.device:
 
 def init_distributed(recipe) -> torch.device:
     """Join the process group (env:// from torchrun or the deepspeed launcher); gloo on CPU, nccl on GPU."""
+    if recipe.cluster.device == "cpu":
+        # Name the accelerator instead of letting DeepSpeed guess: its guess warns "Setting accelerator to CPU"
+        # once per rank, which is the recipe's choice here, not news.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
     device = pick_device(recipe)

@@ -1,0 +1,50 @@
+"""The import direction is one way (pyproject.toml's import-linter contracts): the real tree keeps every contract,
+and a planted wrong-way import in a copy of it breaks one."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[1]
+LINT = str(Path(sys.executable).with_name("lint-imports"))
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    # PYTHONPATH: the copy's packages, not the editable install's, are the ones analysed.
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([LINT, "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _copy(tmp: Path) -> Path:
+    for pkg in ("recipes", "data_prep"):
+        shutil.copytree(REPO / pkg, tmp / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp / "pyproject.toml")
+    return tmp
+
+
+def test_the_tree_keeps_every_import_contract():
+    r = _lint(REPO)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+@pytest.mark.parametrize("module,planted,contract", [
+    ("recipes/config/schema.py", "import recipes.tools.demo", "recipes.config is not allowed to import recipes.tools"),
+    ("recipes/model/shape.py", "from recipes.planner import cost", "recipes.model is not allowed to import recipes.planner"),
+    ("data_prep/io.py", "import recipes.config.loading", "data_prep imports nothing from recipes"),
+])
+def test_a_wrong_way_import_breaks_the_build(tmp_path, module, planted, contract):
+    root = _copy(tmp_path)
+    target = root / module
+    target.write_text(target.read_text() + f"\n{planted}  # planted by the test\n")
+    r = _lint(root)
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert contract in r.stdout and "BROKEN" in r.stdout, r.stdout[-3000:]
