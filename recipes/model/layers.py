@@ -99,6 +99,7 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
         gradient_accumulation_fusion=False,
         # "selective" needs no megatron recompute here: SDPA (flash on GPU) never stores the s x s scores.
         recompute_granularity=None,
+        cuda_graph_scope=[],  # the whole layer, spelled the non-deprecated way (the default "full" warns per rank)
     )
 
 

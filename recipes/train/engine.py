@@ -6,6 +6,7 @@ over the same layers in one module (`PlainDecoder`), which allows ZeRO 0/1/2/3.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -223,6 +224,19 @@ def _refuse_uneven_stage_groups(model) -> None:
                          f"{UNEVEN_GROUPS_FIX}")
 
 
+class _KnownOptimizerFilter(logging.Filter):
+    """DeepSpeed calls any optimizer outside its own list "untested" under ZeRO; ours is torch's AdamW plus a
+    non-finite check (GuardedAdamW), tested here against plain AdamW, so the warning tells a user nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "untested optimizer" not in record.getMessage()
+
+
+def _quiet_known_optimizer_warning(ds_logger: logging.Logger) -> None:
+    if not any(isinstance(f, _KnownOptimizerFilter) for f in ds_logger.filters):
+        ds_logger.addFilter(_KnownOptimizerFilter())
+
+
 def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -> Engine:
     """Build model, optimizer and lr schedule and hand them to deepspeed.initialize. parallel_state must be up."""
     import deepspeed
@@ -244,6 +258,7 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     optimizer = build_optimizer(model, recipe, device)
     optimizer.check_finite = layout.zero_stage not in (1, 2)  # ZeRO-1/2 skip on an inf/NaN grad norm themselves
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(recipe, total_steps))
+    _quiet_known_optimizer_warning(deepspeed.utils.logger)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, mpu=mpu,
                                       config=ds_config, dist_init_required=False)
     return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,

@@ -5,6 +5,7 @@ order; only global rank 0 writes logs.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -194,10 +195,14 @@ def run(recipe, quiet: bool = False) -> int:
     stop = StopRequest()
     consecutive_skips = 0
     progress = None
+    redirect = contextlib.ExitStack()
     if rank == 0 and not quiet:
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
         progress = tqdm(total=total_steps, initial=step, desc="train", unit="step", file=sys.stderr)
+        # log lines (saves, skips) above the bar instead of glued to its end
+        redirect.enter_context(logging_redirect_tqdm([logging.getLogger("recipes")]))
 
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
@@ -258,6 +263,7 @@ def run(recipe, quiet: bool = False) -> int:
 
     if progress is not None:
         progress.close()
+    redirect.close()
     say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
     log.close()
     shutdown_distributed()
