@@ -119,13 +119,19 @@ def main(args: list[str] | None = None) -> int:
     from recipes.train.loop import run
 
     try:
-        return run(recipe, quiet=ns.quiet)
+        code = run(recipe, quiet=ns.quiet)
     except Exception:
         import traceback
 
         rank = os.environ.get("RANK", "?")
         print(f"rank {rank}: training failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         os._exit(1)  # skip atexit/destructors that could block on collectives; the launcher stops the job
+    # Done (process groups already destroyed): leave without C++ static destructors, where gloo's threads can still
+    # abort a finished rank under load ("terminate called without an active exception", seen in the launcher tests).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Rank 0 writes the losses as JSON to $TOY_OUT. $TOY_STEP_SLEEP slows each step (f
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -56,6 +57,9 @@ def main():
             json.dump({"world_size": world, "losses": losses}, f)
     dist.barrier()  # leave together: no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
+    # and without C++ static destructors, where gloo's threads can still abort a finished rank under load
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
