@@ -17,10 +17,11 @@ import argparse
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from recipes.parallel.rendezvous import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,9 +106,7 @@ def _measure_stage(recipe, layout, device) -> dict:
 
 def measure(recipe_path: str, overrides: list[str], stages: list[int], dp: int, timeout: int = 600) -> list[list]:
     """Run `dp` local processes that measure each ZeRO stage in turn; per rank, a list of per-stage results."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(dp):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1",

@@ -10,7 +10,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import warnings
 
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
+from recipes.parallel.rendezvous import free_port
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,6 @@ def _check_runs_here(recipe) -> None:
                           "or fp32 for CPU runs (fp16 with dynamic loss scaling runs on GPUs)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def launch_local(n: int, argv: list[str]) -> int:
     """Start n worker processes of this entry point (RANK/WORLD_SIZE env), stop them all if one fails.
@@ -58,7 +53,7 @@ def launch_local(n: int, argv: list[str]) -> int:
     Not torchrun (`torch.distributed.run --standalone`), measured here with torch 2.13: torchrun turns a SIGTERM
     pre-emption (workers save and exit 0) into exit 1 with a SignalException traceback, and a SIGUSR1 kills torchrun
     itself and leaves the workers running. This spawner forwards both and exits 0 after a clean save."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n),
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
                LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
     procs = []

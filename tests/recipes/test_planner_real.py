@@ -5,7 +5,6 @@
   and the reduce bucket it adds to the buffers is really there."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from recipes.config.loading import load_recipe
 from recipes.model.shape import count_parameters
+from recipes.parallel.rendezvous import free_port
 from recipes.planner.cost import deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -26,9 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

@@ -3,20 +3,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
+
+from recipes.parallel.rendezvous import free_port  # noqa: F401 (the launcher tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "launch" / "toy.yaml"
 TOY_ENTRY = f"python {REPO / 'tests' / 'launch' / 'toy_train.py'}"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_env(**extra) -> dict:

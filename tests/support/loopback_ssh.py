@@ -12,12 +12,13 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, Iterator, Optional
+
+from recipes.parallel.rendezvous import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -30,11 +31,6 @@ def unavailable() -> Optional[str]:
         return "ssh / ssh-keygen are missing (apt-get install openssh-client)"
     return None
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(config: str, host: str, deadline: float) -> None:
@@ -54,7 +50,7 @@ def loopback_sshd(d: str, aliases: Dict[str, str], unreachable: Optional[Dict[st
     """Start sshd listening on every address in ``aliases`` (alias -> 127.0.0.x); yield the ssh_config path.
     ``unreachable`` aliases get config entries but no listener: a dead node, for failure tests."""
     os.makedirs(d, exist_ok=True)
-    port = _free_port()  # a non-default port: never collides with a system sshd on 22
+    port = free_port()  # a non-default port: never collides with a system sshd on 22
     for k in ("host_key", "user_key"):
         for p in (k, k + ".pub"):  # ssh-keygen asks before overwriting: start from nothing
             with contextlib.suppress(FileNotFoundError):

@@ -2,7 +2,6 @@
 several model shapes; and the initial full weights do not depend on where the pipeline is cut."""
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
@@ -39,10 +38,7 @@ def single_process_group():
     # only what this fixture made.
     made_world = not torch.distributed.is_initialized()
     if made_world:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     made_groups = not parallel_state.model_parallel_is_initialized()
     if made_groups:
         parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
