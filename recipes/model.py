@@ -65,14 +65,15 @@ SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
 
 # ----------------------------------------------------------------------------------------------------------- config
 def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
-                       recompute: str = "none") -> TransformerConfig:
+                       recompute: str = "none", fused: bool = False) -> TransformerConfig:
     """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp`.
 
-    Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off: they need CUDA
-    kernels; torch SDPA gives the attention speed on GPU.
+    Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off unless `fused`
+    (CUDA runs, see `recipes.fast_path`): they compile kernels, which costs minutes on CPU for no gain; torch SDPA
+    gives the attention speed on GPU.
     """
     swiglu = model_cfg.activation == "swiglu"
-    return TransformerConfig(
+    kwargs = dict(
         num_layers=model_cfg.num_layers,
         hidden_size=model_cfg.hidden_size,
         num_attention_heads=model_cfg.num_attention_heads,
@@ -101,6 +102,11 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
         # "selective" needs no megatron recompute here: SDPA (flash on GPU) never stores the s x s scores.
         recompute_granularity=None,
     )
+    if fused:
+        from recipes.fast_path import fused_config_kwargs
+
+        kwargs.update(fused_config_kwargs(model_cfg))
+    return TransformerConfig(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- building blocks
@@ -338,8 +344,10 @@ def build_pipeline_module(recipe, layout):
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
+    from recipes.fast_path import fusions_enabled
+
     m = recipe.model
-    config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute)
+    config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute, fusions_enabled(recipe))
     topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
     return PipelineModule(
         layers=layer_specs(m, config, recipe.training.seed),
@@ -359,8 +367,10 @@ class PlainDecoder(nn.Module):
 
     def __init__(self, recipe, layout):
         super().__init__()
+        from recipes.fast_path import fusions_enabled
+
         m = recipe.model
-        config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute)
+        config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute, fusions_enabled(recipe))
         self.recompute_full = layout.recompute == "full"
         self.loss_fn = VocabParallelLoss(m.vocab_size)
         self.tied = m.tied_embeddings
