@@ -23,8 +23,8 @@ from recipes.config import Recipe
 from recipes.layout import Layout
 from recipes.loading import RecipeError, apply_overrides, deep_merge, load_raw, recipe_from_dict
 from recipes.planner import (
-    Assumptions, Estimate, count_parameters, estimate, format_memory, layout_problems, model_flops_per_step,
-    plan_layouts, what_would_fit,
+    Assumptions, Estimate, count_parameters, estimate, format_memory, layout_problems, listed_rank,
+    model_flops_per_step, plan_layouts, what_would_fit,
 )
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     lines = explain(recipe, ests, rec, tokens, corpus, args.max_days)
     own = recipe_layout_estimate(recipe, ests)
     if own is not None:
-        rank = ests.index(own) + 1 if own in ests else None
+        rank = listed_rank(own, ests)
         lines.append(f"The recipe's own layout ({own.layout.describe()}) "
                      + (f"ranks {rank} of {len(ests)}: " if rank else "is outside the search: ")
                      + f"{own.memory_gib['total']:.1f} GiB per GPU ({'fits' if own.fits else 'does NOT fit'}), "

@@ -507,6 +507,13 @@ def plan_layouts(model_cfg, cluster, global_batch: int, *, precision: str = "bf1
     return ests
 
 
+def listed_rank(est: Estimate, ests: list[Estimate]) -> int | None:
+    """1-based rank of `est` in a `plan_layouts` list, also when it is listed as its same-cost twin (a recipe's
+    ZeRO-2 at DP=1 is listed as ZeRO-1, its selective recompute under flash attention as none)."""
+    key = _same_cost_key(est)
+    return next((i for i, e in enumerate(ests, 1) if _same_cost_key(e) == key), None)
+
+
 def _same_cost_key(e: Estimate) -> tuple:
     """Degrees and micro-batch plus every priced figure: equal keys = the same layout priced twice."""
     lay = e.layout

@@ -187,3 +187,13 @@ def tp1_group():
     yield
     parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
+
+
+def test_plan_ranks_a_recipe_layout_that_is_listed_as_its_same_cost_twin(capsys):
+    from recipes.plan import main
+
+    assert main(["configs/examples/c-llama-7b-one-node.yaml", "parallel.recompute=selective", "parallel.dp=8",
+                 "parallel.micro_batch=2", "parallel.zero_stage=1"]) == 0
+    out = capsys.readouterr().out
+    own = next(line for line in out.splitlines() if "The recipe's own layout" in line)
+    assert "recompute=selective" in own and "ranks 3 of" in own, own  # listed as the `none` layout (row 3)
