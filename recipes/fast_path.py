@@ -83,7 +83,8 @@ def check_attention_backend(recipe, device: torch.device) -> str:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tr.precision, torch.float32)
     head_dim = m.hidden_size // m.num_attention_heads
     tp = recipe.parallel.tp
-    backend = sdpa_backend(head_dim, m.num_attention_heads // tp, m.query_groups // tp, m.seq_length, dtype, device)
+    seq = min(m.seq_length, 8192)  # the kernel choice does not hinge on length; a 128k-token probe would cost a GB
+    backend = sdpa_backend(head_dim, m.num_attention_heads // tp, m.query_groups // tp, seq, dtype, device)
     log.info("attention: torch SDPA %s kernel (%s, head dim %d, %s)", backend, dtype, head_dim, device)
     if device.type == "cuda":
         problem = attention_problem(backend, head_dim, dtype, tr.allow_math_attention)

@@ -35,8 +35,9 @@ class Stages:
     def say(self, text: str) -> None:
         line = f"[gpu_check +{time.monotonic() - self.t0:5.0f}s] {text}"
         print(line, flush=True)
-        self.log.write(line + "\n")
-        self.log.flush()
+        if not os.environ.get("GPU_CHECK_LOG_TEED"):  # run.sh tees stdout into run.log already
+            self.log.write(line + "\n")
+            self.log.flush()
 
     def run(self, name: str, cmd: list[str], cap_s: float, reserve_s: float = 0.0) -> dict:
         """Run one stage; its output goes to the log. Timeout = min(cap, what is left minus what later stages need)."""

@@ -25,6 +25,7 @@ mkdir -p "$OUT"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 exec > >(tee -a "$OUT/run.log") 2>&1
+export GPU_CHECK_LOG_TEED=1  # gpu_check.py's own lines reach run.log through this tee
 echo "== gpu_check $(date -u +%FT%TZ) dry=$DRY wheels=$WHEELS out=$OUT"
 
 install_wheels() {  # PY TARGET WHEEL...: offline, no dependency resolution (the folder is the complete list)
@@ -41,7 +42,8 @@ if [ "$DRY" = 0 ]; then
     "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
     install_wheels "$PY" "$WORK/site" "$WHEELS"/*.whl
     export PYTHONPATH="$REPO:$WORK/site"
-    exec "$PY" "$HERE/gpu_check.py" "$OUT" --budget-s "${GPU_CHECK_BUDGET_S:-480}"
+    "$PY" "$HERE/gpu_check.py" "$OUT" --budget-s "${GPU_CHECK_BUDGET_S:-480}"
+    exit 0
 fi
 
 # ---- dry mode -------------------------------------------------------------------------------------------------
