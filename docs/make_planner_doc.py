@@ -166,7 +166,8 @@ with the planner (`tests/recipes/test_planner_real.py` runs the same on a smalle
 Model states match exactly once the planner counts, for fp32 training, the fp32 master partition DeepSpeed's ZeRO
 optimizers keep even when the weights are already fp32 (K = 12, not 8). DeepSpeed also allocates a gradient bucket of
 `reduce_bucket_size` elements (5e8 in `recipes/parallel/ds_config.py`: 1 GB in bf16, 2 GB in fp32) whatever the model size:
-ZeRO-3 at start-up, ZeRO-1/2 for each backward; the planner's "buffers" include it.
+ZeRO-3 at start-up, ZeRO-1/2 for each backward (two with overlap_comm, which GPU runs write: DeepSpeed reduces one
+while filling the other; these CPU runs write it off); the planner's "buffers" include it.
 
 ## Calibration against published throughput
 

@@ -17,6 +17,7 @@ COMMANDS = {  # command -> (module, one line for --help)
     "reshape": ("recipes.tools.reshape", "re-lay a checkpoint for another TP x PP x DP"),
     "demo": ("recipes.tools.demo", "the main job: corpus -> shards -> plan -> train -> export -> report"),
     "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
+    "bench-plain": ("recipes.tools.bench_plain", "megatron-core layers vs a plain PyTorch model of the same shape"),
     "measure-zero": ("recipes.tools.measure_zero", "measure real ZeRO 0-3 model-state memory per rank"),
     "report": ("recipes.tools.report", "rebuild a run's report.md and plots from its metrics"),
 }

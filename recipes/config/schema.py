@@ -97,6 +97,10 @@ class TrainingConfig(_Section):
     dist_timeout_minutes: PositiveInt = 30
     reference_global_batch: Optional[PositiveInt] = None  # the preset's batch the lr was tuned for (for warnings)
     reference_lr: Optional[PositiveFloat] = None  # the preset's lr at reference_global_batch (for warnings)
+    # GPU fast path (recipes.model.fast_path): refuse torch's math SDPA kernel for bf16/fp16 unless allowed here; compile
+    # each decoder layer with torch.compile (opt-in: compile time is minutes at 1B+ scale).
+    allow_math_attention: bool = False
+    compile_decoder_layers: bool = False
 
     def steps(self, seq_length: int) -> int:
         if self.train_steps:

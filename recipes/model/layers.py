@@ -63,15 +63,15 @@ SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
 
 
 # ----------------------------------------------------------------------------------------------------------- config
-def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
-                       recompute: str = "none") -> TransformerConfig:
+def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fused: bool = False) -> TransformerConfig:
     """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp`.
 
-    Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off: they need CUDA
-    kernels; torch SDPA gives the attention speed on GPU.
+    Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off unless `fused`
+    (CUDA runs, see `recipes.model.fast_path`): they compile kernels, which costs minutes on CPU for no gain; torch SDPA
+    gives the attention speed on GPU.
     """
     swiglu = model_cfg.activation == "swiglu"
-    return TransformerConfig(
+    kwargs = dict(
         num_layers=model_cfg.num_layers,
         hidden_size=model_cfg.hidden_size,
         num_attention_heads=model_cfg.num_attention_heads,
@@ -101,6 +101,11 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False,
         recompute_granularity=None,
         cuda_graph_scope=[],  # the whole layer, spelled the non-deprecated way (the default "full" warns per rank)
     )
+    if fused:
+        from recipes.model.fast_path import fused_config_kwargs
+
+        kwargs.update(fused_config_kwargs(model_cfg))
+    return TransformerConfig(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- building blocks
@@ -341,8 +346,10 @@ class PlainDecoder(nn.Module):
 
     def __init__(self, recipe, layout):
         super().__init__()
+        from recipes.model.fast_path import fusions_enabled
+
         m = recipe.model
-        config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute)
+        config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe))
         self.recompute_full = layout.recompute == "full"
         self.loss_fn = VocabParallelLoss(m.vocab_size)
         self.tied = m.tied_embeddings

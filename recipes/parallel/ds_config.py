@@ -1,7 +1,7 @@
 """The DeepSpeed JSON config of a recipe at a layout (batch sizes, ZeRO stage, precision, clipping, pipeline, recompute).
 
-The optimizer and the lr scheduler are NOT in this dict: `recipes.train.engine` builds them in Python (torch AdamW on CPU,
-FusedAdam on GPU when available; warmup + cosine/linear decay as a LambdaLR) and hands them to deepspeed.initialize,
+The optimizer and the lr scheduler are NOT in this dict: `recipes.train.engine` builds them in Python (torch's AdamW, its
+fused kernel on GPU; warmup + cosine/linear decay as a LambdaLR) and hands them to deepspeed.initialize,
 so one code path serves CPU tests and GPU runs and no DeepSpeed op has to be compiled on CPU.
 """
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 from recipes.parallel.layout import Layout
 
 
-def build_ds_config(recipe, layout: Layout) -> dict:
-    """DeepSpeed config dict for `recipe` run at `layout` (dp must be resolved)."""
+def build_ds_config(recipe, layout: Layout, device_type: str | None = None) -> dict:
+    """DeepSpeed config dict for `recipe` run at `layout` (dp must be resolved) on `device_type` ("cuda" / "cpu";
+    default: the recipe's cluster.device; the engine passes the device it actually got)."""
     t = recipe.training
     grad_accum = layout.grad_accum_steps(t.global_batch)
     cfg: dict = {
@@ -20,7 +21,7 @@ def build_ds_config(recipe, layout: Layout) -> dict:
         "gradient_clipping": t.grad_clip,
         "steps_per_print": 10**9,  # our loop logs; keep DeepSpeed's own step prints out of the way
         "wall_clock_breakdown": False,
-        "zero_optimization": _zero_section(layout),
+        "zero_optimization": _zero_section(layout, device_type or recipe.cluster.device),
         "zero_allow_untested_optimizer": True,  # torch AdamW on CPU is a plain torch optimizer
         "pipeline": {
             # Pipeline engine: full recompute checkpoints every decoder layer; activations cross stage boundaries whole.
@@ -53,13 +54,26 @@ def build_ds_config(recipe, layout: Layout) -> dict:
     return cfg
 
 
-def _zero_section(layout: Layout) -> dict:
+def zero_comm_settings(zero_stage: int, device_type: str) -> dict:
+    """The communication part of DeepSpeed's zero_optimization section: the one source for the JSON we write and for
+    the planner's assumptions (`recipes.planner.cost.Assumptions`), so the plan prices the config the trainer runs.
+
+    GPU runs overlap the gradient reduction with the backward on a side stream (overlap_comm) into contiguous
+    buffers; CPU/gloo runs keep overlap off: no side streams to overlap on, and the CPU tests' numbers stay as
+    measured. Bucket sizes are DeepSpeed's defaults.
+    """
+    if zero_stage == 0:
+        return {}
+    z = {"reduce_scatter": True, "overlap_comm": device_type == "cuda", "contiguous_gradients": True,
+         "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8}
+    if zero_stage == 3:
+        z["stage3_prefetch_bucket_size"] = 5e7
+    return z
+
+
+def _zero_section(layout: Layout, device_type: str) -> dict:
     z: dict = {"stage": layout.zero_stage}
-    if layout.zero_stage >= 1:
-        # Overlap/contiguous buffers help on GPU and are harmless on CPU; bucket sizes are DeepSpeed's defaults.
-        z.update({"reduce_scatter": True, "overlap_comm": False, "contiguous_gradients": True,
-                  "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8})
+    z.update(zero_comm_settings(layout.zero_stage, device_type))
     if layout.zero_stage == 3:
-        z.update({"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 5e7,
-                  "stage3_gather_16bit_weights_on_model_save": False})
+        z.update({"stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": False})
     return z

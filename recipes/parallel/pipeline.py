@@ -1,6 +1,7 @@
 """The model cut into DeepSpeed pipeline stages: a PipelineModule over megatron-core's rank order."""
 from __future__ import annotations
 
+from recipes.model.fast_path import fusions_enabled
 from recipes.model.layers import VocabParallelLoss, layer_specs, transformer_config
 from recipes.parallel.partition import deepspeed_method
 
@@ -11,7 +12,7 @@ def build_pipeline_module(recipe, layout):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     m = recipe.model
-    config = transformer_config(m, layout.tp, layout.sequence_parallel, layout.recompute)
+    config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe))
     topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
     return PipelineModule(
         layers=layer_specs(m, config, recipe.training.seed),

@@ -24,7 +24,7 @@ from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, apply_overrides, deep_merge, load_raw, recipe_from_dict
 from recipes.model.shape import count_parameters, model_flops_per_step
 from recipes.planner.cost import (
-    Assumptions, Estimate, estimate, format_memory, layout_problems, plan_layouts, what_would_fit,
+    Assumptions, Estimate, estimate, format_memory, layout_problems, listed_rank, plan_layouts, what_would_fit,
 )
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     lines = explain(recipe, ests, rec, tokens, corpus, args.max_days)
     own = recipe_layout_estimate(recipe, ests)
     if own is not None:
-        rank = ests.index(own) + 1 if own in ests else None
+        rank = listed_rank(own, ests)
         lines.append(f"The recipe's own layout ({own.layout.describe()}) "
                      + (f"ranks {rank} of {len(ests)}: " if rank else "is outside the search: ")
                      + f"{own.memory_gib['total']:.1f} GiB per GPU ({'fits' if own.fits else 'does NOT fit'}), "

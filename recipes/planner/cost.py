@@ -11,12 +11,15 @@ overlap, buffers) live in `Assumptions` and are printed with every plan.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from recipes.model.shape import hardware_flops_per_step, layer_parameters, model_flops_per_step, norm_params
+from recipes.parallel.ds_config import zero_comm_settings
 from recipes.parallel.layout import Layout
 
 GiB = 1024**3
+# What recipes.parallel.ds_config writes for a GPU run: the planner prices exactly that (overlap, buckets, ZeRO-3 prefetch).
+_DS_GPU = zero_comm_settings(3, "cuda")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -113,9 +116,10 @@ class Assumptions:
     elementwise_hidden: int = 1024
     intra_link_efficiency: float = 0.4  # NCCL bus bandwidth / datasheet NVLink (bidirectional) figure
     inter_link_efficiency: float = 0.8  # NCCL bus bandwidth / InfiniBand line rate per node
-    # ZeRO-2 reduce-scatters hide behind the backward only with DeepSpeed's overlap_comm=true (a GPU setting; the
-    # CPU-safe recipes/parallel/ds_config.py currently writes false): then this share of the backward hides them.
-    overlap_comm: bool = True
+    # ZeRO-2 reduce-scatters hide behind the backward only with DeepSpeed's overlap_comm=true (what
+    # recipes/parallel/ds_config.py writes for GPU runs): then this share of the backward hides them.
+    overlap_comm: bool = _DS_GPU["overlap_comm"]
+    contiguous_gradients: bool = _DS_GPU["contiguous_gradients"]  # with overlap_comm: two reduce buckets
     overlap_efficiency: float = 0.8
     zero3_overlap: float = 0.5  # ZeRO-3 fetches weights module by module with a bounded prefetch: half hidden
     latency_intra_s: float = 2e-6  # NCCL latency per ring step over NVLink
@@ -123,10 +127,19 @@ class Assumptions:
     flash_attention: bool = True  # SDPA/flash kernels on GPU: no s x s score matrix is stored
     dropout: bool = False  # recipes.model.layers builds with hidden/attention dropout 0.0
     context_gib: float = 1.5  # CUDA context, cuBLAS workspace, NCCL buffers per GPU
-    bucket_elements: float = 5e8  # DeepSpeed reduce/allgather bucket (recipes.parallel.ds_config uses 5e8)
-    zero3_bucket_elements: float = 5e7  # ZeRO-3 gathers in prefetch buckets (recipes.parallel.ds_config uses 5e7)
+    bucket_elements: float = _DS_GPU["reduce_bucket_size"]  # DeepSpeed reduce/allgather bucket
+    zero3_bucket_elements: float = _DS_GPU["stage3_prefetch_bucket_size"]  # ZeRO-3 gathers in prefetch buckets
     fragmentation: float = 0.05  # allocator fragmentation, as a share of everything else
     max_micro_batch: int = 16
+
+    @classmethod
+    def for_device(cls, device_type: str, **changes) -> "Assumptions":
+        """The assumptions for runs on `device_type` ("cuda": the defaults; "cpu": what the CPU/gloo runs write),
+        with DeepSpeed's settings read from `recipes.parallel.ds_config.zero_comm_settings` like the defaults."""
+        ds = zero_comm_settings(3, device_type)
+        return cls(**{"overlap_comm": ds["overlap_comm"], "contiguous_gradients": ds["contiguous_gradients"],
+                      "bucket_elements": ds["reduce_bucket_size"],
+                      "zero3_bucket_elements": ds["stage3_prefetch_bucket_size"], **changes})
 
 
 @dataclass
@@ -158,8 +171,11 @@ def deepspeed_bucket_bytes(params: float, zero_stage: int, dp: int, elem_bytes: 
                            assume: Assumptions = Assumptions()) -> float:
     """Gradient bucket DeepSpeed holds per GPU, read from deepspeed/runtime/zero and measured on CPU
     (`python -m recipes measure-zero`): ZeRO-1/2 allocate a reduce_bucket_size buffer (in the gradients' dtype) for
-    every backward, ZeRO-3 one at start-up, whatever the model size; ZeRO-0's all-reduce flattens gradients bucket
+    every backward, two with overlap_comm + contiguous_gradients (stage_1_and_2.py swaps between them while one is
+    being reduced), ZeRO-3 one at start-up, whatever the model size; ZeRO-0's all-reduce flattens gradients bucket
     by bucket (at most their size)."""
+    if zero_stage in (1, 2) and assume.overlap_comm and assume.contiguous_gradients:
+        return 2 * assume.bucket_elements * elem_bytes
     if zero_stage >= 1:
         return assume.bucket_elements * elem_bytes
     if dp > 1:
@@ -209,6 +225,7 @@ def _group_bus_gbps(cluster, assume: Assumptions, members_per_node: int, spans_n
 def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision: str = "bf16",
              train_tokens: float | None = None, assume: Assumptions = Assumptions()) -> Estimate:
     """Memory, time and throughput of one layout. Pure arithmetic; valid only for layouts `layout_problems` accepts."""
+    priced = effective_layout(layout, assume)  # the layout's own settings are reported; costs are of what runs
     t, p, n_dp, b = layout.tp, layout.pp, layout.dp, layout.micro_batch
     s, h, L = model_cfg.seq_length, model_cfg.hidden_size, model_cfg.num_layers
     gpn = cluster.gpus_per_node
@@ -221,13 +238,13 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     psi = params_per_gpu(model_cfg, t, p)
     states = zero_model_state_bytes(psi, n_dp, layout.zero_stage, precision)
     per_layer = activation_bytes_per_layer(
-        s, b, h, model_cfg.num_attention_heads, t, layout.sequence_parallel, layout.recompute,
+        s, b, h, model_cfg.num_attention_heads, t, layout.sequence_parallel, priced.recompute,
         ffn=model_cfg.ffn_size, query_groups=model_cfg.query_groups, gated=model_cfg.activation == "swiglu",
         dropout=assume.dropout, flash_attention=assume.flash_attention) * act_bytes / 2
     n_l = _stage_layers(L, p)
     in_flight = min(p, m)  # 1F1B: the first stage holds up to p micro-batches
     first_act = n_l * per_layer * in_flight
-    if layout.recompute == "full":  # the layer being recomputed needs its full activations once
+    if priced.recompute == "full":  # the layer being recomputed needs its full activations once
         first_act += activation_bytes_per_layer(
             s, b, h, model_cfg.num_attention_heads, t, layout.sequence_parallel, "none", ffn=model_cfg.ffn_size,
             query_groups=model_cfg.query_groups, gated=model_cfg.activation == "swiglu", dropout=assume.dropout,
@@ -250,7 +267,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     fits = mem["total"] <= cluster.gpu_memory_gb
 
     # --- compute ---------------------------------------------------------------------------------------------------
-    hw_flops_mb = hardware_flops_per_step(model_cfg, b, layout.recompute)
+    hw_flops_mb = hardware_flops_per_step(model_cfg, b, priced.recompute)
     stage_share = n_l / L  # the slowest stage sets the pace (uneven partitions cost here)
     eff = assume.kernel_efficiency
     d = h / t
@@ -263,7 +280,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     # --- tensor-parallel communication (on the critical path; Megatron does not overlap it) --------------------------
     t_tp_mb = 0.0
     if t > 1:
-        collectives = 4 + (2 if layout.recompute == "full" else 0)
+        collectives = 4 + (2 if priced.recompute == "full" else 0)
         tp_spans = t > gpn
         bw = _group_bus_gbps(cluster, assume, min(t, gpn), tp_spans)
         lat = assume.latency_inter_s if tp_spans else assume.latency_intra_s
@@ -317,7 +334,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     step = t_pipe + t_pp + t_dp
     tokens_per_s = global_batch * s / step
     model_flops = model_flops_per_step(model_cfg, global_batch)
-    hw_flops = hardware_flops_per_step(model_cfg, global_batch, layout.recompute)
+    hw_flops = hardware_flops_per_step(model_cfg, global_batch, priced.recompute)
     tflops = model_flops / step / world / 1e12
     days = gpu_hours = None
     if train_tokens:
@@ -343,13 +360,22 @@ def layout_problems(model_cfg, cluster, layout: Layout, global_batch: int) -> li
     return [str(p) for p in layout.problems(model_cfg, global_batch)]
 
 
+def effective_layout(layout: Layout, assume: Assumptions = Assumptions()) -> Layout:
+    """The layout as the trainer runs it: `recompute=selective` only drops the s x s attention scores, which a flash
+    kernel never stores, so recipes.model runs it as `none` (no recompute) and it costs the same."""
+    if layout.recompute == "selective" and assume.flash_attention:
+        return replace(layout, recompute="none")
+    return layout
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def candidate_layouts(model_cfg, cluster, global_batch: int, assume: Assumptions = Assumptions()) -> list[Layout]:
     """Every layout worth pricing: TP within a node, any PP that divides the rest, ZeRO 0-3 (2/3 only without PP),
-    power-of-two micro-batches, three recompute modes, SP whenever TP > 1 (same traffic, less memory)."""
+    power-of-two micro-batches, the recompute modes that differ (selective only without flash attention), SP
+    whenever TP > 1 (same traffic, less memory)."""
     world = cluster.world_size
     out = []
     for t in _divisors(cluster.gpus_per_node):
@@ -365,6 +391,8 @@ def candidate_layouts(model_cfg, cluster, global_batch: int, assume: Assumptions
                     for r in ("none", "selective", "full"):
                         lay = Layout(tp=t, pp=p, dp=dp, zero_stage=z, micro_batch=b, sequence_parallel=t > 1,
                                      recompute=r)
+                        if effective_layout(lay, assume) != lay:
+                            continue  # runs as another candidate: listing it would show the same layout twice
                         if not layout_problems(model_cfg, cluster, lay, global_batch):
                             out.append(lay)
                     b *= 2
@@ -377,11 +405,34 @@ def _rank_key(e: Estimate):
 
 def plan_layouts(model_cfg, cluster, global_batch: int, *, precision: str = "bf16", train_tokens: float | None = None,
                  assume: Assumptions = Assumptions()) -> list[Estimate]:
-    """All candidate layouts priced and ranked: layouts that fit first, fastest first."""
-    ests = [estimate(model_cfg, cluster, lay, global_batch, precision=precision, train_tokens=train_tokens,
-                     assume=assume) for lay in candidate_layouts(model_cfg, cluster, global_batch, assume)]
+    """All candidate layouts priced and ranked: layouts that fit first, fastest first. A layout that differs from
+    an earlier candidate only in a setting that changes nothing here (e.g. ZeRO-2 vs ZeRO-1 at DP=1: the same
+    memory and time) is listed once, as the simpler one."""
+    ests, seen = [], set()
+    for lay in candidate_layouts(model_cfg, cluster, global_batch, assume):
+        e = estimate(model_cfg, cluster, lay, global_batch, precision=precision, train_tokens=train_tokens,
+                     assume=assume)
+        key = _same_cost_key(e)
+        if key not in seen:
+            seen.add(key)
+            ests.append(e)
     ests.sort(key=_rank_key)
     return ests
+
+
+def listed_rank(est: Estimate, ests: list[Estimate]) -> int | None:
+    """1-based rank of `est` in a `plan_layouts` list, also when it is listed as its same-cost twin (a recipe's
+    ZeRO-2 at DP=1 is listed as ZeRO-1, its selective recompute under flash attention as none)."""
+    key = _same_cost_key(est)
+    return next((i for i, e in enumerate(ests, 1) if _same_cost_key(e) == key), None)
+
+
+def _same_cost_key(e: Estimate) -> tuple:
+    """Degrees and micro-batch plus every priced figure: equal keys = the same layout priced twice."""
+    lay = e.layout
+    figures = sorted(e.memory_gib.items()) + sorted(e.time_s.items())
+    return (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.sequence_parallel,
+            tuple((k, round(v, 9)) for k, v in figures))
 
 
 def what_would_fit(model_cfg, cluster, global_batch: int, *, precision: str = "bf16",

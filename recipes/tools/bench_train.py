@@ -4,10 +4,10 @@ CPU (default): the recipe's engine at TP=1 x PP=1 x DP=1 vs a minimal plain-PyTo
 batch, torch AdamW, clip, schedule) in one process; prints both median step times and their ratio (goal <= 1.15).
 
 GPU (`--gpu`, one process per GPU under torchrun, or one GPU alone): trains the recipe's model for N steps on
-synthetic tokens at the recipe's layout and prints tokens/s, TFLOP/s per GPU and MFU (model FLOPs from the planner).
+synthetic tokens at the recipe's layout and prints tokens/s, TFLOP/s per GPU and MFU (model FLOPs from recipes.model.shape).
 
   python -m recipes bench-train --config configs/runs/tiny-cpu.yaml --steps 20
-  torchrun --nproc-per-node 1 -m recipes bench-train --gpu --config configs/runs/bench-1.3b-h100.yaml --steps 20
+  torchrun --nproc-per-node 1 -m recipes bench-train --gpu --config configs/runs/bench-gpt-1.3b-1gpu.yaml --steps 20
 """
 from __future__ import annotations
 
@@ -50,7 +50,12 @@ def engine_stepper(recipe, layout, device, total_steps: int):
     from recipes.train.loop import train_step
 
     eng = initialize(recipe, layout, device, total_steps=total_steps)
-    return lambda mbs: train_step(eng, mbs)
+
+    def step(mbs):
+        return train_step(eng, mbs)
+
+    step.attention_backend = eng.attention_backend
+    return step
 
 
 def plain_pytorch_stepper(recipe, layout, device, total_steps: int):
@@ -89,6 +94,38 @@ def time_steps(steppers: dict, batches, device, warmup: int) -> dict[str, list[f
     return times
 
 
+def planner_comparison(recipe, layout, step_s: float, device) -> dict:
+    """Measured step time and peak memory next to what the planner predicts for this recipe at this layout."""
+    from recipes.planner.cost import estimate
+
+    est = estimate(recipe.model, recipe.cluster, layout, recipe.training.global_batch,
+                   precision=recipe.training.precision)
+    out = {"predicted_step_time_s": est.time_s["step"], "step_time_vs_predicted": step_s / est.time_s["step"],
+           "predicted_memory_gb": est.memory_gib["total"], "predicted_memory_breakdown_gb": est.memory_gib,
+           "predicted_mfu": est.mfu}
+    if device.type == "cuda":
+        # The planner's total includes the CUDA context and allocator slack, so reserved memory is its counterpart;
+        # allocated is reported too.
+        out["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+        out["memory_vs_predicted"] = out["max_memory_reserved_gb"] / est.memory_gib["total"]
+    return out
+
+
+def profile_steps(step, batches, device, path: str) -> None:
+    """torch.profiler over a few steps: the operators that take the time, as a text table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for mbs in batches:
+            step(mbs)
+        _sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipes bench-train", description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/runs/tiny-cpu.yaml")
@@ -96,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--gpu", action="store_true", help="GPU throughput mode (tokens/s, TFLOP/s per GPU, MFU)")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--profile", help="after timing, profile 2 more steps with torch.profiler; summary to this file")
     ap.add_argument("overrides", nargs="*")
     ns = ap.parse_args(argv)
 
@@ -128,17 +166,24 @@ def main(argv=None) -> int:
 
     total = ns.steps + ns.warmup
     steppers = {"recipe": engine_stepper(recipe, layout, device, total)}
+    attention = steppers["recipe"].attention_backend
     if not ns.gpu:
         steppers["plain"] = plain_pytorch_stepper(recipe, layout, device, total)
-    times = time_steps(steppers, synthetic_steps(recipe, layout, device, total), device, ns.warmup)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    batches = synthetic_steps(recipe, layout, device, total)
+    times = time_steps(steppers, batches, device, ns.warmup)
     step = statistics.median(times["recipe"])
     tokens = recipe.training.global_batch * recipe.model.seq_length
     tflops = model_flops_per_step(recipe.model, recipe.training.global_batch) / step / world / 1e12
-    result = {"recipe": recipe.name, "layout": layout.describe(), "device": str(device),
+    result = {"recipe": recipe.name, "layout": layout.describe(), "micro_batch": layout.micro_batch,
+              "global_batch": recipe.training.global_batch, "device": str(device), "attention": attention,
               "step_time_s": step, "tokens_per_s": tokens / step, "tflops_per_gpu": tflops,
               "mfu": tflops / recipe.cluster.peak_tflops}
-    if device.type == "cuda":
-        result["max_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if ns.gpu:
+        result.update(planner_comparison(recipe, layout, step, device))
+    if ns.profile and rank0:
+        profile_steps(steppers["recipe"], batches[-2:], device, ns.profile)
     if not ns.gpu:
         plain = statistics.median(times["plain"])
         result.update({"plain_pytorch_step_time_s": plain, "overhead_ratio": step / plain})

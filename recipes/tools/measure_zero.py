@@ -139,10 +139,12 @@ def main(argv=None) -> int:
         return 0
 
     from recipes.config.loading import load_recipe
-    from recipes.planner.cost import deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
+    from recipes.planner.cost import Assumptions, deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
 
     recipe = load_recipe(args.recipe, args.overrides)
     psi = params_per_gpu(recipe.model, 1, 1)
+    # The workers run on CPU (CUDA_VISIBLE_DEVICES=""), so their DeepSpeed JSON has overlap_comm off: one bucket.
+    assume = Assumptions.for_device("cpu")
     rows = []
     per_rank = measure(args.recipe, args.overrides, stages, args.dp)
     for i, stage in enumerate(stages):
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
         measured_bucket = max(r[i]["bucket_bytes"] for r in per_rank)
         precision = recipe.training.precision
         states = sum(zero_model_state_bytes(psi, args.dp, stage, precision).values())
-        bucket = deepspeed_bucket_bytes(psi, stage, args.dp, 4 if precision == "fp32" else 2)
+        bucket = deepspeed_bucket_bytes(psi, stage, args.dp, 4 if precision == "fp32" else 2, assume)
         rows.append({"zero_stage": stage, "dp": args.dp, "params": psi, "precision": precision,
                      "predicted_states_bytes": states, "measured_states_bytes": measured,
                      "states_ratio": measured / states, "predicted_bucket_bytes": bucket,

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import torch
 
+from recipes.model.fast_path import any_non_finite, check_attention_backend, compile_decoder_layers
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.parallel.partition import UNEVEN_GROUPS_FIX, uneven_group_problem
@@ -146,12 +147,9 @@ class GuardedAdamW(torch.optim.AdamW):
     def step(self, closure=None):
         if not self.check_finite:
             return super().step(closure)
-        bad = torch.zeros(1, device=self._device())
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and not torch.isfinite(p.grad).all():
-                    bad.fill_(1.0)
-                    break
+        # One fused reduction and one host sync for all gradients (a per-tensor isfinite loop syncs per parameter).
+        bad = any_non_finite([p.grad for g in self.param_groups for p in g["params"] if p.grad is not None],
+                             self._device())
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
         self.last_skipped = bool(bad.item())
@@ -212,6 +210,7 @@ class Engine:
     device: torch.device
     is_pipe: bool
     ds_config: dict
+    attention_backend: str = ""  # the torch SDPA kernel the attention runs on (recipes.model.fast_path)
 
 
 def _refuse_uneven_stage_groups(model) -> None:
@@ -244,7 +243,8 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     from recipes.model.layers import PlainDecoder
     from recipes.parallel.pipeline import build_pipeline_module
 
-    ds_config = build_ds_config(recipe, layout)
+    ds_config = build_ds_config(recipe, layout, device.type)
+    attention_backend = check_attention_backend(recipe, device)  # before building: a refusal costs nothing
     is_pipe = layout.pp > 1
     if is_pipe:
         model = build_pipeline_module(recipe, layout)
@@ -255,6 +255,8 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
         model = PlainDecoder(recipe, layout)
         mpu = MegatronMPU()
     model.to(device)
+    if recipe.training.compile_decoder_layers:
+        compile_decoder_layers(model)
     optimizer = build_optimizer(model, recipe, device)
     optimizer.check_finite = layout.zero_stage not in (1, 2)  # ZeRO-1/2 skip on an inf/NaN grad norm themselves
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(recipe, total_steps))
@@ -262,4 +264,4 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, mpu=mpu,
                                       config=ds_config, dist_init_required=False)
     return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,
-                  ds_config=ds_config)
+                  ds_config=ds_config, attention_backend=attention_backend)
