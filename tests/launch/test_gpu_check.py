@@ -18,6 +18,9 @@ GPU_CHECK = REPO / "launch" / "gpu_check"
 sys.path.insert(0, str(GPU_CHECK))
 import offline  # noqa: E402
 
+# prepare.sh downloads from PyPI, the dry run builds clean venvs: processes, not in-process checks
+pytestmark = pytest.mark.multiproc
+
 
 def _env(**extra) -> dict:
     return dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", **extra)

@@ -14,6 +14,8 @@ from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.planner.cost import Assumptions, estimate, plan_layouts
 
+pytestmark = pytest.mark.unit
+
 GPU_RECIPE = "configs/runs/bench-gpt-1.3b-1gpu.yaml"
 
 
