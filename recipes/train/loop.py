@@ -185,7 +185,6 @@ def run(recipe, quiet: bool = False) -> int:
     valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
 
     eng = initialize(recipe, layout, device, total_steps)
-    say(f"attention: torch SDPA {eng.attention_backend} kernel")
     state = checkpoint.resume(eng.engine, ckpt_dir) if recipe.checkpoint.auto_resume else None
     step = state["step"] if state else 0
     consumed = state["consumed_samples"] if state else 0
