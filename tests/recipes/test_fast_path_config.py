@@ -173,22 +173,12 @@ def test_fusion_kwargs_follow_the_model_shape():
 
 @pytest.fixture
 def tp1_group():
-    """A one-process gloo group and TP=1 megatron state (the layer's TP linears ask for their group), torn down after
-    so no other test inherits it."""
-    import os
-    import socket
+    """A world of one and TP=1 megatron state (the layer's TP linears ask for their group); reused when another
+    in-process test already made one (a second init_process_group would fail)."""
+    from recipes.checkpoint.plain_model import init_single_process
 
-    from megatron.core import parallel_state
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    init_single_process()
     yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
 
 
 def test_plan_ranks_a_recipe_layout_that_is_listed_as_its_same_cost_twin(capsys):
