@@ -100,11 +100,16 @@ def test_sigkill_at_any_moment_then_rerun_is_byte_identical(tmp_path, inputs, sp
     work = max(total - first, 0.01)
     kills = 0
     for i, frac in enumerate((0.1, 0.3, 0.5, 0.7, 0.9)):
-        out = tmp_path / f"killed{i}"
-        _, _, killed = _run_until(cli(out), env, out, kill_after=frac * work)
-        kills += killed
-        if (out / "manifest.json").exists() and killed:  # killed after the manifest: it must be the final one
-            assert (out / "manifest.json").read_bytes() == ref["manifest.json"]
-        run_cli("tokenize", inputs, "-o", out, "-t", sp_model, "--shard-size", "1000", "-j", "2", "-q")
-        assert tree_bytes(out) == ref, f"rerun after a SIGKILL at {frac:.0%} of the work differs from a clean run"
-    assert kills >= 3, f"only {kills} of 5 runs were still working when killed"
+        # A busy machine can make the timed run slower than this one: a run that finished before its moment is
+        # tried again earlier (half the delay), so the kills still land inside the work.
+        for attempt in range(3):
+            out = tmp_path / f"killed{i}-{attempt}"
+            _, _, killed = _run_until(cli(out), env, out, kill_after=frac * work / 2 ** attempt)
+            if (out / "manifest.json").exists() and killed:  # killed after the manifest: it must be the final one
+                assert (out / "manifest.json").read_bytes() == ref["manifest.json"]
+            run_cli("tokenize", inputs, "-o", out, "-t", sp_model, "--shard-size", "1000", "-j", "2", "-q")
+            assert tree_bytes(out) == ref, f"rerun after a SIGKILL at {frac:.0%} of the work differs from a clean run"
+            if killed:
+                kills += 1
+                break
+    assert kills >= 4, f"only {kills} of 5 runs were still working when killed"
