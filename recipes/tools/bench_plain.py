@@ -74,7 +74,9 @@ class PlainGPT(nn.Module):
         self.norm = norm(m.hidden_size, eps=m.norm_epsilon)
         self.head = None if m.tied_embeddings else nn.Linear(m.hidden_size, v, bias=False)
         head_dim = m.hidden_size // m.num_attention_heads
-        self.rope = rope_table(m.seq_length, head_dim, m.rotary_base, m.rope_scaling)[:, 0, 0, :] if self.pos is None else None
+        self.rope = None
+        if self.pos is None:
+            self.rope = rope_table(m.seq_length, head_dim, m.rotary_base, m.rope_scaling)[:, 0, 0, :]
 
     def forward(self, tokens, labels, mask):
         x = self.embed(tokens)
