@@ -140,10 +140,12 @@ def test_export_logits_match_ours(kind, tied, qkv_bias, tmp_path):
     recipe, _ = imported(hf_dir, hf, "training.seed=7")  # the architecture only; weights from our init below
     m = recipe.model
     assert m.qkv_bias == qkv_bias
-    from recipes.model.layers import PlainDecoder
+    from recipes.model.layers import PlainDecoder, count_model_parameters
+    from recipes.model.shape import count_parameters
     from recipes.parallel.layout import Layout
 
     ours = PlainDecoder(recipe, Layout(tp=1, pp=1, dp=1, zero_stage=0)).eval()
+    assert count_model_parameters(ours) == count_parameters(m, tp=1)  # the planner's count includes the qkv bias
     perturb(ours.named_parameters(), seed=3)
     weights = {k: strip_vocab(k, v, m.vocab_size) for k, v in ours.state_dict().items()
                if not k.endswith("_extra_state")}
