@@ -37,12 +37,12 @@ def hf_config(kind: str, **kw):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     if kind == "llama3":
-        return LlamaConfig(**SHAPE, rope_parameters=LLAMA3_ROPE, rms_norm_eps=1e-5, **kw)
+        return LlamaConfig(**{**SHAPE, "rope_parameters": LLAMA3_ROPE, "rms_norm_eps": 1e-5, **kw})
+    plain_rope = {"rope_type": "default", "rope_theta": 1e6}
     if kind == "qwen2":
-        return Qwen2Config(**SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,
-                           **kw)
+        return Qwen2Config(**{**SHAPE, "rope_parameters": plain_rope, "rms_norm_eps": 1e-6, **kw})
     if kind == "mistral":
-        return MistralConfig(**SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **kw)
+        return MistralConfig(**{**SHAPE, "rope_parameters": plain_rope, **kw})
     raise ValueError(kind)
 
 
@@ -187,3 +187,14 @@ def test_unsupported_rope_type_names_the_field(tmp_path):
     cfg.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
     with pytest.raises(UnsupportedModel, match=r"rope_parameters.rope_type=yarn \(supported: default, llama3"):
         model_fields_from_llama_config(cfg)
+
+
+def test_cli_refuses_a_sliding_window_before_writing_anything(tmp_path, capsys):
+    from recipes.hf.importer import main as import_main
+
+    _, hf_dir = hf_model("mistral", tmp_path, sliding_window=32)
+    out = tmp_path / "ckpt"
+    code = import_main(["--hf", str(hf_dir), "--out", str(out), "--config", RECIPE, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "sliding_window=32 (mistral)" in err and "Set model.seq_length=32" in err, err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt")]
