@@ -37,8 +37,14 @@ def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
             model_overrides += [f"model.{k}.{kk}={vv}" for kk, vv in v.items()]
         else:
             model_overrides.append(f"model.{k}={'' if v is None else v}")  # empty = None (also over the recipe's)
+    # the checkpoint's tokenizer travels to the export: sentencepiece (Llama 1/2, Mistral) or tokenizer.json (Llama 3,
+    # Qwen2: the directory, so that its tokenizer_config.json with the special tokens comes along)
     tok = Path(hf_dir) / "tokenizer.model"
-    extra = [f"data.tokenizer={tok.resolve()}"] if tok.is_file() else []
+    extra = []
+    if tok.is_file():
+        extra = [f"data.tokenizer={tok.resolve()}"]
+    elif (Path(hf_dir) / "tokenizer.json").is_file():
+        extra = [f"data.tokenizer={Path(hf_dir).resolve()}"]
     recipe = load_recipe(config, [*model_overrides, *extra, *overrides])
     check_sliding_window(cfg, recipe.model.seq_length)
     if recipe.parallel.dp is None:

@@ -25,7 +25,7 @@ TOL = 1e-4
 ARCH = {"llama3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
-def _hf(kind: str, out):
+def _hf(kind: str, out, sp_model: str):
     from transformers import AutoModelForCausalLM
 
     from test_families import hf_config, perturb
@@ -35,6 +35,13 @@ def _hf(kind: str, out):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     perturb(model.named_parameters(), seed=1)
     model.save_pretrained(str(out))
+    if kind == "llama3":  # a tokenizer.json-only tokenizer (as Llama 3 ships), made from the corpus' sentencepiece
+        from pathlib import Path
+
+        from recipes.hf.export import write_tokenizer
+
+        write_tokenizer(Path(sp_model), out)
+        (out / "tokenizer.model").unlink()
     return model
 
 
@@ -44,7 +51,7 @@ def imported(tmp_path_factory, corpus):
     out = {}
     for kind in ARCH:
         root = tmp_path_factory.mktemp(f"family_{kind}")
-        hf = _hf(kind, root / "hf")
+        hf = _hf(kind, root / "hf", corpus["sp_model"])
         ckpt = root / "ckpt"
         code = import_main(["--hf", str(root / "hf"), "--out", str(ckpt), "--config", RECIPE, "--quiet",
                             f"data.manifests=[{corpus['manifest']}]", "parallel.tp=2", "parallel.pp=1",
@@ -69,6 +76,7 @@ def test_imported_tp2_checkpoint_computes_the_transformers_logits(imported, kind
     recipe, ours = _ours(ckpt)
     assert recipe.parallel.tp == 2
     assert recipe.model.add_qkv_bias == (kind == "qwen2")
+    assert (recipe.data.tokenizer == str((ckpt.parent / "hf").resolve())) == (kind == "llama3")
     assert (recipe.model.rope_scaling is not None) == (kind == "llama3")  # survived recipe.yaml
     x = _tokens()
     with torch.no_grad():
@@ -92,6 +100,14 @@ def test_export_loads_as_the_family_class_with_the_same_logits(imported, kind, t
         diff = (back(x).logits - hf(x).logits).abs().max().item()
     print(f"export-hf {kind} from TP=2: max |logits diff| = {diff:.2e}")
     assert diff <= TOL
+    if kind == "llama3":  # the imported tokenizer.json travels through data.tokenizer to the export
+        from transformers import AutoTokenizer
+
+        src = AutoTokenizer.from_pretrained(str(ckpt.parent / "hf"), local_files_only=True)
+        out = AutoTokenizer.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
+        for text in ("def f(x):\n    return x + 1", " lead", "ünïcode"):
+            assert out.encode(text) == src.encode(text)
+        assert back.config.eos_token_id == src.eos_token_id is not None
 
 
 def test_continued_pretraining_from_imported_qwen2(imported, tmp_path):
