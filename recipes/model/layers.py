@@ -31,6 +31,8 @@ f ffn size; "TP dim" is the dimension split over tensor-parallel ranks, "-" = re
   | norm     | norm.weight (.bias if LN)              | [h]                         | -      |
   | head     | output_layer.weight (untied only)      | [V, h]                      | 0      |
 
+"(bias)" = add_bias_linear; the qkv bias also exists with add_qkv_bias alone (Qwen2).
+
 Layouts inside the fused tensors (megatron-core conventions, needed by HF export):
   * linear_qkv rows are grouped per query group: for each of the g groups, (a/g) query heads, then 1 key head, then
     1 value head, each d rows. A TP shard holds g/t whole groups.
