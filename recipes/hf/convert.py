@@ -4,10 +4,11 @@ Families:
   * rope + rmsnorm + swiglu            -> `LlamaForCausalLM` (GQA as num_key_value_heads, biases as attention_bias /
                                           mlp_bias, tied or untied head, rope_scaling as rope_type llama3)
     ... with add_qkv_bias only         -> `Qwen2ForCausalLM` (biases on q, k, v; no sliding window)
-  * import: Llama (1/2/3.x), Qwen2 and Mistral configs (a sliding window only when >= model.seq_length, a no-op)
   * learned + layernorm + gelu         -> `GPT2LMHeadModel` (activation gelu_pytorch_tanh = our tanh GeLU exactly;
                                           zero biases when the recipe has none; GQA key/value heads repeated)
   * anything else                      -> `UnsupportedModel` naming the option.
+Import reads Llama (1/2/3.x), Qwen2 and Mistral configs; a sliding window only when it is >= model.seq_length (then a
+no-op), see `check_sliding_window`.
 
 Our layer numbering (pipeline index): 0 embedding, 1..L decoder layers (HF layer i-1), L+1 final norm, L+2 head.
 """
@@ -30,7 +31,7 @@ def family(model_cfg) -> str:
         return "gpt2"
     raise UnsupportedModel(
         f"model.position_embedding={m.position_embedding}, model.normalization={m.normalization}, "
-        f"model.activation={m.activation}: export supports rope+rmsnorm+swiglu (Llama) or "
+        f"model.activation={m.activation}: export supports rope+rmsnorm+swiglu (Llama; Qwen2 with add_qkv_bias) or "
         "learned+layernorm+gelu (GPT-2) only")
 
 
@@ -154,7 +155,7 @@ def _max_positions(m) -> int:
     return max(m.seq_length, int(m.rope_scaling.original_max_position_embeddings * m.rope_scaling.factor))
 
 
-def llama_config(m, tokenizer_ids: dict | None = None):
+def llama_style_config(m, tokenizer_ids: dict | None = None):
     """LlamaConfig, or Qwen2Config when the recipe has a qkv-only bias (add_qkv_bias without add_bias_linear)."""
     from transformers import LlamaConfig, Qwen2Config
 
@@ -218,7 +219,7 @@ def check_sliding_window(cfg, seq_length: int) -> None:
             "checkpoint without a window (e.g. Mistral v0.2+ has sliding_window null)")
 
 
-def model_fields_from_llama_config(cfg) -> dict:
+def model_fields_from_hf_config(cfg) -> dict:
     """Recipe `model.*` fields of a transformers Llama / Qwen2 / Mistral config; refuses what our model cannot
     represent exactly (the sliding window is checked against the recipe's seq_length by `check_sliding_window`)."""
     problems = []
@@ -306,5 +307,5 @@ def to_gpt2(w: dict, m) -> OrderedDict:
 def to_hf(w: dict, m, tokenizer_ids: dict | None = None):
     """(transformers config, HF state dict) for the recipe's model section."""
     if family(m) in LLAMA_STYLE_ARCHITECTURES:
-        return llama_config(m, tokenizer_ids), to_llama(w, m)
+        return llama_style_config(m, tokenizer_ids), to_llama(w, m)
     return gpt2_config(m, tokenizer_ids), to_gpt2(w, m)

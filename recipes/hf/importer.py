@@ -27,10 +27,10 @@ log = logging.getLogger(__name__)
 def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
     from transformers import AutoConfig
 
-    from recipes.hf.convert import check_sliding_window, model_fields_from_llama_config
+    from recipes.hf.convert import check_sliding_window, model_fields_from_hf_config
 
     cfg = AutoConfig.from_pretrained(hf_dir)
-    fields = model_fields_from_llama_config(cfg)
+    fields = model_fields_from_hf_config(cfg)
     model_overrides = []
     for k, v in fields.items():
         if isinstance(v, dict):  # a sub-section (rope_scaling): key by key

@@ -181,12 +181,12 @@ def test_qwen2_sliding_window_only_counts_when_used(tmp_path):
 
 
 def test_unsupported_rope_type_names_the_field(tmp_path):
-    from recipes.hf.convert import model_fields_from_llama_config
+    from recipes.hf.convert import model_fields_from_hf_config
 
     cfg = hf_config("llama3")
     cfg.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
     with pytest.raises(UnsupportedModel, match=r"rope_parameters.rope_type=yarn \(supported: default, llama3"):
-        model_fields_from_llama_config(cfg)
+        model_fields_from_hf_config(cfg)
 
 
 def test_cli_refuses_a_sliding_window_before_writing_anything(tmp_path, capsys):
@@ -198,3 +198,27 @@ def test_cli_refuses_a_sliding_window_before_writing_anything(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "sliding_window=32 (mistral)" in err and "Set model.seq_length=32" in err, err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt")]
+
+
+def test_released_llama31_config_json_format_is_read(tmp_path):
+    """Llama 3.1's config.json as released (rope_theta at the top, rope_scaling with rope_type), not the
+    rope_parameters that transformers 5 writes: the import must read both."""
+    import json
+
+    from transformers import AutoConfig
+
+    from recipes.hf.convert import model_fields_from_hf_config
+
+    released = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "vocab_size": 300, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+                "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
+                                                         "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 8192,
+                                                         "rope_type": "llama3"},
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(released))
+    fields = model_fields_from_hf_config(AutoConfig.from_pretrained(str(tmp_path)))
+    assert fields["rotary_base"] == 500000.0
+    assert fields["rope_scaling"] == {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
