@@ -7,12 +7,30 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 
 class _Section(BaseModel):
     # Unknown keys are errors (typos must not be silently ignored); validate_assignment keeps overrides typed.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RopeScalingConfig(_Section):
+    """RoPE frequency scaling of a long-context checkpoint. Only Llama 3.1's "llama3" scheme (transformers'
+    `_compute_llama3_parameters`): wavelengths above original_max_position_embeddings / low_freq_factor are divided
+    by `factor`, those below original / high_freq_factor kept, the band between interpolated."""
+    type: Literal["llama3"] = "llama3"
+    factor: float = Field(ge=1.0)  # Llama 3.1: 8, Llama 3.2: 32
+    low_freq_factor: PositiveFloat = 1.0
+    high_freq_factor: PositiveFloat = 4.0
+    original_max_position_embeddings: PositiveInt = 8192
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"model.rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
+                             f"low_freq_factor={self.low_freq_factor} (Llama 3.1 uses 4.0 and 1.0)")
+        return self
 
 
 class ModelConfig(_Section):
@@ -24,14 +42,28 @@ class ModelConfig(_Section):
     vocab_size: PositiveInt
     seq_length: PositiveInt
     position_embedding: Literal["rope", "learned"] = "rope"
-    rotary_base: PositiveFloat = 10000.0
+    rotary_base: PositiveFloat = 10000.0  # RoPE theta (Llama 3: 500000, Qwen2: 1000000)
+    rope_scaling: Optional[RopeScalingConfig] = None  # None = plain RoPE
     normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     norm_epsilon: PositiveFloat = 1e-5
     activation: Literal["swiglu", "gelu"] = "swiglu"
     tied_embeddings: bool = False
-    add_bias_linear: bool = False
+    add_bias_linear: bool = False  # biases on every linear layer (qkv, proj, fc1, fc2)
+    add_qkv_bias: bool = False  # a bias on the qkv projection only (Qwen2); implied by add_bias_linear
     init_method_std: PositiveFloat = 0.02
     make_vocab_size_divisible_by: PositiveInt = 128
+
+    @model_validator(mode="after")
+    def _rope_options(self):
+        if self.rope_scaling is not None and self.position_embedding != "rope":
+            raise ValueError(f"model.rope_scaling is set but model.position_embedding={self.position_embedding}; "
+                             "remove rope_scaling or use position_embedding: rope")
+        return self
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the qkv projection has a bias (add_bias_linear or add_qkv_bias)."""
+        return self.add_bias_linear or self.add_qkv_bias
 
     @property
     def query_groups(self) -> int:

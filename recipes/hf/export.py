@@ -39,9 +39,21 @@ def tokenizer_source(recipe) -> Path | None:
     return None
 
 
+def _hf_tokenizer(src: Path):
+    """A transformers directory (tokenizer.json inside) or a bare tokenizer.json, e.g. an imported Llama 3 / Qwen2."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if src.is_dir():
+        return AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    return PreTrainedTokenizerFast(tokenizer_file=str(src))
+
+
 def special_ids(sp_model: Path | None) -> dict:
     if sp_model is None:
         return {}
+    if sp_model.suffix != ".model":
+        tok = _hf_tokenizer(sp_model)
+        return {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id}
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(sp_model))
@@ -49,15 +61,20 @@ def special_ids(sp_model: Path | None) -> dict:
 
 
 def write_tokenizer(sp_model: Path, out: Path) -> None:
-    """sentencepiece .model -> a transformers fast tokenizer (tokenizer.json) that encodes exactly like sentencepiece.
+    """sentencepiece .model -> a transformers fast tokenizer (tokenizer.json) that encodes exactly like sentencepiece;
+    a transformers tokenizer (directory or tokenizer.json, e.g. from an imported Llama 3 / Qwen2) is saved unchanged.
 
     transformers converts the .model (its LlamaTokenizer conversion: BPE pieces, merges, byte fallback); its
     Metaspace pre-tokenizer skips sentencepiece's dummy prefix when a text already starts with a space, so the
     prefix is applied as sentencepiece does (always) by a Prepend + Replace normalizer, and the result is saved as a
     plain PreTrainedTokenizerFast (LlamaTokenizer would rebuild the pre-tokenizer when loaded).
     """
+    if sp_model.is_dir() or sp_model.suffix == ".json":  # already a transformers tokenizer: saved as it is
+        _hf_tokenizer(sp_model).save_pretrained(str(out))
+        return
     if sp_model.suffix != ".model":
-        raise RecipeError(f"tokenizer {sp_model}: only sentencepiece .model files are exported; set data.tokenizer")
+        raise RecipeError(f"tokenizer {sp_model}: export takes a sentencepiece .model, a tokenizer.json or a "
+                          "transformers directory; set data.tokenizer")
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import normalizers
@@ -102,7 +119,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
     state = read_full_state(ckpt_dir, recipe.model, tag=tag)
     sp_model = tokenizer_source(recipe)
-    if sp_model is not None and not sp_model.is_file():
+    if sp_model is not None and not sp_model.exists():
         raise FileNotFoundError(f"tokenizer {sp_model} (from data.tokenizer or the manifest) does not exist; set "
                                 "data.tokenizer=PATH to the sentencepiece .model")
     config, hf_state = to_hf(state.weights, recipe.model, special_ids(sp_model))

@@ -1,13 +1,14 @@
-"""Import a Hugging Face transformers Llama-style model directory as a training checkpoint at a chosen layout, for
-continued pretraining (step 0, fresh optimizer, the model's weights).
+"""Import a Hugging Face transformers Llama-style model directory (Llama 1/2/3.x, Qwen2, Mistral) as a training
+checkpoint at a chosen layout, for continued pretraining (step 0, fresh optimizer, the model's weights).
 
     python -m recipes import-hf --hf HF_DIR --out CKPT_DIR --config RECIPE [parallel.tp=2 parallel.pp=2 ...]
     python -m recipes train --config RECIPE --local N ... checkpoint.dir=CKPT_DIR   # same overrides
 
 The recipe supplies training, data and layout (parallel.tp/pp and dp, default dp=1); its model section is replaced
-by the transformers config's architecture (layers, sizes, heads, query groups, vocabulary, RoPE base, epsilon,
-tying, biases), so check seq_length. The checkpoint is written by an engine at that layout (one CPU process per
-rank) with DeepSpeed's own save, plus CKPT_DIR/recipe.yaml (the merged recipe, for pretrain --config and export).
+by the transformers config's architecture (layers, sizes, heads, query groups, vocabulary, RoPE base and llama3
+scaling, epsilon, tying, biases), so check seq_length (a Mistral/Qwen2 sliding window must be >= it). The
+checkpoint is written by an engine at that layout (one CPU process per rank) with DeepSpeed's own save, plus
+CKPT_DIR/recipe.yaml (the merged recipe, for pretrain --config and export).
 """
 from __future__ import annotations
 
@@ -26,14 +27,26 @@ log = logging.getLogger(__name__)
 def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
     from transformers import AutoConfig
 
-    from recipes.hf.convert import model_fields_from_llama_config
+    from recipes.hf.convert import check_sliding_window, model_fields_from_hf_config
 
     cfg = AutoConfig.from_pretrained(hf_dir)
-    fields = model_fields_from_llama_config(cfg)
-    model_overrides = [f"model.{k}={v}" for k, v in fields.items()]
+    fields = model_fields_from_hf_config(cfg)
+    model_overrides = []
+    for k, v in fields.items():
+        if isinstance(v, dict):  # a sub-section (rope_scaling): key by key
+            model_overrides += [f"model.{k}.{kk}={vv}" for kk, vv in v.items()]
+        else:
+            model_overrides.append(f"model.{k}={'' if v is None else v}")  # empty = None (also over the recipe's)
+    # the checkpoint's tokenizer travels to the export: sentencepiece (Llama 1/2, Mistral) or tokenizer.json (Llama 3,
+    # Qwen2: the directory, so that its tokenizer_config.json with the special tokens comes along)
     tok = Path(hf_dir) / "tokenizer.model"
-    extra = [f"data.tokenizer={tok.resolve()}"] if tok.is_file() else []
+    extra = []
+    if tok.is_file():
+        extra = [f"data.tokenizer={tok.resolve()}"]
+    elif (Path(hf_dir) / "tokenizer.json").is_file():
+        extra = [f"data.tokenizer={Path(hf_dir).resolve()}"]
     recipe = load_recipe(config, [*model_overrides, *extra, *overrides])
+    check_sliding_window(cfg, recipe.model.seq_length)
     if recipe.parallel.dp is None:
         recipe.parallel.dp = 1
     return recipe, cfg
@@ -67,7 +80,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipes import-hf", description=__doc__.split("\n")[0])
-    ap.add_argument("--hf", required=True, help="transformers model directory (LlamaForCausalLM)")
+    ap.add_argument("--hf", required=True, help="transformers model directory (Llama, Qwen2 or Mistral)")
     ap.add_argument("--out", required=True, help="training checkpoint directory to create")
     ap.add_argument("--config", required=True, help="recipe for training/data/layout (model comes from --hf)")
     ap.add_argument("--quiet", action="store_true")

@@ -20,7 +20,7 @@ f ffn size; "TP dim" is the dimension split over tensor-parallel ranks, "-" = re
   | embed    | position_embeddings.weight (learned)   | [s, h]                      | -      |
   | decoder  | input_layernorm.weight (.bias if LN)   | [h]                         | -      |
   | decoder  | self_attention.linear_qkv.weight       | [(a + 2g) d, h]             | 0      |
-  | decoder  | self_attention.linear_qkv.bias (bias)  | [(a + 2g) d]                | 0      |
+  | decoder  | self_attention.linear_qkv.bias (qkv b.)| [(a + 2g) d]                | 0      |
   | decoder  | self_attention.linear_proj.weight      | [h, a d]                    | 1      |
   | decoder  | self_attention.linear_proj.bias (bias) | [h]                         | -      |
   | decoder  | pre_mlp_layernorm.weight (.bias if LN) | [h]                         | -      |
@@ -30,6 +30,8 @@ f ffn size; "TP dim" is the dimension split over tensor-parallel ranks, "-" = re
   | decoder  | mlp.linear_fc2.bias (bias)             | [h]                         | -      |
   | norm     | norm.weight (.bias if LN)              | [h]                         | -      |
   | head     | output_layer.weight (untied only)      | [V, h]                      | 0      |
+
+"(bias)" = add_bias_linear; the qkv bias also exists with add_qkv_bias alone (Qwen2).
 
 Layouts inside the fused tensors (megatron-core conventions, needed by HF export):
   * linear_qkv rows are grouped per query group: for each of the g groups, (a/g) query heads, then 1 key head, then
@@ -85,6 +87,7 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else partial(F.gelu, approximate="tanh"),
         add_bias_linear=model_cfg.add_bias_linear,
+        add_qkv_bias=model_cfg.add_qkv_bias,  # megatron-core: qkv bias = add_bias_linear or add_qkv_bias
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=model_cfg.init_method_std,
@@ -159,9 +162,33 @@ class SDPAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
-def rope_table(seq_length: int, head_dim: int, base: float) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, base: float, scaling=None) -> torch.Tensor:
+    """RoPE inverse frequencies [d/2] (fp32), optionally with Llama 3.1's "llama3" scaling (`model.rope_scaling`).
+
+    Written op for op like transformers' `_compute_default_rope_parameters` / `_compute_llama3_parameters`, so an
+    imported Llama 3.x checkpoint sees bit-identical angles.
+    """
+    import math
+
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
+    if scaling is None:
+        return inv_freq
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old_context = scaling.original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths (beyond the original context) are slowed by `factor`, short ones kept, the band between
+    # interpolated smoothly
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_table(seq_length: int, head_dim: int, base: float, scaling=None) -> torch.Tensor:
     """Rotary angles [s, 1, 1, d] in the layout megatron-core's `apply_rotary_pos_emb` expects (halves rotated)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv_freq = rope_inv_freq(head_dim, base, scaling)
     freqs = torch.outer(torch.arange(seq_length, dtype=torch.float32), inv_freq)
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
 
@@ -248,7 +275,8 @@ class DecoderLayerPipe(TransformerLayer):
         # must stay fp32 (bf16 would be off by whole radians at long positions).
         self._rope = None
         if self.use_rope:
-            self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base)
+            self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base,
+                                    model_cfg.rope_scaling)
 
     def forward(self, hidden):
         rope = None

@@ -29,8 +29,10 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     h = model_cfg.hidden_size
     split, qkv_out, fc1_out = _layer_matrices(model_cfg)
     replicated = 2 * norm_params(model_cfg)
+    if model_cfg.qkv_bias:  # add_bias_linear or add_qkv_bias (Qwen2)
+        split += qkv_out
     if model_cfg.add_bias_linear:
-        split += qkv_out + fc1_out
+        split += fc1_out
         replicated += 2 * h
     return split, replicated
 

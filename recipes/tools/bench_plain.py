@@ -30,7 +30,7 @@ class PlainBlock(nn.Module):
         self.a, self.g, self.d = a, g, h // a
         norm = nn.RMSNorm if m.normalization == "rmsnorm" else nn.LayerNorm
         self.norm1, self.norm2 = norm(h, eps=m.norm_epsilon), norm(h, eps=m.norm_epsilon)
-        self.qkv = nn.Linear(h, (a + 2 * g) * self.d, bias=m.add_bias_linear)
+        self.qkv = nn.Linear(h, (a + 2 * g) * self.d, bias=m.qkv_bias)
         self.proj = nn.Linear(a * self.d, h, bias=m.add_bias_linear)
         self.swiglu = m.activation == "swiglu"
         self.fc1 = nn.Linear(h, (2 if self.swiglu else 1) * m.ffn_size, bias=m.add_bias_linear)
@@ -74,7 +74,9 @@ class PlainGPT(nn.Module):
         self.norm = norm(m.hidden_size, eps=m.norm_epsilon)
         self.head = None if m.tied_embeddings else nn.Linear(m.hidden_size, v, bias=False)
         head_dim = m.hidden_size // m.num_attention_heads
-        self.rope = rope_table(m.seq_length, head_dim, m.rotary_base)[:, 0, 0, :] if self.pos is None else None
+        self.rope = None
+        if self.pos is None:
+            self.rope = rope_table(m.seq_length, head_dim, m.rotary_base, m.rope_scaling)[:, 0, 0, :]
 
     def forward(self, tokens, labels, mask):
         x = self.embed(tokens)

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 MODEL_PRESETS = {
     "gpt-125m": 125e6, "gpt-350m": 350e6, "gpt-1.3b": 1.3e9, "gpt-2.7b": 2.7e9, "gpt-6.7b": 6.7e9,
     "gpt-13b": 13e9, "gpt-175b": 175e9, "llama-7b": 6.74e9, "llama-13b": 13.0e9, "llama-70b": 69.0e9,
-    "glm-130b": 130e9,
+    "glm-130b": 130e9, "llama-3.1-8b": 8.03e9, "qwen2-7b": 7.62e9,
 }
 CLUSTERS = {"a100-40gb": (40, 312), "a100-80gb": (80, 312), "h100-80gb": (80, 989), "h200-141gb": (141, 989)}
 
@@ -36,6 +36,10 @@ def test_preset_shapes_follow_the_papers():
     assert (llama70.query_groups, llama70.ffn_size, llama70.vocab_size, llama70.seq_length) == (8, 28672, 32000, 4096)
     assert llama70.activation == "swiglu" and llama70.normalization == "rmsnorm"
     assert model_of("llama-7b").ffn_size == 11008 and model_of("llama-13b").ffn_size == 13824
+    l31, qwen = model_of("llama-3.1-8b"), model_of("qwen2-7b")
+    assert (l31.rotary_base, l31.rope_scaling.factor, l31.rope_scaling.original_max_position_embeddings) == (
+        500000.0, 8.0, 8192)
+    assert qwen.add_qkv_bias and not qwen.add_bias_linear and qwen.rope_scaling is None
     glm = model_of("glm-130b")
     assert (glm.num_layers, glm.hidden_size, glm.num_attention_heads, glm.vocab_size, glm.ffn_size) == (
         70, 12288, 96, 150528, 32768)

@@ -68,6 +68,13 @@ def test_example_c_7b_on_one_node(capsys):
         2e10 / rec["tokens_per_s"] / 86400)
 
 
+def test_example_d_continued_pretraining_of_llama31_on_one_node(capsys):
+    doc = plan_json(capsys, EXAMPLES / "d-llama-3.1-8b-continued.yaml")
+    rec = doc["recommended"]
+    assert rec["layout"]["tp"] * rec["layout"]["pp"] * rec["layout"]["dp"] == 8 and rec["fits"]
+    assert doc["parameters"] == 8_030_261_248  # the released Llama-3.1-8B
+
+
 def test_preset_with_cluster_and_flags(capsys):
     doc = plan_json(capsys, "models/gpt-1.3b", "--cluster", "clusters/a100-40gb", "--nodes", "2",
                     "--global-batch", "256", "--tokens", "1e10", "training.precision=bf16")

@@ -79,6 +79,34 @@ def test_llama_counts_equal_the_published_checkpoints():
         assert count_parameters(cfg) == published
 
 
+def test_qwen2_and_llama3_counts_equal_the_published_checkpoints():
+    # Released checkpoints (HF safetensors metadata); Qwen2 counts its q/k/v biases (add_qkv_bias), Llama 3.2-1B
+    # and the Qwen2 0.5B/1.5B tie their embeddings. transformers' own classes on the meta device agree (checked
+    # when these were written).
+    qwen2 = {494_032_768: (24, 896, 14, 2, 4864, 151936, True), 1_543_714_304: (28, 1536, 12, 2, 8960, 151936, True),
+             7_615_616_512: (28, 3584, 28, 4, 18944, 152064, False)}
+    llama3 = {1_235_814_400: (16, 2048, 32, 8, 8192, 128256, True),
+              8_030_261_248: (32, 4096, 32, 8, 14336, 128256, False)}
+    for bias, shapes in ((True, qwen2), (False, llama3)):
+        for published, (l, h, a, g, f, v, tied) in shapes.items():
+            cfg = ModelConfig(num_layers=l, hidden_size=h, num_attention_heads=a, num_query_groups=g,
+                              ffn_hidden_size=f, vocab_size=v, seq_length=4096, tied_embeddings=tied,
+                              add_qkv_bias=bias)
+            assert count_parameters(cfg) == published, (published, count_parameters(cfg) - published)
+
+
+def test_qkv_bias_is_split_over_tp_and_implied_by_add_bias_linear():
+    from recipes.model.shape import layer_parameters
+
+    kw = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, vocab_size=512, seq_length=32)
+    plain, qkv, every = (ModelConfig(**kw, **b) for b in ({}, {"add_qkv_bias": True}, {"add_bias_linear": True}))
+    qkv_out = 64 + 2 * 2 * 16
+    assert layer_parameters(qkv) == (layer_parameters(plain)[0] + qkv_out, layer_parameters(plain)[1])
+    assert count_parameters(qkv) - count_parameters(plain) == 2 * qkv_out
+    both = ModelConfig(**kw, add_bias_linear=True, add_qkv_bias=True)
+    assert count_parameters(both) == count_parameters(every)  # one qkv bias, not two
+
+
 def test_vocab_padding_follows_tp():
     cfg = gpt_shape(2, 64, 4, vocab=1000, seq=32)
     # 1000 -> 1024 at tp 1, 2 and 8 (multiples of 128 x tp); 1100 -> 1152 at tp 1 but 2048 at tp 16.

@@ -180,3 +180,17 @@ def test_missing_required_field_and_non_positive_sizes(tmp_path):
 def test_unknown_preset_suggests_names():
     with pytest.raises(RecipeError, match=r"unknown recipe or preset 'models/lama-7b'; did you mean models/llama-7b"):
         load_recipe("models/lama-7b")
+
+
+def test_rope_scaling_fields_are_checked():
+    tiny = "configs/runs/tiny-cpu.yaml"
+    r = load_recipe(tiny, ["model.rope_scaling.factor=8", "model.rotary_base=500000"])
+    assert (r.model.rope_scaling.type, r.model.rope_scaling.original_max_position_embeddings) == ("llama3", 8192)
+    with pytest.raises(RecipeError, match=r"high_freq_factor=1.0 must be greater than low_freq_factor=1.0"):
+        load_recipe(tiny, ["model.rope_scaling.factor=8", "model.rope_scaling.high_freq_factor=1"])
+    with pytest.raises(RecipeError, match=r"model.rope_scaling.factor = 0.5: Input should be greater than or equal"):
+        load_recipe(tiny, ["model.rope_scaling.factor=0.5"])
+    with pytest.raises(RecipeError, match=r"model.rope_scaling.type = 'yarn': Input should be 'llama3'"):
+        load_recipe(tiny, ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=2"])
+    with pytest.raises(RecipeError, match=r"rope_scaling is set but model.position_embedding=learned; remove"):
+        load_recipe(tiny, ["model.position_embedding=learned", "model.rope_scaling.factor=8"])
