@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 
 class _Section(BaseModel):
@@ -111,9 +111,40 @@ class TrainingConfig(_Section):
         raise ValueError("training: set train_steps or train_tokens")
 
 
+class StageLR(_Section):
+    """A stage's own lr segment (e.g. the anneal of warmup-stable-decay): from start_lr at the stage's first step
+    down to end_lr at its end, replacing training.schedule inside the stage (see recipes.config.stages)."""
+
+    decay: Literal["linear", "cosine", "constant"] = "linear"
+    start_lr: Optional[PositiveFloat] = None  # None = the lr at the boundary (previous segment's end_lr or the run's)
+    end_lr: float = Field(default=0.0, ge=0)
+
+
+class DataStage(_Section):
+    """One data stage: its length (steps or tokens; one stage of the run may leave both out and take the rest), its
+    blend (data.manifests / data.blend style; none = the run's data.manifests / data.blend), an optional lr segment."""
+
+    name: Optional[str] = None  # default: stage<i>
+    steps: Optional[PositiveInt] = None
+    tokens: Optional[PositiveInt] = None  # rounded up to whole steps of global_batch x seq_length
+    manifests: list[str] = []
+    blend: list[tuple[float, str]] = []
+    lr: Optional[StageLR] = None
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        if self.steps is not None and self.tokens is not None:
+            raise ValueError(f"stage {self.name or ''} sets both steps={self.steps} and tokens={self.tokens}; keep one "
+                             "(or neither, for the one stage that takes the rest of the run)")
+        return self
+
+
 class DataConfig(_Section):
     manifests: list[str] = []  # data_prep manifest.json files (or dirs holding one)
     blend: list[tuple[float, str]] = []  # explicit (weight, prefix) pairs; overrides manifests
+    # Data stages in run order (recipes.config.stages); empty = one blend for the whole run. Validation always reads
+    # data.manifests/blend when set, else the first stage's blend, so the validation curve spans the stages.
+    stages: list[DataStage] = []
     split: str = "98,2,0"  # train, valid, test per Megatron
     tokenizer: Optional[str] = None  # sentencepiece .model or HF tokenizer path (for export and inspection)
     cache_dir: Optional[str] = None  # dataset index cache; default <checkpoint.dir>/data_cache
@@ -159,3 +190,11 @@ class Recipe(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _stages_fit_the_run(self):
+        if self.data.stages:
+            from recipes.config.stages import stage_plan
+
+            stage_plan(self)  # raises ValueError naming the field and the fix
+        return self

@@ -19,7 +19,9 @@ import torch
 
 from recipes.checkpoint import store as checkpoint
 from recipes.checkpoint.recipe_file import write_recipe
+from recipes.config.stages import stage_at, stage_plan
 from recipes.train.data import MicroBatches, build_datasets
+from recipes.train.stages import build_stage_datasets
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
@@ -178,8 +180,12 @@ def run(recipe, quiet: bool = False) -> int:
     say(f"layout: {layout.describe()}, {grad_accum} micro-batches per step, {total_steps} steps, device {device}")
 
     eval_iters = t.eval_iters if total_steps >= t.eval_interval else 0
-    train_ds, valid_ds = build_datasets(recipe, total_steps * t.global_batch,
-                                        max(eval_iters, 1) * t.global_batch, cache_dir)
+    plan = stage_plan(recipe)
+    if plan:
+        train_ds, valid_ds, plan = build_stage_datasets(recipe, max(eval_iters, 1) * t.global_batch, cache_dir)
+    else:
+        train_ds, valid_ds = build_datasets(recipe, total_steps * t.global_batch,
+                                            max(eval_iters, 1) * t.global_batch, cache_dir)
     dp_rank = parallel_state.get_data_parallel_rank()
     train_batches = MicroBatches(train_ds, layout.micro_batch, grad_accum, dp_rank, device)
     valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
@@ -210,6 +216,10 @@ def run(recipe, quiet: bool = False) -> int:
         checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last)
 
     while step < total_steps:
+        stage = stage_at(plan, step) if plan else None
+        if stage is not None and (step == stage.start or step == (state or {}).get("step")):
+            say(f"step {step + 1}: data stage {stage.name} ({stage.index + 1}/{len(plan)}, steps {stage.start + 1}-"
+                f"{stage.end})")
         lr = eng.optimizer.param_groups[0]["lr"]
         eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
         start = time.perf_counter()
@@ -234,6 +244,8 @@ def run(recipe, quiet: bool = False) -> int:
             "mfu": tflops / recipe.cluster.peak_tflops, "mem_gb": _memory_gb(device), "step_time_s": elapsed,
             "consumed_samples": consumed, "skipped": skipped, "nan_skips_total": nan_skips_total,
         }
+        if stage is not None:  # the report draws the stage boundaries from this
+            record["stage"] = stage.name
         if step % t.log_interval == 0 or skipped:
             log.write(record, step)
         if progress is not None:
