@@ -158,6 +158,20 @@ class CheckpointConfig(_Section):
     auto_resume: bool = True
 
 
+class EvaluationConfig(_Section):
+    """Downstream evaluation during training: every `interval` steps the loop saves a checkpoint and global rank 0
+    runs `python -m recipes evaluate` on it in a background subprocess (lm-evaluation-harness, HF backend); the
+    scores land in metrics.jsonl and TensorBoard as eval/<task>/<metric>."""
+
+    interval: Optional[PositiveInt] = None  # None = off
+    tasks: list[str] = ["recipes_mc", "recipes_ppl"]  # shipped in recipes/tools/eval_tasks, or lm-eval task names
+    include_path: Optional[str] = None  # a directory of your own task YAMLs
+    text: Optional[str] = None  # perplexity (recipes_ppl) over this .jsonl / .txt instead of the shipped sample
+    limit: Optional[PositiveInt] = None  # at most N documents per task
+    device: str = "cpu"  # where the evaluation runs: "cpu", or a GPU the training does not use ("cuda:7")
+    batch_size: PositiveInt = 8
+
+
 class LoggingConfig(_Section):
     dir: Optional[str] = None  # TensorBoard + metrics.jsonl; default <checkpoint.dir>/logs
     tensorboard: bool = True
@@ -190,6 +204,7 @@ class Recipe(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     cluster: ClusterConfig = ClusterConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
 
     @model_validator(mode="after")
     def _stages_fit_the_run(self):

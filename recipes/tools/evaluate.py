@@ -94,6 +94,9 @@ def evaluate_model(model_dir: str | Path, tasks: list[str], *, device: str = "cp
     from lm_eval.tasks import TaskManager
 
     model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model_dir}: no transformers model there (config.json missing); give an "
+                                "export-hf output directory, or --checkpoint CKPT_DIR to export one first")
     kwargs = {}
     if (model_dir / "export_info.json").is_file():
         # Our exports were trained on documents that follow an EOD (data_prep appends one, adds no BOS): score from

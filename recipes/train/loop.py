@@ -22,6 +22,7 @@ from recipes.checkpoint.recipe_file import write_recipe
 from recipes.config.stages import stage_at, stage_plan
 from recipes.train.data import MicroBatches, build_datasets
 from recipes.train.stages import build_stage_datasets
+from recipes.train.evaluation import BackgroundEval
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
@@ -200,6 +201,7 @@ def run(recipe, quiet: bool = False) -> int:
     flops = model_flops_per_step(recipe.model, recipe.training.global_batch)
     tokens_per_step = t.global_batch * recipe.model.seq_length
     stop = StopRequest()
+    evaluation = BackgroundEval(recipe, ckpt_dir, log_dir, enabled=rank == 0)
     consecutive_skips = 0
     progress = None
     redirect = contextlib.ExitStack()
@@ -268,9 +270,13 @@ def run(recipe, quiet: bool = False) -> int:
 
         stopping = stop.agreed(device)
         periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
-        if ckpt_dir and (periodic or stopping or step == total_steps):
+        evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
+        if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
             save_now()
+        if evaluate:
+            evaluation.start(step)
         if stopping:
+            evaluation.cancel()
             logger.info(f"stopped by signal after step {step}; resume with the same command")
             break
 
@@ -280,6 +286,7 @@ def run(recipe, quiet: bool = False) -> int:
     say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
     log.close()
     shutdown_distributed()
+    evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: the other ranks need not wait)
     return 0
 
 

@@ -1,7 +1,7 @@
-"""`python -m recipes evaluate` on a real tiny checkpoint: lm-evaluation-harness (HF backend) runs the shipped local
-tasks offline and produces scores, logged to metrics.jsonl and TensorBoard; its perplexity equals one computed
-directly with transformers on the same export and text (each token scored once, in windows of the model's context
-length, every document starting after EOD as in training)."""
+"""`python -m recipes evaluate` on real tiny checkpoints, run by the training loop every N steps: lm-evaluation-harness
+(HF backend) runs the shipped local tasks offline and produces scores, logged to metrics.jsonl and TensorBoard and
+shown by the report; its perplexity equals one computed directly with transformers on the same export and text (each
+token scored once, in windows of the model's context length, every document starting after EOD as in training)."""
 from __future__ import annotations
 
 import json
@@ -13,9 +13,12 @@ import sys
 import pytest
 import torch
 
-from interop_runs import REPO
+from interop_runs import RECIPE, REPO, run_overrides
+from recipes.config.loading import load_recipe
 from recipes.hf.export import export
 from recipes.tools.evaluate import TASKS_DIR
+from recipes.tools.report import read_evals, write_report
+from tests.support.runs import pretrain
 
 pytestmark = pytest.mark.multiproc
 
@@ -36,26 +39,30 @@ def reference_log_likelihood(model, ids: list[int], prefix: int, window: int) ->
     return total
 
 
-def test_evaluate_checkpoint_scores_and_perplexity_matches_transformers(llama_111, tmp_path):
-    logs = tmp_path / "logs"
-    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="1")  # any download attempt fails
-    res = subprocess.run([sys.executable, "-m", "recipes", "evaluate", "--checkpoint", str(llama_111.path),
-                          *llama_111.overrides, "--out", str(tmp_path / "res.json"), "--quiet",
-                          "--log-metrics", str(logs / "metrics.jsonl"), "--step", "6",
-                          "--tensorboard", str(logs / "tensorboard")],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    result = json.loads((tmp_path / "res.json").read_text())
-    scores = result["scores"]
-    assert 0.0 <= scores["recipes_mc/acc"] <= 1.0 and result["n_samples"]["recipes_mc"] == 20
+def test_evaluation_during_training_scores_match_transformers(corpus, tmp_path):
+    """A 1-rank run with evaluation.interval=3 evaluates its step-3 and step-6 checkpoints in background
+    subprocesses (`recipes evaluate --checkpoint`, offline); scores land in metrics.jsonl, TensorBoard and the report."""
+    overrides = run_overrides(corpus, tmp_path) + ["training.train_steps=6", "evaluation.interval=3"]
+    env_guard = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # any download attempt by the evaluation fails
+    os.environ.update(env_guard)
+    try:
+        pretrain(1, *overrides, timeout=600)
+    finally:
+        for k in env_guard:
+            os.environ.pop(k)
+    evals = read_evals(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in evals] == [3, 6], (tmp_path / "logs" / "evaluate_step3.log").read_text()[-3000:]
+    scores = {k[len("eval/"):]: v for k, v in evals[-1].items() if k.startswith("eval/")}
+    assert 0.0 <= scores["recipes_mc/acc"] <= 1.0
     assert {"recipes_ppl/word_perplexity", "recipes_ppl/byte_perplexity", "recipes_ppl/bits_per_byte"} <= set(scores)
-    record = json.loads((logs / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["step"] == 6 and record["eval/recipes_mc/acc"] == scores["recipes_mc/acc"]
-    assert list((logs / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "logs" / "tensorboard").glob("events.out.tfevents.*.eval"))
+    report = write_report(tmp_path / "report", metrics=tmp_path / "logs" / "metrics.jsonl").read_text()
+    assert "## Downstream evaluation" in report and (tmp_path / "report" / "evals.png").is_file()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf_dir = export(str(llama_111.path), str(tmp_path / "hf"), llama_111.recipe())
+    recipe = load_recipe(RECIPE, overrides)
+    hf_dir = export(str(tmp_path), str(tmp_path / "hf"), recipe, tag="global_step6")
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     texts = [json.loads(x)["text"] for x in (TASKS_DIR / "recipes_ppl.jsonl").read_text().splitlines()]
@@ -69,3 +76,9 @@ def test_evaluate_checkpoint_scores_and_perplexity_matches_transformers(llama_11
     assert windows > len(texts), "the texts should need several windows each for this check to cover the rolling"
     assert scores["recipes_ppl/byte_perplexity"] == pytest.approx(math.exp(-ll / n_bytes), rel=1e-4)
     assert scores["recipes_ppl/bits_per_byte"] == pytest.approx(-ll / n_bytes / math.log(2), rel=1e-4)
+
+
+def test_evaluate_refuses_a_directory_without_a_model(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "recipes", "evaluate", "--model", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "config.json missing" in res.stderr and "--checkpoint" in res.stderr
