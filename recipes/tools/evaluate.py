@@ -89,7 +89,12 @@ def evaluate_model(model_dir: str | Path, tasks: list[str], *, device: str = "cp
     """Run lm-eval's HF backend on a transformers directory; returns {"scores": {task/metric: value}, ...}."""
     go_offline()
     import torch
-    from lm_eval import evaluator
+
+    try:
+        from lm_eval import evaluator
+    except ImportError:
+        raise RecipeError("recipes evaluate needs lm-evaluation-harness: pip install 'lm-eval[hf]==0.4.13' (or "
+                          "pip install -e '.[eval]')") from None
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
