@@ -84,18 +84,20 @@ def world_of_one():
 def test_staged_dataset_switches_exactly_at_the_boundary(tmp_path, world_of_one):
     code = write_corpus(tmp_path / "code")
     digits = write_digit_corpus(tmp_path / "digits")
-    r = _recipe("training.train_steps=6", f"data.manifests=[{code}]",
-                f"data.stages=[{{name: main, steps: 4}}, {{name: anneal, manifests: [{digits}]}}]")
+    # 5 + 3 steps: the anneal stage starts at sample 40, not a multiple of its own length (24), so reading it by
+    # global index instead of from its own start would show
+    r = _recipe("training.train_steps=8", f"data.manifests=[{code}]",
+                f"data.stages=[{{name: main, steps: 5}}, {{name: anneal, manifests: [{digits}]}}]")
     gb = r.training.global_batch
     staged, valid, plan = build_stage_datasets(r, 2 * gb, str(tmp_path / "cache"))
-    assert len(staged) == 6 * gb and [s.name for s in plan] == ["main", "anneal"]
-    boundary = 4 * gb
+    assert len(staged) == 8 * gb and [s.name for s in plan] == ["main", "anneal"]
+    boundary = 5 * gb
     for k in range(len(staged)):
         tokens = set(staged[k]["tokens"].tolist())
         assert (tokens <= DIGITS) == (k >= boundary), f"sample {k}"
-    # each stage is addressed from its own first sample: the anneal stage's dataset item 0 is global sample 32
-    anneal_only, _ = build_datasets(r, 2 * gb, 2 * gb, str(tmp_path / "cache"), source=plan[1].stage)
-    for i in range(2 * gb):
+    # each stage is addressed from its own first sample: the anneal stage's dataset item 0 is global sample 40
+    anneal_only, _ = build_datasets(r, 3 * gb, 2 * gb, str(tmp_path / "cache"), source=plan[1].stage)
+    for i in range(3 * gb):
         assert staged[boundary + i]["tokens"].tolist() == anneal_only[i]["tokens"].tolist()
     # validation reads data.manifests (the code corpus) for the whole run
     assert not set(valid[0]["tokens"].tolist()) <= DIGITS
