@@ -60,3 +60,22 @@ def test_report_shows_stage_boundaries_and_scores(tmp_path):
     assert "- data stages: main from step 1, anneal from step 5" in report
     assert "| step | recipes_mc/acc | recipes_ppl/bits_per_byte |" in report and "| 6 | 0.5 | 3 |" in report
     assert (tmp_path / "out" / "evals.png").is_file()
+
+
+def test_training_hook_command_and_refusal(tmp_path):
+    from recipes.config.loading import RecipeError, load_recipe
+    from recipes.train.cli import validate_recipe
+    from recipes.train.evaluation import BackgroundEval
+
+    recipe_path = TASKS_DIR.parents[2] / "configs" / "runs" / "tiny-cpu.yaml"
+    r = load_recipe(recipe_path, ["evaluation.interval=4", "evaluation.limit=5", f"checkpoint.dir={tmp_path}"])
+    ev = BackgroundEval(r, str(tmp_path), tmp_path / "logs", enabled=True)
+    assert [s for s in range(1, 11) if ev.due(s, 10)] == [4, 8, 10]  # every 4 steps and the last
+    cmd = ev.command(8)
+    assert cmd[1:4] == ["-m", "recipes", "evaluate"]
+    for flag, value in (("--tag", "global_step8"), ("--step", "8"), ("--limit", "5"),
+                        ("--log-metrics", str(tmp_path / "logs" / "metrics.jsonl")),
+                        ("--tasks", "recipes_mc,recipes_ppl"), ("--device", "cpu")):
+        assert cmd[cmd.index(flag) + 1] == value
+    with pytest.raises(RecipeError, match="evaluation.interval = 4 .* checkpoint.dir is not set"):
+        validate_recipe(load_recipe(recipe_path, ["evaluation.interval=4"]), 1, show_warnings=False)
