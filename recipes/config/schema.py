@@ -170,6 +170,7 @@ class EvaluationConfig(_Section):
     limit: Optional[PositiveInt] = None  # at most N documents per task
     device: str = "cpu"  # where the evaluation runs: "cpu", or a GPU the training does not use ("cuda:7")
     batch_size: PositiveInt = 8
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # bfloat16 halves the memory of a GPU evaluation
 
 
 class LoggingConfig(_Section):

@@ -2,11 +2,11 @@
 
     python -m recipes evaluate --model HF_DIR [--tasks recipes_mc,recipes_ppl] [--limit N] [--out results.json]
     python -m recipes evaluate --checkpoint CKPT_DIR [--tag global_stepN] [--config RECIPE overrides...] ...
-        [--text FILE] [--include-path DIR] [--device cpu|cuda:0] [--batch-size 8]
+        [--text FILE] [--include-path DIR] [--device cpu|cuda:0] [--batch-size 8] [--dtype float32|bfloat16]
         [--log-metrics LOGDIR/metrics.jsonl --step N] [--tensorboard LOGDIR/tensorboard]
 
 Nothing is downloaded: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set before lm-eval and datasets load, and the default
-tasks are local (recipes/tools/eval_tasks: a held-in multiple-choice task and a perplexity task over a local text
+tasks are local (recipes/tools/eval_tasks: an in-domain (Python) multiple-choice task and a perplexity task over a local text
 file, both `dataset_path: json` over files shipped next to their YAML). `--text FILE` runs the perplexity task over
 your own .jsonl ({"text": ...} per line) or .txt (one document); `--include-path DIR` adds your own task YAMLs (their
 data_files must be absolute or local to the working directory). A checkpoint is exported to a temporary directory
@@ -85,7 +85,8 @@ def scores_of(results: dict) -> dict[str, float]:
 
 
 def evaluate_model(model_dir: str | Path, tasks: list[str], *, device: str = "cpu", batch_size: int = 8,
-                   limit: int | None = None, text_file: str | None = None, include_path: str | None = None) -> dict:
+                   limit: int | None = None, text_file: str | None = None, include_path: str | None = None,
+                   dtype: str = "float32") -> dict:
     """Run lm-eval's HF backend on a transformers directory; returns {"scores": {task/metric: value}, ...}."""
     go_offline()
     import torch
@@ -112,7 +113,7 @@ def evaluate_model(model_dir: str | Path, tasks: list[str], *, device: str = "cp
         if eos is not None:
             kwargs["prefix_token_id"] = eos
     start = time.perf_counter()
-    lm = HFLM(pretrained=str(model_dir), device=device, batch_size=batch_size, dtype=torch.float32, **kwargs)
+    lm = HFLM(pretrained=str(model_dir), device=device, batch_size=batch_size, dtype=getattr(torch, dtype), **kwargs)
     with tempfile.TemporaryDirectory() as tmp:
         results = evaluator.simple_evaluate(
             model=lm, tasks=task_configs(tasks, text_file, Path(tmp)),
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="at most N documents per task")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="weights and compute (float32: exact scores; bfloat16 halves GPU memory for big models)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--log-metrics", help="append the scores to this metrics.jsonl (needs --step)")
     ap.add_argument("--tensorboard", help="write the scores to this TensorBoard directory (needs --step)")
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     go_offline()
     tasks = [t.strip() for t in ns.tasks.split(",") if t.strip()]
     kw = dict(device=ns.device, batch_size=ns.batch_size, limit=ns.limit, text_file=ns.text,
-              include_path=ns.include_path)
+              include_path=ns.include_path, dtype=ns.dtype)
     from recipes.checkpoint.read import CheckpointError
     from recipes.hf.convert import UnsupportedModel
 

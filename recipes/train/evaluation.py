@@ -44,7 +44,7 @@ class BackgroundEval:
         c = self.cfg
         cmd = [sys.executable, "-m", "recipes", "evaluate", "--checkpoint", str(self.ckpt_dir), "--tag",
                tag_for(step), "--step", str(step), "--log-metrics", str(self.log_dir / "metrics.jsonl"),
-               "--tasks", ",".join(c.tasks), "--device", c.device, "--batch-size", str(c.batch_size), "--quiet"]
+               "--tasks", ",".join(c.tasks), "--device", c.device, "--batch-size", str(c.batch_size), "--dtype", c.dtype, "--quiet"]
         if self.tensorboard:
             cmd += ["--tensorboard", str(self.log_dir / "tensorboard")]
         for flag, value in (("--limit", c.limit), ("--include-path", c.include_path), ("--text", c.text)):
