@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import difflib
+import typing
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -123,6 +124,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             lines.append(f"  - {loc}: unknown key; {fix}")
         elif e["type"] == "missing":
             lines.append(f"  - {loc}: required field missing; add it to the recipe or to a file it extends")
+        elif e["type"] == "value_error":  # a validator's own message already names the field and the fix
+            lines.append(f"  - {loc or 'recipe'}: {e['ctx']['error']}")
         else:
             lines.append(f"  - {loc} = {e.get('input')!r}: {e['msg']}")
     return "\n".join(lines)
@@ -131,10 +134,15 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
 def _known_fields(section_path: tuple) -> list[str]:
     model: Any = Recipe
     for part in section_path:
-        field = model.model_fields.get(str(part))
+        if isinstance(part, int):  # an item of a list section (data.stages.0): its element type
+            model = next(iter(typing.get_args(model)), None)
+            continue
+        field = getattr(model, "model_fields", {}).get(str(part))
         if field is None:
             return []
         model = field.annotation
+        if typing.get_origin(model) is typing.Union:  # Optional[Section]
+            model = next((a for a in typing.get_args(model) if a is not type(None)), model)
     return sorted(getattr(model, "model_fields", {}).keys())
 
 

@@ -143,9 +143,40 @@ class TrainingConfig(_Section):
         raise ValueError("training: set train_steps or train_tokens")
 
 
+class StageLR(_Section):
+    """A stage's own lr segment (e.g. the anneal of warmup-stable-decay): from start_lr at the stage's first step
+    down to end_lr at its end, replacing training.schedule inside the stage (see recipes.config.stages)."""
+
+    decay: Literal["linear", "cosine", "constant"] = "linear"
+    start_lr: Optional[PositiveFloat] = None  # None = the lr at the boundary (previous segment's end_lr or the run's)
+    end_lr: float = Field(default=0.0, ge=0)
+
+
+class DataStage(_Section):
+    """One data stage: its length (steps or tokens; one stage of the run may leave both out and take the rest), its
+    blend (data.manifests / data.blend style; none = the run's data.manifests / data.blend), an optional lr segment."""
+
+    name: Optional[str] = None  # default: stage<i>
+    steps: Optional[PositiveInt] = None
+    tokens: Optional[PositiveInt] = None  # rounded up to whole steps of global_batch x seq_length
+    manifests: list[str] = []
+    blend: list[tuple[float, str]] = []
+    lr: Optional[StageLR] = None
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        if self.steps is not None and self.tokens is not None:
+            raise ValueError(f"stage {self.name or ''} sets both steps={self.steps} and tokens={self.tokens}; keep one "
+                             "(or neither, for the one stage that takes the rest of the run)")
+        return self
+
+
 class DataConfig(_Section):
     manifests: list[str] = []  # data_prep manifest.json files (or dirs holding one)
     blend: list[tuple[float, str]] = []  # explicit (weight, prefix) pairs; overrides manifests
+    # Data stages in run order (recipes.config.stages); empty = one blend for the whole run. Validation always reads
+    # data.manifests/blend when set, else the first stage's blend, so the validation curve spans the stages.
+    stages: list[DataStage] = []
     split: str = "98,2,0"  # train, valid, test per Megatron
     tokenizer: Optional[str] = None  # sentencepiece .model or HF tokenizer path (for export and inspection)
     cache_dir: Optional[str] = None  # dataset index cache; default <checkpoint.dir>/data_cache
@@ -157,6 +188,21 @@ class CheckpointConfig(_Section):
     save_interval: Optional[PositiveInt] = None
     keep_last: PositiveInt = 2
     auto_resume: bool = True
+
+
+class EvaluationConfig(_Section):
+    """Downstream evaluation during training: every `interval` steps the loop saves a checkpoint and global rank 0
+    runs `python -m recipes evaluate` on it in a background subprocess (lm-evaluation-harness, HF backend); the
+    scores land in metrics.jsonl and TensorBoard as eval/<task>/<metric>."""
+
+    interval: Optional[PositiveInt] = None  # None = off
+    tasks: list[str] = ["recipes_mc", "recipes_ppl"]  # shipped in recipes/tools/eval_tasks, or lm-eval task names
+    include_path: Optional[str] = None  # a directory of your own task YAMLs
+    text: Optional[str] = None  # perplexity (recipes_ppl) over this .jsonl / .txt instead of the shipped sample
+    limit: Optional[PositiveInt] = None  # at most N documents per task
+    device: str = "cpu"  # where the evaluation runs: "cpu", or a GPU the training does not use ("cuda:7")
+    batch_size: PositiveInt = 8
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # bfloat16 halves the memory of a GPU evaluation
 
 
 class LoggingConfig(_Section):
@@ -191,3 +237,12 @@ class Recipe(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     cluster: ClusterConfig = ClusterConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+
+    @model_validator(mode="after")
+    def _stages_fit_the_run(self):
+        if self.data.stages:
+            from recipes.config.stages import stage_plan
+
+            stage_plan(self)  # raises ValueError naming the field and the fix
+        return self

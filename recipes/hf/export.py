@@ -27,10 +27,11 @@ from recipes.config.logs import setup_logging
 log = logging.getLogger(__name__)
 
 def tokenizer_source(recipe) -> Path | None:
-    """The sentencepiece model of the run: data.tokenizer, else the first manifest's tokenizer.path."""
+    """The sentencepiece model of the run: data.tokenizer, else the first manifest's (data's, then the stages')
+    tokenizer.path."""
     if recipe.data.tokenizer:
         return Path(recipe.data.tokenizer)
-    for m in recipe.data.manifests:
+    for m in recipe.data.manifests + [m for stage in recipe.data.stages for m in stage.manifests]:
         path = Path(m) / "manifest.json" if Path(m).is_dir() else Path(m)
         if path.is_file():
             tok = json.loads(path.read_text()).get("tokenizer") or {}

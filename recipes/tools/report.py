@@ -34,11 +34,38 @@ def read_metrics(path: str | Path) -> tuple[list[dict], list[dict]]:
     return [train[k] for k in sorted(train)], [valid[k] for k in sorted(valid)]
 
 
+def read_evals(path: str | Path) -> list[dict]:
+    """The downstream-evaluation records of a metrics.jsonl (`recipes evaluate --log-metrics`: step + eval/<task>/<metric>
+    scores), one per step, the last written winning."""
+    evals: dict[int, dict] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if any(k.startswith("eval/") for k in rec):
+                evals[rec["step"]] = {**evals.get(rec["step"], {}), **rec}
+    return [evals[k] for k in sorted(evals)]
+
+
+def stage_starts(train: list[dict]) -> list[tuple[int, str]]:
+    """(first step, name) of every data stage after the first, from the `stage` field of the training records."""
+    starts, previous = [], None
+    for r in train:
+        name = r.get("stage")
+        if name is not None and previous is not None and name != previous:
+            starts.append((r["step"], name))
+        previous = name if name is not None else previous
+    return starts
+
+
 def plot_losses(train: list[dict], valid: list[dict], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1.2)
     if valid:
         ax.plot([r["step"] for r in valid], [r["val_loss"] for r in valid], "o-", label="validation loss")
+    for step, name in stage_starts(train):  # a boundary sits between the last step of a stage and this one
+        ax.axvline(step - 0.5, color="grey", ls=":", lw=1)
+        ax.annotate(f"stage {name}", (step - 0.5, 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                    va="top", ha="right", fontsize=7, color="grey")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title("Loss")
@@ -57,6 +84,24 @@ def plot_throughput(train: list[dict], out: Path) -> Path:
     ax.set_ylabel("tokens / s (whole job)")
     ax.set_title("Training throughput")
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_evals(evals: list[dict], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    keys = sorted({k for r in evals for k in r if k.startswith("eval/")})
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in evals if isinstance(r.get(k), (int, float))]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=k[len("eval/"):])
+    ax.set_xlabel("step")
+    ax.set_ylabel("score")
+    ax.set_yscale("log" if any("perplexity" in k for k in keys) else "linear")
+    ax.set_title("Downstream evaluation (lm-evaluation-harness)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -83,6 +128,10 @@ def plot_memory(plan: dict, out: Path, top: int = 10) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _score(v) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
 
 
 def _short(layout: dict) -> str:
@@ -130,6 +179,19 @@ def write_report(out_dir: str | Path, *, metrics: str | Path, plans: dict[str, d
         f"- skipped (non-finite) steps: {s['skipped_steps']}",
         "", "![loss](loss.png)", "", "![throughput](throughput.png)", "",
     ]
+    starts = stage_starts(train)
+    if starts:
+        first = train[0].get("stage")
+        lines[-5:-5] = [f"- data stages: {first} from step {train[0]['step']}, "
+                        + ", ".join(f"{name} from step {step}" for step, name in starts)]
+    evals = read_evals(metrics)
+    if evals:
+        plot_evals(evals, out / "evals.png")
+        keys = sorted({k for r in evals for k in r if k.startswith("eval/")})
+        lines += ["## Downstream evaluation", "", "| step | " + " | ".join(k[len("eval/"):] for k in keys) + " |",
+                  "|---" * (len(keys) + 1) + "|"]
+        lines += [f"| {r['step']} | " + " | ".join(_score(r.get(k)) for k in keys) + " |" for r in evals]
+        lines += ["", "![evaluation](evals.png)", ""]
     for name, plan in (plans or {}).items():
         png = f"memory-{name}.png"
         plot_memory(plan, out / png)

@@ -36,6 +36,10 @@ def _check_runs_here(recipe) -> None:
     """Limits of this machine rather than of the recipe."""
     import torch
 
+    if recipe.evaluation.interval and not recipe.checkpoint.dir:
+        raise RecipeError(f"evaluation.interval = {recipe.evaluation.interval} evaluates saved checkpoints but "
+                          "checkpoint.dir is not set; set checkpoint.dir=DIR or remove evaluation.interval")
+
     on_cpu = recipe.cluster.device == "cpu" or not torch.cuda.is_available()
     if on_cpu and recipe.parallel.sequence_parallel and recipe.parallel.tp > 1:
         # megatron-core's sequence-parallel linears gather into a CUDA-only buffer (GlobalMemoryBuffer).

@@ -69,10 +69,11 @@ def _blend_tokenizer(m: dict, path: Path) -> dict:
     return json.loads(_manifest_path(sources[0]["path"]).read_text()).get("tokenizer") or {}
 
 
-def load_blend(recipe) -> Blend:
+def load_blend(recipe, source=None) -> Blend:
     """Prefixes and weights from data.blend, or from each entry of data.manifests: a data_prep manifest.json (weights =
-    tokens) or a `data_prep blend` output (weights as blended, prefixes absolute)."""
-    d = recipe.data
+    tokens) or a `data_prep blend` output (weights as blended, prefixes absolute). `source`: a data stage, whose own
+    manifests / blend replace data's when it has any."""
+    d = source if source is not None and (source.manifests or source.blend) else recipe.data
     tokenizer = None
     prefixes: list[str] = []
     weights: list[float] = []
@@ -104,12 +105,13 @@ def load_blend(recipe) -> Blend:
     return Blend(prefixes, weights, tokenizer)
 
 
-def build_datasets(recipe, train_samples: int, valid_samples: int, cache_dir: str):
-    """(train, valid) GPTDatasets; global rank 0 builds the index caches first, the others then read them."""
+def build_datasets(recipe, train_samples: int, valid_samples: int, cache_dir: str, source=None):
+    """(train, valid) GPTDatasets (of data stage `source` when given); global rank 0 builds the index caches first,
+    the others then read them."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    blend = load_blend(recipe)
+    blend = load_blend(recipe, source)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     config = GPTDatasetConfig(
         random_seed=recipe.training.seed,

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import torch
 
+from recipes.config.stages import stage_plan, with_stage_lr
 from recipes.model.fast_path import any_non_finite, check_attention_backend, compile_decoder_layers
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
@@ -180,7 +181,8 @@ def build_optimizer(model: torch.nn.Module, recipe, device: torch.device) -> Gua
 
 
 def lr_multiplier(recipe, total_steps: int):
-    """step -> lr / peak lr: linear warmup, then cosine or linear decay to min_lr over decay_steps (then flat)."""
+    """step -> lr / peak lr: linear warmup, then cosine or linear decay to min_lr over decay_steps (then flat); inside a
+    data stage with an lr segment, that segment (recipes.config.stages)."""
     s = recipe.training.schedule
     o = recipe.training.optimizer
     warmup = s.warmup_steps
@@ -197,7 +199,7 @@ def lr_multiplier(recipe, total_steps: int):
             return floor + (1.0 - floor) * (1.0 - progress)
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    return f
+    return with_stage_lr(stage_plan(recipe), f, o.lr)  # data stages with an lr segment replace it there
 
 
 # -------------------------------------------------------------------------------------------------------- engine

@@ -19,7 +19,10 @@ import torch
 
 from recipes.checkpoint import store as checkpoint
 from recipes.checkpoint.recipe_file import write_recipe
+from recipes.config.stages import stage_at, stage_plan
 from recipes.train.data import MicroBatches, build_datasets
+from recipes.train.stages import build_stage_datasets
+from recipes.train.evaluation import BackgroundEval
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
@@ -178,8 +181,12 @@ def run(recipe, quiet: bool = False) -> int:
     say(f"layout: {layout.describe()}, {grad_accum} micro-batches per step, {total_steps} steps, device {device}")
 
     eval_iters = t.eval_iters if total_steps >= t.eval_interval else 0
-    train_ds, valid_ds = build_datasets(recipe, total_steps * t.global_batch,
-                                        max(eval_iters, 1) * t.global_batch, cache_dir)
+    plan = stage_plan(recipe)
+    if plan:
+        train_ds, valid_ds, plan = build_stage_datasets(recipe, max(eval_iters, 1) * t.global_batch, cache_dir)
+    else:
+        train_ds, valid_ds = build_datasets(recipe, total_steps * t.global_batch,
+                                            max(eval_iters, 1) * t.global_batch, cache_dir)
     dp_rank = parallel_state.get_data_parallel_rank()
     train_batches = MicroBatches(train_ds, layout.micro_batch, grad_accum, dp_rank, device)
     valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
@@ -193,6 +200,7 @@ def run(recipe, quiet: bool = False) -> int:
     flops = model_flops_per_step(recipe.model, recipe.training.global_batch)
     tokens_per_step = t.global_batch * recipe.model.seq_length
     stop = StopRequest()
+    evaluation = BackgroundEval(recipe, ckpt_dir, log_dir, enabled=rank == 0)
     consecutive_skips = 0
     progress = None
     redirect = contextlib.ExitStack()
@@ -209,6 +217,10 @@ def run(recipe, quiet: bool = False) -> int:
         checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last)
 
     while step < total_steps:
+        stage = stage_at(plan, step) if plan else None
+        if stage is not None and (step == stage.start or step == (state or {}).get("step")):
+            say(f"step {step + 1}: data stage {stage.name} ({stage.index + 1}/{len(plan)}, steps {stage.start + 1}-"
+                f"{stage.end})")
         lr = eng.optimizer.param_groups[0]["lr"]
         eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
         start = time.perf_counter()
@@ -233,6 +245,8 @@ def run(recipe, quiet: bool = False) -> int:
             "mfu": tflops / recipe.cluster.peak_tflops, "mem_gb": _memory_gb(device), "step_time_s": elapsed,
             "consumed_samples": consumed, "skipped": skipped, "nan_skips_total": nan_skips_total,
         }
+        if stage is not None:  # the report draws the stage boundaries from this
+            record["stage"] = stage.name
         if step % t.log_interval == 0 or skipped:
             log.write(record, step)
         if progress is not None:
@@ -255,9 +269,13 @@ def run(recipe, quiet: bool = False) -> int:
 
         stopping = stop.agreed(device)
         periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
-        if ckpt_dir and (periodic or stopping or step == total_steps):
+        evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
+        if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
             save_now()
+        if evaluate:
+            evaluation.start(step)
         if stopping:
+            evaluation.cancel()
             logger.info(f"stopped by signal after step {step}; resume with the same command")
             break
 
@@ -267,6 +285,7 @@ def run(recipe, quiet: bool = False) -> int:
     say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
     log.close()
     shutdown_distributed()
+    evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: the other ranks need not wait)
     return 0
 
 

@@ -59,3 +59,23 @@ def write_corpus(out_dir: Path, shards: int = 2, max_bytes: int = 600_000) -> Pa
     path = out_dir / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1))
     return path
+
+
+def write_digit_corpus(out_dir: Path, docs: int = 200) -> Path:
+    """A second corpus for data-stage tests: byte-level documents of ASCII digits only (tokens 48-57 + EOD), so a
+    sample says which corpus it came from. Same tokenizer record as `write_corpus`; returns the manifest path."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    builder = IndexedDatasetBuilder(str(out_dir / "shard_000.bin"), dtype=np.uint16)
+    tokens = 0
+    for i in range(docs):
+        ids = np.array([48 + (i * 7 + j) % 10 for j in range(50 + i % 40)] + [EOD], dtype=np.int64)
+        builder.add_document(torch.from_numpy(ids), [len(ids)])
+        tokens += len(ids)
+    builder.finalize(str(out_dir / "shard_000.idx"))
+    manifest = {"tokenizer": {"vocab_size": VOCAB, "eod_id": EOD, "pad_id": None, "type": "bytes", "path": None},
+                "dtype": "uint16", "shards": [{"prefix": "shard_000", "tokens": tokens}], "blend": [tokens, "shard_000"]}
+    path = out_dir / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1))
+    return path
