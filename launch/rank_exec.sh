@@ -27,6 +27,11 @@ if [ -n "${LAUNCH_ENV_FILE:-}" ]; then
   unset line
 fi
 
+# Under DeepSpeed's pdsh runner the command comes as shell-quoted words in LAUNCH_RANK_CMD (see train.sh).
+if [ $# -eq 0 ] && [ -n "${LAUNCH_RANK_CMD:-}" ]; then
+  eval "set -- $LAUNCH_RANK_CMD"  # words quoted by printf %q: eval only removes that quoting
+fi
+
 stopped=0
 on_signal() { stopped=1; [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null; }
 trap on_signal TERM INT HUP

@@ -36,9 +36,15 @@ SECRET_NAMES=$(secret_env_names)
 SECRET_ENV=""
 [ -z "$SECRET_NAMES" ] || SECRET_ENV=$LOG_DIR/secret.env
 write_env_file "$SECRET_ENV" >"$LOG_DIR/launch.env" || exit $?
-# DeepSpeed's runner sends one environment to all nodes: each rank finds its host's name by node index in this list.
-[ "$BACKEND" != deepspeed ] || echo "LAUNCH_HOSTS=${HOSTS[*]}" >>"$LOG_DIR/launch.env"
 rank_command
+if [ "$BACKEND" = deepspeed ]; then
+  # DeepSpeed's runner sends one environment to all nodes: each rank finds its host's name by node index in this list.
+  echo "LAUNCH_HOSTS=${HOSTS[*]}" >>"$LOG_DIR/launch.env"
+  # Its pdsh runner pastes the program's arguments into a remote shell line ("a b" in double quotes, the rest bare),
+  # so an override like name=it's $(cmd) would break it or run cmd. The per-rank command travels as shell-quoted
+  # words in the environment instead; rank_exec.sh, the only argument DeepSpeed sees, runs them.
+  echo "LAUNCH_RANK_CMD=$(quote_words "${RANK_CMD[@]:1}")" >>"$LOG_DIR/launch.env"
+fi
 NNODES=${#HOSTS[@]}
 
 env_words() { local line; while IFS= read -r line; do printf '%q ' "$line"; done <"$LOG_DIR/launch.env"; }
@@ -59,7 +65,7 @@ node_command() {  # node index -> what runs on that node (a shell command line)
       # What DeepSpeed's pdsh runner starts on node i (it substitutes %n with the node index).
       echo "export <each line of $LOG_DIR/ds.env>; cd $REPO_DIR; $PY -u -m deepspeed.launcher.launch" \
         "--world_info=$WORLD_INFO --node_rank=$i --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT" \
-        "--no_python --no_local_rank $(quote_words "${RANK_CMD[@]}")" ;;
+        "--no_python --no_local_rank ${RANK_CMD[0]} (runs \$LAUNCH_RANK_CMD: $(quote_words "${RANK_CMD[@]:1}"))" ;;
   esac
 }
 rank_range() { local i=$1 first=0 j; for ((j = 0; j < i; j++)); do first=$((first + SLOTS[j])); done
@@ -72,8 +78,11 @@ if [ "$BACKEND" = deepspeed ]; then
   for p in "$REPO_DIR" "$PY"; do
     [[ $p =~ ^[A-Za-z0-9/._+-]+$ ]] || die "--backend deepspeed cannot run from '$p': DeepSpeed's runner puts this path unquoted into a shell command; use a path of letters, digits and /._+- only, or --backend torchrun-ssh" 2
   done
-  # Its env file: our settings with each value quoted for that shell line (the user's variables are not in it).
-  while IFS= read -r line; do printf '%s=%q\n' "${line%%=*}" "${line#*=}"; done <"$LOG_DIR/launch.env" >"$LOG_DIR/ds.env"
+  # Its env file: our settings (the user's variables are not in it). The runner writes `export NAME="VALUE"` when
+  # VALUE has a character outside [\w@%+=:,./-], else `export NAME=VALUE`: escaping \ " $ ` gives the literal
+  # value in the first case and changes nothing in the second.
+  dq_escape() { local v=$1; v=${v//\\/\\\\}; v=${v//\"/\\\"}; v=${v//\$/\\\$}; v=${v//\`/\\\`}; printf '%s' "$v"; }
+  while IFS= read -r line; do printf '%s=%s\n' "${line%%=*}" "$(dq_escape "${line#*=}")"; done <"$LOG_DIR/launch.env" >"$LOG_DIR/ds.env"
   # shellcheck disable=SC2046  # host names and slot lists are single words
   WORLD_INFO=$("$PY" -c 'import base64, json, sys
 hosts = sys.argv[1::2]; devs = sys.argv[2::2]
@@ -84,7 +93,7 @@ print(base64.urlsafe_b64encode(json.dumps(info).encode()).decode())' \
   for i in "${!HOSTS[@]}"; do echo "${HOSTS[$i]} slots=${SLOTS[$i]}"; done >"$LOG_DIR/hostfile"
   DS_CMD=("$PY" -u -m deepspeed.launcher.runner --hostfile "$LOG_DIR/hostfile" --include "$(ds_include)"
     --launcher pdsh --force_multi --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
-    --no_python --no_local_rank "${RANK_CMD[@]}")
+    --no_python --no_local_rank "${RANK_CMD[0]}")
 fi
 slurm_script() {
   local nodelist
