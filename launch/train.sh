@@ -159,6 +159,9 @@ fi
 printf '%s\n' "${HOSTS[@]}" >"$LOG_DIR/hosts"
 echo "$BACKEND" >"$LOG_DIR/backend"
 echo "${LAUNCH_SSH_CONFIG:-}" >"$LOG_DIR/ssh_config"
+# One run per checkpoint.dir (recipes/run_lease.py): refused here, before anything starts, while another run holds it.
+(cd "$REPO_DIR" && LAUNCH_RUN_ID=$RUN_ID "$PY" -m recipes.run_lease check "$RECIPE" "${OVERRIDES[@]}") ||
+  die "nothing was started" 5
 if [ -n "$SECRET_ENV" ]; then
   write_secret_env_file "$SECRET_ENV"
   # Slurm's job removes it when it ends; here it goes when the launcher exits, on this machine and on the nodes.

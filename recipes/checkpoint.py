@@ -84,6 +84,11 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, l
     """Collective: every rank calls it. Returns the tag."""
     tag = tag_for(step)
     root = Path(ckpt_dir)
+    if _rank() == 0:
+        # Re-saving a tag (e.g. after resuming from an older one): its old marker must not vouch for files that are
+        # being rewritten, should this save be interrupted.
+        (root / tag / MARKER).unlink(missing_ok=True)
+    _barrier()
     # `latest` is ours to write, after the marker: it never names a partial save.
     engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
     torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")

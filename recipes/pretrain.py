@@ -99,6 +99,13 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if ns.local:
+        from recipes import run_lease
+
+        os.environ.setdefault("RECIPES_RUN_ID", run_lease.run_id())  # the workers' run id (lease owner)
+        problem = recipe.checkpoint.dir and run_lease.holder_problem(recipe.checkpoint.dir, os.environ["RECIPES_RUN_ID"])
+        if problem:  # refused before any worker starts
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
         return launch_local(ns.local, argv)
 
@@ -109,8 +116,13 @@ def main(args: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
     from recipes.train import run
 
+    from recipes.run_lease import LeaseError
+
     try:
         return run(recipe, quiet=ns.quiet)
+    except LeaseError as e:
+        print(f"rank {os.environ.get('RANK', '?')}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
     except Exception:
         import traceback
 

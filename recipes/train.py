@@ -20,6 +20,7 @@ from recipes import checkpoint
 from recipes.data import MicroBatches, build_datasets
 from recipes.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.layout import Layout
+from recipes.run_lease import Lease
 
 
 class NonFiniteLossError(RuntimeError):
@@ -167,8 +168,19 @@ def save_resolved_recipe(recipe, ckpt_dir: Path) -> None:
 
 def run(recipe, quiet: bool = False) -> int:
     """Train `recipe` on this rank. Returns the exit code (0 done or stopped cleanly)."""
-    t = recipe.training
     device = init_distributed(recipe)
+    lease = None
+    if torch.distributed.get_rank() == 0 and recipe.checkpoint.dir:
+        lease = Lease(recipe.checkpoint.dir).acquire()  # one run per checkpoint.dir, before anything is written
+    try:
+        return _run(recipe, device, quiet, lease)
+    finally:
+        if lease:
+            lease.release()
+
+
+def _run(recipe, device, quiet: bool, lease) -> int:
+    t = recipe.training
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     layout = Layout.from_recipe(recipe, world)
     init_parallel_state(layout)
@@ -217,6 +229,8 @@ def run(recipe, quiet: bool = False) -> int:
 
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
+        if lease:
+            lease.check()
         checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last, log=notice)
 
     while step < total_steps:
