@@ -82,6 +82,19 @@ def launch_local(n: int, argv: list[str]) -> int:
         time.sleep(0.2)
 
 
+def _die_with_parent() -> None:
+    """A `--local` worker gets SIGTERM when its launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG): it saves and
+    exits like on pre-emption instead of training on as an orphan."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux
+    if os.getppid() == 1:  # the launcher died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(args: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipes.pretrain", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="recipe file or preset name (configs/runs/...)")
@@ -109,6 +122,8 @@ def main(args: list[str] | None = None) -> int:
         argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
         return launch_local(ns.local, argv)
 
+    if os.environ.get("RECIPES_LOCAL_WORKER"):
+        _die_with_parent()
     # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
