@@ -54,7 +54,7 @@ usage_common='
   --num-nodes N            use the first N selected hosts
   --num-gpus N             use N slots per host
   --master-addr ADDR       rendezvous address (default: the first host, as ssh resolves it)
-  --master-port PORT       rendezvous port (default 29500)
+  --master-port PORT       rendezvous port (default: derived from the run id, the first free one on the master)
   --env VAR[,VAR...]       also propagate these variables to every rank (or set LAUNCH_EXPORT="VAR VAR")
   --entry CMD              the per-rank program (default: "python -m recipes.pretrain"; python = the venv python)
   --log-dir DIR            where per-node logs go (default runs/launch/RUN_ID)
@@ -65,7 +65,7 @@ usage_common='
 
 parse_args() {
   RECIPE="" HOSTFILE=${LAUNCH_HOSTFILE:-} BACKEND="" INCLUDE="" EXCLUDE="" NUM_NODES=0 NUM_GPUS=0
-  MASTER_ADDR_OPT="" MASTER_PORT=${MASTER_PORT:-29500} EXTRA_ENV=${LAUNCH_EXPORT:-} ENTRY="python -m recipes.pretrain"
+  MASTER_ADDR_OPT="" MASTER_PORT=${MASTER_PORT:-} EXTRA_ENV=${LAUNCH_EXPORT:-} ENTRY="python -m recipes.pretrain"
   LOG_DIR="" RUN_ID="" DRY_RUN=0 COMM_CHECK=0 NO_PREFLIGHT=0 OVERRIDES=()
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -100,7 +100,7 @@ parse_args() {
     die "--backend '$BACKEND' unknown; use deepspeed, torchrun-ssh, slurm or local" 2 ;;
   esac
   [ "$BACKEND" = local ] || [ -n "$HOSTFILE" ] || die "--backend $BACKEND needs --hostfile FILE (or LAUNCH_HOSTFILE)" 2
-  [ "$MASTER_PORT" -gt 0 ] 2>/dev/null || die "--master-port '$MASTER_PORT' is not a port number" 2
+  [ -z "$MASTER_PORT" ] || [ "$MASTER_PORT" -gt 0 ] 2>/dev/null || die "--master-port '$MASTER_PORT' is not a port number" 2
   [ -x "$PY" ] || die "no Python at $PY; run launch/setup_env.sh (or set LAUNCH_VENV)"
 }
 
@@ -241,6 +241,29 @@ drop_secret_env() {  # best effort, at exit: the ranks read it when they started
   for h in "${HOSTS[@]}"; do run_ssh "$h" "rm -f $(printf %q "$1")" >/dev/null 2>&1 & pids+=($!); done
   wait "${pids[@]}"
   rm -f "$1"
+}
+
+# The rendezvous port when none is given: derived from the run id (two runs sharing a first host get different
+# ports: with one fixed default, the second run fails or joins the first one's unauthenticated TCPStore), then the
+# first of 16 ports from there that is free on the master host (probed over ssh; not in a dry run or for Slurm,
+# where the master is only known when the job starts).
+pick_master_port() {
+  local base probe
+  base=$((20000 + $(printf '%s' "$RUN_ID" | cksum | cut -d' ' -f1) % 20000))
+  if [ "$DRY_RUN" = 1 ] || [ "$BACKEND" = slurm ]; then MASTER_PORT=$base; return; fi
+  probe='import socket, sys
+for p in range(int(sys.argv[1]), int(sys.argv[1]) + 16):
+    with socket.socket() as s:
+        try:
+            s.bind(("", p)); print(p); break
+        except OSError:
+            pass'
+  if [ "$BACKEND" = local ]; then
+    MASTER_PORT=$("$PY" -c "$probe" "$base")
+  else
+    MASTER_PORT=$(run_ssh "${HOSTS[0]}" "$(printf %q "$PY") -c $(printf %q "$probe") $base" 2>/dev/null)
+  fi
+  [[ $MASTER_PORT =~ ^[0-9]+$ ]] || { say "could not probe a free port on ${HOSTS[0]}; using $base"; MASTER_PORT=$base; }
 }
 
 # A command line with every word quoted for a remote shell.

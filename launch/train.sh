@@ -29,6 +29,7 @@ plan_nodes
 check_layout
 RUN_ID=${RUN_ID:-$(basename "${RECIPE%.*}" | tr -c 'A-Za-z0-9._\n-' _)-$(date +%Y%m%d-%H%M%S)-$$}
 [[ $RUN_ID =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--run-id '$RUN_ID': use letters, digits, '.', '_' and '-' only" 2
+[ -n "$MASTER_PORT" ] || pick_master_port
 LOG_DIR=${LOG_DIR:-$REPO_DIR/runs/launch/$RUN_ID}
 mkdir -p "$LOG_DIR" || die "cannot create the log dir $LOG_DIR"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
@@ -187,6 +188,21 @@ fi
 say "run $RUN_ID: $BACKEND on $NNODES node(s), world size $WORLD_SIZE ($LAYOUT_DESC), master $MASTER_ADDR:$MASTER_PORT"
 say "logs: $LOG_DIR/<host>.log"
 
+stop_everything() {
+  LAUNCH_STOP_BY_LAUNCHER=1 "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
+}
+# Before any node starts: Ctrl-C, kill and a closed terminal (HUP) stop the run on every node.
+on_signal() { say "interrupted: stopping run $RUN_ID on all nodes"; stop_everything; exit 130; }
+trap on_signal INT TERM HUP
+# SIGKILL runs no trap: a watchdog in its own session outlives this launcher and then stops the run on every node
+# (stop.sh finds the ranks by run id). A normal exit of the launcher ends the watchdog.
+# (A dead launcher its parent has not reaped yet is a zombie: it still answers kill -0.)
+setsid bash -c 'while kill -0 "$0" 2>/dev/null && [ "$(cut -d" " -f3 /proc/"$0"/stat 2>/dev/null)" != Z ]; do sleep 1; done
+  echo "[launch] the launcher (pid $0) died: stopping run on all nodes"; rm -f "$3"
+  LAUNCH_STOP_BY_LAUNCHER=1 bash "$2" "$1"' "$$" "$LOG_DIR" "$LAUNCH_DIR/stop.sh" "${SECRET_ENV:-/nonexistent}" \
+  </dev/null >>"$LOG_DIR/launcher.log" 2>&1 &
+at_exit "kill $! 2>/dev/null"
+
 out_to() {  # tee a stream into a log file (and the terminal unless --quiet)
   if [ "$QUIET" = 1 ]; then cat >>"$1"; else tee -a "$1"; fi
 }
@@ -216,15 +232,13 @@ case "$BACKEND" in
     # into the pdsh command line and its log. The ranks read them from the 0600 env file instead.
     unset_words=()
     for name in $SECRET_NAMES; do unset_words+=(-u "$name"); done
-    (cd "$REPO_DIR" && DS_ENV_FILE="$LOG_DIR/ds.env" exec env "${unset_words[@]}" "${DS_CMD[@]}") > >(split_pdsh) 2>&1 &
+    # In its own session: on SIGINT/SIGTERM (a Ctrl-C reaches the whole terminal's process group) DeepSpeed's runner
+    # runs `pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which kills every DeepSpeed run from
+    # this venv there, other people's included. This run is stopped by run id (stop.sh) instead.
+    (cd "$REPO_DIR" && DS_ENV_FILE="$LOG_DIR/ds.env" exec setsid env "${unset_words[@]}" "${DS_CMD[@]}") \
+      > >(split_pdsh) 2>&1 &
     NODE_PIDS+=($!) NODE_NAMES+=("deepspeed-runner") ;;
 esac
-
-stop_everything() {
-  LAUNCH_STOP_BY_LAUNCHER=1 "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
-}
-on_signal() { say "interrupted: stopping run $RUN_ID on all nodes"; stop_everything; exit 130; }
-trap on_signal INT TERM
 
 # --- supervise: the first non-zero exit or LAUNCH-FAIL line stops everything --------------------------------------
 failed="" first_bad_node=""
