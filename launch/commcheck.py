@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -28,15 +29,33 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", default=os.environ.get("COMMCHECK_JSON"), help="rank 0 writes the results here")
     ap.add_argument("--quiet", action="store_true", help="print only the summary line")
+    ap.add_argument("--timeout-minutes", type=int, default=None,
+                    help="give up on a collective after this long (default: the recipe's "
+                         "training.dist_timeout_minutes with --config, else 5)")
     # Accepted so that commcheck runs wherever the training entry runs (launch/train.sh passes the recipe along).
     ap.add_argument("--config", default=None)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None)
-    args, _overrides = ap.parse_known_args(argv)
+    args, overrides = ap.parse_known_args(argv)
+    if args.timeout_minutes is None:
+        args.timeout_minutes = 5  # a check should fail fast, not wait torch's 30 min
+        if args.config:
+            from recipes.config.loading import load_recipe
+
+            args.timeout_minutes = load_recipe(args.config, [o for o in overrides if "=" in o]
+                                               ).training.dist_timeout_minutes
     return args
 
 
 def bus_bandwidth(algbw: float, world: int) -> float:
     return algbw * 2 * (world - 1) / world
+
+
+def _group_timeout_s(device) -> float | None:
+    """The timeout the default group actually holds (read back, for --json)."""
+    try:
+        return dist.group.WORLD._get_backend(device).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def main(argv=None) -> int:
@@ -49,7 +68,7 @@ def main(argv=None) -> int:
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=timedelta(minutes=args.timeout_minutes))
     rank, world = dist.get_rank(), dist.get_world_size()
     host = os.environ.get("LAUNCH_HOST", os.uname().nodename)
 
@@ -103,7 +122,8 @@ def main(argv=None) -> int:
         print(f"commcheck: peak busbw {peak:.4f} GB/s over {world} ranks; results {'correct' if all_ok else 'WRONG'}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"world_size": world, "backend": backend, "hosts": hosts, "rows": rows}, f, indent=1)
+                json.dump({"world_size": world, "backend": backend, "hosts": hosts, "rows": rows,
+                           "timeout_s": _group_timeout_s(device)}, f, indent=1)
     dist.destroy_process_group()
     return 0 if all_ok else 1
 

@@ -52,6 +52,10 @@ def parse_hostfile(path: str | Path) -> list[Node]:
             problems.append(f"{path}:{lineno}: cannot read '{raw.strip()}'; expected 'hostname slots=N'")
             continue
         host, slots_text = m["host"], m["slots"]
+        if host.startswith("-"):  # ssh / pdsh would read it as an option (e.g. -oProxyCommand=...)
+            problems.append(f"{path}:{lineno}: host name '{host}' starts with '-'; host names cannot (ssh would take "
+                            "it as an option): fix the name")
+            continue
         if slots_text is None:
             problems.append(f"{path}:{lineno}: '{host}' has no slot count; write '{host} slots=N' (N = GPUs on it)")
             continue

@@ -11,6 +11,11 @@ PY=$VENV_DIR/bin/python
 say() { echo "[launch] $*" >&2; }
 die() { echo "[launch] error: $1" >&2; exit "${2:-1}"; }
 
+# Clean-up commands run once when the script exits, whatever the reason (one EXIT trap for every script here).
+AT_EXIT=()
+at_exit() { AT_EXIT+=("$1"); trap run_at_exit EXIT; }
+run_at_exit() { local c; for c in "${AT_EXIT[@]}"; do eval "$c"; done; AT_EXIT=(); }
+
 # ssh honours LAUNCH_SSH_CONFIG (an ssh_config file: aliases, ports, keys) everywhere, including inside pdsh and the
 # DeepSpeed runner, by putting a one-line ssh wrapper first on PATH. BatchMode: never hang on a password prompt.
 setup_ssh() {
@@ -23,7 +28,7 @@ setup_ssh() {
     local shim_dir
     shim_dir=$(mktemp -d "${TMPDIR:-/tmp}/launch-ssh.XXXXXX")
     SSH_SHIM_DIR=$shim_dir
-    trap 'rm -rf "$SSH_SHIM_DIR"' EXIT
+    at_exit "rm -rf $(printf %q "$shim_dir")"
     local real_ssh
     real_ssh=$(PATH=${PATH#"$shim_dir:"} command -v ssh) || die "ssh is not installed (apt-get install openssh-client)"
     printf '#!/bin/sh\nexec %q -F %q "$@"\n' "$real_ssh" "$LAUNCH_SSH_CONFIG" >"$shim_dir/ssh"
@@ -49,7 +54,7 @@ usage_common='
   --num-nodes N            use the first N selected hosts
   --num-gpus N             use N slots per host
   --master-addr ADDR       rendezvous address (default: the first host, as ssh resolves it)
-  --master-port PORT       rendezvous port (default 29500)
+  --master-port PORT       rendezvous port (default: derived from the run id, the first free one on the master)
   --env VAR[,VAR...]       also propagate these variables to every rank (or set LAUNCH_EXPORT="VAR VAR")
   --entry CMD              the per-rank program (default: "python -m recipes train"; python = the venv python)
   --log-dir DIR            where per-node logs go (default runs/launch/RUN_ID)
@@ -60,7 +65,7 @@ usage_common='
 
 parse_args() {
   RECIPE="" HOSTFILE=${LAUNCH_HOSTFILE:-} BACKEND="" INCLUDE="" EXCLUDE="" NUM_NODES=0 NUM_GPUS=0
-  MASTER_ADDR_OPT="" MASTER_PORT=${MASTER_PORT:-29500} EXTRA_ENV=${LAUNCH_EXPORT:-} ENTRY="python -m recipes train"
+  MASTER_ADDR_OPT="" MASTER_PORT=${MASTER_PORT:-} EXTRA_ENV=${LAUNCH_EXPORT:-} ENTRY="python -m recipes train"
   LOG_DIR="" RUN_ID="" DRY_RUN=0 COMM_CHECK=0 NO_PREFLIGHT=0 OVERRIDES=()
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -95,7 +100,7 @@ parse_args() {
     die "--backend '$BACKEND' unknown; use deepspeed, torchrun-ssh, slurm or local" 2 ;;
   esac
   [ "$BACKEND" = local ] || [ -n "$HOSTFILE" ] || die "--backend $BACKEND needs --hostfile FILE (or LAUNCH_HOSTFILE)" 2
-  [ "$MASTER_PORT" -gt 0 ] 2>/dev/null || die "--master-port '$MASTER_PORT' is not a port number" 2
+  [ -z "$MASTER_PORT" ] || [ "$MASTER_PORT" -gt 0 ] 2>/dev/null || die "--master-port '$MASTER_PORT' is not a port number" 2
   [ -x "$PY" ] || die "no Python at $PY; run launch/setup_env.sh (or set LAUNCH_VENV)"
 }
 
@@ -159,21 +164,105 @@ check_nodes_reachable() {
   return $bad
 }
 
-# The variables every rank gets, as NAME=VALUE lines: the venv (the repo is pip-installed in it), NCCL_*/GLOO_*, threads, user-listed.
-write_env_file() {
+# Variables whose values are the user's: --env / LAUNCH_EXPORT, and HF_* / WANDB_* / MLFLOW_* (tokens live there).
+# They reach the ranks only through a 0600 file that rank_exec.sh reads (write_secret_env_file), never through a
+# command line (visible in ps to every user of a node), plan.txt, job.sbatch or a log; only their names are printed.
+secret_env_names() {
+  local names=("${EXTRA_NAMES[@]}") name
+  for name in $(compgen -e | grep -E '^(HF_|WANDB_|MLFLOW_)' || true); do names+=("$name"); done
+  printf '%s\n' "${names[@]}" | awk 'NF && !seen[$0]++'
+}
+
+# Refuses names that are not variable names (`${!name}` would evaluate `x[$(cmd)]`), unset variables, and values
+# spanning lines (each variable is one NAME=VALUE line of the env files).
+check_env() {
   local name
-  for name in $EXTRA_ENV; do
+  set -f; read -r -a EXTRA_NAMES <<<"$EXTRA_ENV"; set +f
+  for name in "${EXTRA_NAMES[@]}"; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "--env '$name' is not a variable name (letters, digits and _, not starting with a digit)" 2
     [ -n "${!name+x}" ] || die "--env $name: the variable is not set here, so it cannot be propagated" 2
   done
+  for name in $(plumbing_env_names) $(secret_env_names); do
+    case ${!name} in *$'\n'*|*$'\r'*)
+      die "$name: the value spans several lines; variables are passed one NAME=VALUE line each: unset it or put the text in a file and pass its path" 2 ;;
+    esac
+  done
+}
+
+plumbing_env_names() {
+  compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|CUDA_DEVICE_ORDER$|OMP_NUM_THREADS$)' || true
+}
+
+# The settings every rank gets, as NAME=VALUE lines: the venv (the repo is pip-installed in it), NCCL_*/GLOO_*, threads, and where the
+# secret env file is. Nothing in it is secret: it is printed in plans and passed on command lines.
+write_env_file() {
+  local name secret_file=${1:-}
   {
     echo "PATH=$VENV_DIR/bin:/usr/local/bin:/usr/bin:/bin"
     echo "VIRTUAL_ENV=$VENV_DIR"
     echo "PYTHONUNBUFFERED=1"
     echo "LAUNCH_RUN_ID=$RUN_ID"
-    for name in $(compgen -e | grep -E '^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|CUDA_DEVICE_ORDER|OMP_NUM_THREADS|HF_|WANDB_)' || true) $EXTRA_ENV; do
+    for name in $(plumbing_env_names); do
       echo "$name=${!name}"
     done
+    [ -z "$secret_file" ] || echo "LAUNCH_ENV_FILE=$secret_file"
   } | awk -F= '!seen[$1]++'
+}
+
+# NAME=VALUE lines of secret_env_names, in a file created 0600 (umask before it exists: never readable by others).
+write_secret_env_file() {
+  local file=$1 name
+  (
+    umask 077
+    for name in $(secret_env_names); do printf '%s=%s\n' "$name" "${!name}"; done >"$file.tmp"
+    mv -f "$file.tmp" "$file"
+  )
+}
+
+# The env file to every node, at the same path, over ssh's stdin (never its command line); on a shared file system
+# each node replaces it with the same bytes. Returns non-zero if a node failed.
+push_secret_env() {
+  local file=$1 i pids=() bad=0 dir
+  dir=$(dirname "$file")
+  for i in "${!HOSTS[@]}"; do
+    ssh "${SSH_OPTS[@]}" "${HOSTS[$i]}" "umask 077 && mkdir -p $(printf %q "$dir") && cat >$(printf %q "$file.$i.tmp") && mv -f $(printf %q "$file.$i.tmp") $(printf %q "$file")" \
+      <"$file" >"$dir/push.${HOSTS[$i]}" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { say "node ${HOSTS[$i]}: cannot write $file: $(tr '\n' ' ' <"$dir/push.${HOSTS[$i]}" | cut -c1-300)"; bad=1; }
+    rm -f "$dir/push.${HOSTS[$i]}"
+  done
+  return $bad
+}
+drop_secret_env() {  # best effort, at exit: the ranks read it when they started
+  local h pids=()
+  for h in "${HOSTS[@]}"; do run_ssh "$h" "rm -f $(printf %q "$1")" >/dev/null 2>&1 & pids+=($!); done
+  wait "${pids[@]}"
+  rm -f "$1"
+}
+
+# The rendezvous port when none is given: derived from the run id (two runs sharing a first host get different
+# ports: with one fixed default, the second run fails or joins the first one's unauthenticated TCPStore), then the
+# first of 16 ports from there that is free on the master host (probed over ssh; not in a dry run or for Slurm,
+# where the master is only known when the job starts).
+pick_master_port() {
+  local base probe
+  base=$((20000 + $(printf '%s' "$RUN_ID" | cksum | cut -d' ' -f1) % 20000))
+  if [ "$DRY_RUN" = 1 ] || [ "$BACKEND" = slurm ]; then MASTER_PORT=$base; return; fi
+  probe='import socket, sys
+for p in range(int(sys.argv[1]), int(sys.argv[1]) + 16):
+    with socket.socket() as s:
+        try:
+            s.bind(("", p)); print(p); break
+        except OSError:
+            pass'
+  if [ "$BACKEND" = local ]; then
+    MASTER_PORT=$("$PY" -c "$probe" "$base")
+  else
+    MASTER_PORT=$(run_ssh "${HOSTS[0]}" "$(printf %q "$PY") -c $(printf %q "$probe") $base" 2>/dev/null)
+  fi
+  [[ $MASTER_PORT =~ ^[0-9]+$ ]] || { say "could not probe a free port on ${HOSTS[0]}; using $base"; MASTER_PORT=$base; }
 }
 
 # A command line with every word quoted for a remote shell.

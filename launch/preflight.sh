@@ -82,8 +82,9 @@ say "preflight ok: ${#HOSTS[@]} node(s), world size $WORLD_SIZE"
 
 if [ "$COMM_CHECK" = 1 ]; then
   say "communication check: all-reduce across all $WORLD_SIZE ranks"
-  args=("$RECIPE" --backend "$BACKEND" --master-port "$MASTER_PORT" --num-nodes "$NUM_NODES" --num-gpus "$NUM_GPUS"
+  args=("$RECIPE" --backend "$BACKEND" --num-nodes "$NUM_NODES" --num-gpus "$NUM_GPUS"
     --entry "python $LAUNCH_DIR/commcheck.py" --no-preflight)
+  [ -z "$MASTER_PORT" ] || args+=(--master-port "$MASTER_PORT")
   [ -z "$HOSTFILE" ] || args+=(--hostfile "$HOSTFILE")
   [ -z "$INCLUDE" ] || args+=(--include "$INCLUDE")
   [ -z "$EXCLUDE" ] || args+=(--exclude "$EXCLUDE")

@@ -35,9 +35,11 @@ setup_ssh
 # Relative paths in ARGS mean the same on every node: each runs in this directory (shared file system). The venv's
 # python finds data_prep because the repo is installed in it (pip install -e .): no PYTHONPATH needed.
 WORKDIR=$PWD
+# LAUNCH_RUN_ID marks every process of this prep on every node, so that stop.sh --local can find them.
+PREP_ID=prep-$(date +%Y%m%d-%H%M%S)-$$
 cmd_for() {  # slice index, slots
-  printf 'cd %q && OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false %q -m data_prep tokenize %s--slice %d/%d -j %d -q' \
-    "$WORKDIR" "$PY" "$QUOTED" "$1" "$H" "$2"
+  printf 'cd %q && OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false LAUNCH_RUN_ID=%q %q -m data_prep tokenize %s--slice %d/%d -j %d -q' \
+    "$WORKDIR" "$PREP_ID" "$PY" "$QUOTED" "$1" "$H" "$2"
 }
 
 if [ "$DRY_RUN" = 1 ]; then
@@ -53,6 +55,18 @@ fi
 
 mkdir -p "$LOG_DIR"
 say "data prep on $H node(s); logs in $LOG_DIR"
+# Ctrl-C, kill or a closed terminal stop the tokenize processes on every node too: left running, they would go on
+# writing while a rerun deletes their .tmp files.
+stop_nodes() {
+  local line host p=()
+  for line in "${NODES[@]}"; do
+    read -r host _ <<<"$line"
+    run_ssh "$host" "bash $(printf %q "$LAUNCH_DIR/stop.sh") --local $(printf %q "$PREP_ID")" >/dev/null 2>&1 &
+    p+=($!)
+  done
+  wait "${p[@]}" || true
+}
+trap 'say "interrupted: stopping data prep on all nodes"; stop_nodes; exit 130' INT TERM HUP
 pids=() hosts=()
 i=0
 for line in "${NODES[@]}"; do

@@ -13,6 +13,25 @@ host=${LAUNCH_HOST:-${hosts[$node]:-$(hostname)}}
 export LAUNCH_HOST=$host PYTHONUNBUFFERED=1
 tag="[$host rank $rank]"
 
+# The user's variables (--env, HF_*, WANDB_*) come from a 0600 file, not from the command line that started us: a
+# command line is readable by every user of the node (ps, /proc/*/cmdline), a mode-0600 file only by its owner.
+if [ -n "${LAUNCH_ENV_FILE:-}" ]; then
+  if [ ! -r "$LAUNCH_ENV_FILE" ]; then
+    echo "$tag error: cannot read the run's env file $LAUNCH_ENV_FILE on this node (the launcher copies it there)" >&2
+    echo "LAUNCH-FAIL rank=$rank host=$host exit=2 at=$EPOCHREALTIME cmd=$1" >&2
+    exit 2
+  fi
+  while IFS= read -r line; do
+    [[ ${line%%=*} =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && export "$line"
+  done <"$LAUNCH_ENV_FILE"
+  unset line
+fi
+
+# Under DeepSpeed's pdsh runner the command comes as shell-quoted words in LAUNCH_RANK_CMD (see train.sh).
+if [ $# -eq 0 ] && [ -n "${LAUNCH_RANK_CMD:-}" ]; then
+  eval "set -- $LAUNCH_RANK_CMD"  # words quoted by printf %q: eval only removes that quoting
+fi
+
 stopped=0
 on_signal() { stopped=1; [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null; }
 trap on_signal TERM INT HUP

@@ -23,17 +23,29 @@ for a in "$@"; do
   if [ "$a" = --quiet ] && [ "$seen_dashdash" = 0 ]; then QUIET=1; else args+=("$a"); fi
 done
 parse_args "${args[@]}"
+check_env
 setup_ssh
 plan_nodes
 check_layout
-RUN_ID=${RUN_ID:-$(basename "${RECIPE%.*}")-$(date +%Y%m%d-%H%M%S)-$$}
+RUN_ID=${RUN_ID:-$(basename "${RECIPE%.*}" | tr -c 'A-Za-z0-9._\n-' _)-$(date +%Y%m%d-%H%M%S)-$$}
+[[ $RUN_ID =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--run-id '$RUN_ID': use letters, digits, '.', '_' and '-' only" 2
+[ -n "$MASTER_PORT" ] || pick_master_port
 LOG_DIR=${LOG_DIR:-$REPO_DIR/runs/launch/$RUN_ID}
 mkdir -p "$LOG_DIR" || die "cannot create the log dir $LOG_DIR"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
-write_env_file >"$LOG_DIR/launch.env" || exit $?
-# DeepSpeed's runner sends one environment to all nodes: each rank finds its host's name by node index in this list.
-[ "$BACKEND" != deepspeed ] || echo "LAUNCH_HOSTS=${HOSTS[*]}" >>"$LOG_DIR/launch.env"
+SECRET_NAMES=$(secret_env_names)
+SECRET_ENV=""
+[ -z "$SECRET_NAMES" ] || SECRET_ENV=$LOG_DIR/secret.env
+write_env_file "$SECRET_ENV" >"$LOG_DIR/launch.env" || exit $?
 rank_command
+if [ "$BACKEND" = deepspeed ]; then
+  # DeepSpeed's runner sends one environment to all nodes: each rank finds its host's name by node index in this list.
+  echo "LAUNCH_HOSTS=${HOSTS[*]}" >>"$LOG_DIR/launch.env"
+  # Its pdsh runner pastes the program's arguments into a remote shell line ("a b" in double quotes, the rest bare),
+  # so an override like name=it's $(cmd) would break it or run cmd. The per-rank command travels as shell-quoted
+  # words in the environment instead; rank_exec.sh, the only argument DeepSpeed sees, runs them.
+  echo "LAUNCH_RANK_CMD=$(quote_words "${RANK_CMD[@]:1}")" >>"$LOG_DIR/launch.env"
+fi
 NNODES=${#HOSTS[@]}
 
 env_words() { local line; while IFS= read -r line; do printf '%q ' "$line"; done <"$LOG_DIR/launch.env"; }
@@ -42,7 +54,7 @@ env_words() { local line; while IFS= read -r line; do printf '%q ' "$line"; done
 torchrun_args() {  # node index -> torchrun flags; static rendezvous: node_rank i, the master address and port.
   local i=$1 extra=""
   [ "${DEVICES[$i]}" = "$(seq -s, 0 $((SLOTS[$i] - 1)))" ] || extra="CUDA_VISIBLE_DEVICES=${DEVICES[$i]} "
-  echo "${extra}$VENV_DIR/bin/torchrun --nnodes=$NNODES --node_rank=$i --nproc_per_node=${SLOTS[$i]}" \
+  echo "${extra}$(printf %q "$VENV_DIR/bin/torchrun") --nnodes=$NNODES --node_rank=$i --nproc_per_node=${SLOTS[$i]}" \
     "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT --max_restarts=0 --monitor_interval=0.5 --no-python"
 }
 node_command() {  # node index -> what runs on that node (a shell command line)
@@ -52,9 +64,9 @@ node_command() {  # node index -> what runs on that node (a shell command line)
       echo "cd $(printf %q "$REPO_DIR") && exec env $(env_words)LAUNCH_HOST=${HOSTS[$i]} $(torchrun_args "$i") $(quote_words "${RANK_CMD[@]}")" ;;
     deepspeed)
       # What DeepSpeed's pdsh runner starts on node i (it substitutes %n with the node index).
-      echo "export <each line of $LOG_DIR/launch.env>; cd $REPO_DIR; $PY -u -m deepspeed.launcher.launch" \
+      echo "export <each line of $LOG_DIR/ds.env>; cd $REPO_DIR; $PY -u -m deepspeed.launcher.launch" \
         "--world_info=$WORLD_INFO --node_rank=$i --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT" \
-        "--no_python --no_local_rank $(quote_words "${RANK_CMD[@]}")" ;;
+        "--no_python --no_local_rank ${RANK_CMD[0]} (runs \$LAUNCH_RANK_CMD: $(quote_words "${RANK_CMD[@]:1}"))" ;;
   esac
 }
 rank_range() { local i=$1 first=0 j; for ((j = 0; j < i; j++)); do first=$((first + SLOTS[j])); done
@@ -62,6 +74,16 @@ rank_range() { local i=$1 first=0 j; for ((j = 0; j < i; j++)); do first=$((firs
 
 ds_include() { local i out=""; for i in "${!HOSTS[@]}"; do out+="${HOSTS[$i]}:${DEVICES[$i]}@"; done; echo "${out%@}"; }
 if [ "$BACKEND" = deepspeed ]; then
+  # DeepSpeed's pdsh runner pastes `cd <cwd>; <python> -u -m ...` and `export NAME=<value>` into one remote shell
+  # line unquoted: paths with spaces or shell characters would break it (or run as commands).
+  for p in "$REPO_DIR" "$PY"; do
+    [[ $p =~ ^[A-Za-z0-9/._+-]+$ ]] || die "--backend deepspeed cannot run from '$p': DeepSpeed's runner puts this path unquoted into a shell command; use a path of letters, digits and /._+- only, or --backend torchrun-ssh" 2
+  done
+  # Its env file: our settings (the user's variables are not in it). The runner writes `export NAME="VALUE"` when
+  # VALUE has a character outside [\w@%+=:,./-], else `export NAME=VALUE`: escaping \ " $ ` gives the literal
+  # value in the first case and changes nothing in the second.
+  dq_escape() { local v=$1; v=${v//\\/\\\\}; v=${v//\"/\\\"}; v=${v//\$/\\\$}; v=${v//\`/\\\`}; printf '%s' "$v"; }
+  while IFS= read -r line; do printf '%s=%s\n' "${line%%=*}" "$(dq_escape "${line#*=}")"; done <"$LOG_DIR/launch.env" >"$LOG_DIR/ds.env"
   # shellcheck disable=SC2046  # host names and slot lists are single words
   WORLD_INFO=$("$PY" -c 'import base64, json, sys
 hosts = sys.argv[1::2]; devs = sys.argv[2::2]
@@ -72,7 +94,7 @@ print(base64.urlsafe_b64encode(json.dumps(info).encode()).decode())' \
   for i in "${!HOSTS[@]}"; do echo "${HOSTS[$i]} slots=${SLOTS[$i]}"; done >"$LOG_DIR/hostfile"
   DS_CMD=("$PY" -u -m deepspeed.launcher.runner --hostfile "$LOG_DIR/hostfile" --include "$(ds_include)"
     --launcher pdsh --force_multi --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
-    --no_python --no_local_rank "${RANK_CMD[@]}")
+    --no_python --no_local_rank "${RANK_CMD[0]}")
 fi
 slurm_script() {
   local nodelist
@@ -83,19 +105,21 @@ slurm_script() {
 #SBATCH --nodes=$NNODES
 #SBATCH --ntasks-per-node=1
 #SBATCH --nodelist=$nodelist
-#SBATCH --output=$LOG_DIR/slurm-%j.out
+#SBATCH --output="$LOG_DIR/slurm-%j.out"
 #SBATCH --gpus-per-node=${SLOTS[0]}
 # world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks; $LAYOUT_DESC
 set -euo pipefail
-$(sed 's/^\([A-Za-z_][A-Za-z0-9_]*\)=\(.*\)$/export \1=\2/' "$LOG_DIR/launch.env" | while IFS= read -r l; do
-    k=${l%%=*}; v=${l#*=}; printf '%s=%q\n' "$k" "$v"; done)
-export MASTER_ADDR=\${MASTER_ADDR:-$( [ -n "$MASTER_ADDR_OPT" ] && echo "$MASTER_ADDR_OPT" || echo "\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n1)")}
+$(while IFS= read -r l; do printf 'export %s=%q\n' "${l%%=*}" "${l#*=}"; done <"$LOG_DIR/launch.env")
+export MASTER_ADDR=\${MASTER_ADDR:-$( [ -n "$MASTER_ADDR_OPT" ] && printf %q "$MASTER_ADDR_OPT" || echo "\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n1)")}
 export MASTER_PORT=$MASTER_PORT
 export LAUNCH_HOSTS="\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | tr '\n' ' ')"
+$([ -z "$SECRET_ENV" ] || printf 'trap %q EXIT  # the 0600 env file: every rank reads it at start\n' "rm -f $(printf %q "$SECRET_ENV")")
 cd $(printf %q "$REPO_DIR")
+# The per-rank command as words, quoted once here; the bash -c text below contains none of them.
+rank_cmd=($(quote_words "$VENV_DIR/bin/torchrun" "${RANK_CMD[@]}"))
 # One torchrun per node; --kill-on-bad-exit stops every node when one fails.
-srun --kill-on-bad-exit=1 --wait=60 --output=$LOG_DIR/%N.log \\
-  bash -c 'exec $VENV_DIR/bin/torchrun --nnodes=\$SLURM_NNODES --node_rank=\$SLURM_NODEID --nproc_per_node=${SLOTS[0]} --master_addr=\$MASTER_ADDR --master_port=\$MASTER_PORT --max_restarts=0 --no-python $(quote_words "${RANK_CMD[@]}")'
+srun --kill-on-bad-exit=1 --wait=60 --output=$(printf %q "$LOG_DIR")/%N.log \\
+  bash -c 'exec "\$0" --nnodes=\$SLURM_NNODES --node_rank=\$SLURM_NODEID --nproc_per_node=${SLOTS[0]} --master_addr=\$MASTER_ADDR --master_port=\$MASTER_PORT --max_restarts=0 --no-python "\$@"' "\${rank_cmd[@]}"
 EOF
 }
 
@@ -105,6 +129,8 @@ print_plan() {
   echo "layout: $LAYOUT_DESC"
   echo "logs: $LOG_DIR"
   echo "env: $(cut -d= -f1 "$LOG_DIR/launch.env" | tr '\n' ' ')"
+  # names only: the values reach the ranks in a 0600 file ($LOG_DIR/secret.env), never a plan, a log or argv
+  [ -z "$SECRET_NAMES" ] || echo "user env (values not shown): $(echo $SECRET_NAMES)"
   local i
   for i in "${!HOSTS[@]}"; do
     case "$BACKEND" in
@@ -113,7 +139,7 @@ print_plan() {
       *) echo "node $i ${HOSTS[$i]} slots=${SLOTS[$i]} ranks=$(rank_range "$i"): $(node_command "$i")" ;;
     esac
   done
-  [ "$BACKEND" = deepspeed ] && echo "runner: DS_ENV_FILE=$LOG_DIR/launch.env $(quote_words "${DS_CMD[@]}")"
+  [ "$BACKEND" = deepspeed ] && echo "runner: DS_ENV_FILE=$LOG_DIR/ds.env $(quote_words "${DS_CMD[@]}")"
   return 0
 }
 print_plan >"$LOG_DIR/plan.txt"
@@ -134,6 +160,14 @@ fi
 printf '%s\n' "${HOSTS[@]}" >"$LOG_DIR/hosts"
 echo "$BACKEND" >"$LOG_DIR/backend"
 echo "${LAUNCH_SSH_CONFIG:-}" >"$LOG_DIR/ssh_config"
+# One run per checkpoint.dir (recipes/run_lease.py): refused here, before anything starts, while another run holds it.
+(cd "$REPO_DIR" && LAUNCH_RUN_ID=$RUN_ID "$PY" -m recipes.checkpoint.lease check "$RECIPE" "${OVERRIDES[@]}") ||
+  die "nothing was started" 5
+if [ -n "$SECRET_ENV" ]; then
+  write_secret_env_file "$SECRET_ENV"
+  # Slurm's job removes it when it ends; here it goes when the launcher exits, on this machine and on the nodes.
+  [ "$BACKEND" = slurm ] || at_exit "rm -f $(printf %q "$SECRET_ENV")"
+fi
 if [ "$BACKEND" = slurm ]; then
   command -v sbatch >/dev/null || die "sbatch not found: this is not a Slurm login node. The job script is $LOG_DIR/job.sbatch (--dry-run prints it)"
   out=$(sbatch --parsable "$LOG_DIR/job.sbatch") || die "sbatch refused $LOG_DIR/job.sbatch: $out"
@@ -147,8 +181,27 @@ fi
 if [ "$BACKEND" != local ] && [ "$NO_PREFLIGHT" = 0 ]; then
   check_nodes_reachable "$LOG_DIR" || die "some nodes are not ready (see above); nothing was started" 4
 fi
+if [ "$BACKEND" != local ] && [ -n "$SECRET_ENV" ]; then
+  push_secret_env "$SECRET_ENV" || die "could not copy the env file to every node (see above); nothing was started" 4
+  at_exit "drop_secret_env $(printf %q "$SECRET_ENV")"
+fi
 say "run $RUN_ID: $BACKEND on $NNODES node(s), world size $WORLD_SIZE ($LAYOUT_DESC), master $MASTER_ADDR:$MASTER_PORT"
 say "logs: $LOG_DIR/<host>.log"
+
+stop_everything() {
+  LAUNCH_STOP_BY_LAUNCHER=1 "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
+}
+# Before any node starts: Ctrl-C, kill and a closed terminal (HUP) stop the run on every node.
+on_signal() { say "interrupted: stopping run $RUN_ID on all nodes"; stop_everything; exit 130; }
+trap on_signal INT TERM HUP
+# SIGKILL runs no trap: a watchdog in its own session outlives this launcher and then stops the run on every node
+# (stop.sh finds the ranks by run id). A normal exit of the launcher ends the watchdog.
+# (A dead launcher its parent has not reaped yet is a zombie: it still answers kill -0.)
+setsid bash -c 'while kill -0 "$0" 2>/dev/null && [ "$(cut -d" " -f3 /proc/"$0"/stat 2>/dev/null)" != Z ]; do sleep 1; done
+  echo "[launch] the launcher (pid $0) died: stopping run on all nodes"; rm -f "$3"
+  LAUNCH_STOP_BY_LAUNCHER=1 bash "$2" "$1"' "$$" "$LOG_DIR" "$LAUNCH_DIR/stop.sh" "${SECRET_ENV:-/nonexistent}" \
+  </dev/null >>"$LOG_DIR/launcher.log" 2>&1 &
+at_exit "kill $! 2>/dev/null"
 
 out_to() {  # tee a stream into a log file (and the terminal unless --quiet)
   if [ "$QUIET" = 1 ]; then cat >>"$1"; else tee -a "$1"; fi
@@ -165,23 +218,27 @@ case "$BACKEND" in
     done ;;
   deepspeed)
     # pdsh prefixes every line with "host: "; split them into per-node logs, the rest goes to launcher.log.
+    # The host list is loaded into awk once: a line's text (rank output) is only compared, never run or used as a path.
     split_pdsh() {
-      awk -v dir="$LOG_DIR" -v quiet="$QUIET" '
+      awk -v dir="$LOG_DIR" -v quiet="$QUIET" -v hostlist="${HOSTS[*]}" '
+        BEGIN { n = split(hostlist, hs, " "); for (k = 1; k <= n; k++) known[hs[k]] = 1 }
         { i = index($0, ": "); h = (i > 0) ? substr($0, 1, i - 1) : "";
-          f = (h != "" && system("test -e \"" dir "/hosts.d/" h "\"") == 0) ? dir "/" h ".log" : dir "/launcher.log";
-          line = (f == dir "/launcher.log") ? $0 : substr($0, i + 2);
+          f = (h in known) ? dir "/" h ".log" : dir "/launcher.log";
+          line = (h in known) ? substr($0, i + 2) : $0;
           print line >> f; fflush(f); if (quiet != 1) { print $0; fflush() } }'
     }
-    mkdir -p "$LOG_DIR/hosts.d" && for h in "${HOSTS[@]}"; do : >"$LOG_DIR/hosts.d/$h"; : >>"$LOG_DIR/$h.log"; done
-    (cd "$REPO_DIR" && DS_ENV_FILE="$LOG_DIR/launch.env" exec "${DS_CMD[@]}") > >(split_pdsh) 2>&1 &
+    for h in "${HOSTS[@]}"; do : >>"$LOG_DIR/$h.log"; done
+    # The runner gets none of the user's variables: it would paste MLFLOW_* (and any it is given) as `export X=...`
+    # into the pdsh command line and its log. The ranks read them from the 0600 env file instead.
+    unset_words=()
+    for name in $SECRET_NAMES; do unset_words+=(-u "$name"); done
+    # In its own session: on SIGINT/SIGTERM (a Ctrl-C reaches the whole terminal's process group) DeepSpeed's runner
+    # runs `pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which kills every DeepSpeed run from
+    # this venv there, other people's included. This run is stopped by run id (stop.sh) instead.
+    (cd "$REPO_DIR" && DS_ENV_FILE="$LOG_DIR/ds.env" exec setsid env "${unset_words[@]}" "${DS_CMD[@]}") \
+      > >(split_pdsh) 2>&1 &
     NODE_PIDS+=($!) NODE_NAMES+=("deepspeed-runner") ;;
 esac
-
-stop_everything() {
-  LAUNCH_STOP_BY_LAUNCHER=1 "$LAUNCH_DIR/stop.sh" "$LOG_DIR" >>"$LOG_DIR/launcher.log" 2>&1
-}
-on_signal() { say "interrupted: stopping run $RUN_ID on all nodes"; stop_everything; exit 130; }
-trap on_signal INT TERM
 
 # --- supervise: the first non-zero exit or LAUNCH-FAIL line stops everything --------------------------------------
 failed="" first_bad_node=""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from recipes.checkpoint import store as ckpt
+from recipes.checkpoint import safe_load, store as ckpt
 from recipes.checkpoint.shards import canonical_name, merge_tp, strip_vocab
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,9 @@ def resolve_tag(ckpt_dir: str | Path, tag: str | None = None) -> Path:
 
 def _load(path: Path) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return safe_load.load(path)
+    except safe_load.UnsafeCheckpointError as e:
+        raise CheckpointError(str(e)) from None
     except Exception as e:  # truncated / corrupt files raise many different errors
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e}); the file is damaged, use another "
                               "tag with --tag") from e

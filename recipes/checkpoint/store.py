@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from data_prep.io import atomic_write
+from recipes.checkpoint import safe_load
 
 log = logging.getLogger(__name__)
 MARKER = "complete.json"
@@ -44,7 +45,12 @@ def _barrier():
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # Tensors and plain numbers only, so that resume reads the file with weights_only=True (recipes/safe_load.py).
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(),  # (version, tuple of ints, float | None)
+             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -52,7 +58,11 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    else:  # a tuple with an ndarray: written before RNG states were tensors
+        np.random.set_state(n)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -62,6 +72,11 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -
     """Collective: every rank calls it. Returns the tag."""
     tag = tag_for(step)
     root = Path(ckpt_dir)
+    if _rank() == 0:
+        # Re-saving a tag (e.g. after resuming from an older one): its old marker must not vouch for files that are
+        # being rewritten, should this save be interrupted.
+        (root / tag / MARKER).unlink(missing_ok=True)
+    _barrier()
     # `latest` is ours to write, after the marker: it never names a partial save.
     engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
     torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")
@@ -133,6 +148,7 @@ def resume(engine, ckpt_dir: str | None) -> dict | None:
     tag = choice[0]
     if tag is None:
         return None
+    safe_load.guard_engine(engine)  # DeepSpeed's own reads of model/optimizer files: data only
     path, client_state = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
     if path is None:
@@ -142,7 +158,7 @@ def resume(engine, ckpt_dir: str | None) -> dict | None:
         client_state = json.loads((Path(ckpt_dir) / tag / MARKER).read_text())["client_state"]
     rng = Path(ckpt_dir) / tag / f"rng_rank{_rank()}.pt"
     if rng.is_file():
-        _set_rng_state(torch.load(rng, weights_only=False))
+        _set_rng_state(safe_load.load(rng, legacy_rng=True))
     log.info(f"checkpoint: resumed from {Path(ckpt_dir) / tag} at step {client_state['step']}, "
         f"{client_state['consumed_samples']} samples consumed")
     return client_state

@@ -89,6 +89,19 @@ def launch_local(n: int, argv: list[str]) -> int:
         time.sleep(0.2)
 
 
+def _die_with_parent() -> None:
+    """A `--local` worker gets SIGTERM when its launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG): it saves and
+    exits like on pre-emption instead of training on as an orphan."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux
+    if os.getppid() == 1:  # the launcher died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(args: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipes train", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="recipe file or preset name (configs/runs/...)")
@@ -107,9 +120,18 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if ns.local:
+        from recipes.checkpoint import lease as run_lease
+
+        os.environ.setdefault("RECIPES_RUN_ID", run_lease.run_id())  # the workers' run id (lease owner)
+        problem = recipe.checkpoint.dir and run_lease.holder_problem(recipe.checkpoint.dir, os.environ["RECIPES_RUN_ID"])
+        if problem:  # refused before any worker starts
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
         return launch_local(ns.local, argv)
 
+    if os.environ.get("RECIPES_LOCAL_WORKER"):
+        _die_with_parent()
     # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
@@ -117,8 +139,13 @@ def main(args: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
     from recipes.train.loop import run
 
+    from recipes.checkpoint.lease import LeaseError
+
     try:
         code = run(recipe, quiet=ns.quiet)
+    except LeaseError as e:
+        print(f"rank {os.environ.get('RANK', '?')}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
     except Exception:
         import traceback
 

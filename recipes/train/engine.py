@@ -53,7 +53,24 @@ def init_distributed(recipe) -> torch.device:
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    _timeout_for_new_groups(timeout)
     return device
+
+
+_GROUP_TIMEOUT: timedelta | None = None
+
+
+def _timeout_for_new_groups(timeout: timedelta) -> None:
+    """Every group created from now on waits `timeout`, not torch's default (30 min gloo, 10 min NCCL):
+    torch.distributed.new_group does not inherit the default group's timeout. megatron-core's groups get it through
+    initialize_model_parallel (init_parallel_state); DeepSpeed's pipeline / topology / tied-weight groups are made
+    with deepspeed.comm.new_group(ranks), which takes no timeout, so its backend's new_group is bound to ours."""
+    global _GROUP_TIMEOUT
+    import deepspeed.comm.comm as ds_comm
+
+    _GROUP_TIMEOUT = timeout
+    if ds_comm.cdb is not None:
+        ds_comm.cdb.new_group = lambda ranks: torch.distributed.new_group(ranks, timeout=timeout)
 
 
 def shutdown_distributed() -> None:
@@ -78,9 +95,11 @@ def init_parallel_state(layout: Layout) -> None:
                            "processes or change parallel.tp/pp/dp")
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    minutes = {} if _GROUP_TIMEOUT is None else {
+        "distributed_timeout_minutes": max(1, round(_GROUP_TIMEOUT.total_seconds() / 60))}  # the recipe's
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp, order="tp-dp-pp",
-        create_gloo_process_groups=False)  # the default backend is gloo on CPU already; NCCL runs need none
+        create_gloo_process_groups=False, **minutes)  # the default backend is gloo on CPU already; NCCL runs need none
 
 
 class MegatronMPU:

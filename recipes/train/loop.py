@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from recipes.checkpoint import store as checkpoint
+from recipes.checkpoint.lease import Lease
 from recipes.checkpoint.recipe_file import write_recipe
 from recipes.config.stages import stage_at, stage_plan
 from recipes.train.data import MicroBatches, build_datasets
@@ -156,8 +157,19 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
 # ------------------------------------------------------------------------------------------------------------ run
 def run(recipe, quiet: bool = False) -> int:
     """Train `recipe` on this rank. Returns the exit code (0 done or stopped cleanly)."""
-    t = recipe.training
     device = init_distributed(recipe)
+    lease = None
+    if torch.distributed.get_rank() == 0 and recipe.checkpoint.dir:
+        lease = Lease(recipe.checkpoint.dir).acquire()  # one run per checkpoint.dir, before anything is written
+    try:
+        return _run(recipe, device, quiet, lease)
+    finally:
+        if lease:
+            lease.release()
+
+
+def _run(recipe, device, quiet: bool, lease) -> int:
+    t = recipe.training
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     layout = Layout.from_recipe(recipe, world)
     init_parallel_state(layout)
@@ -214,6 +226,8 @@ def run(recipe, quiet: bool = False) -> int:
 
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
+        if lease:
+            lease.check()
         checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last)
 
     while step < total_steps:

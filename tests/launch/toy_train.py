@@ -26,6 +26,8 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print(f"{recipe.name}: ", flush=True)  # text chosen by the recipe (the hostile-strings test's name)
     steps, batch, seed = recipe.training.train_steps, recipe.training.global_batch, recipe.training.seed
     assert batch % world == 0, f"global batch {batch} not divisible by world size {world}"
     per_rank = batch // world
@@ -54,7 +56,7 @@ def main():
         time.sleep(float(os.environ.get("TOY_STEP_SLEEP", "0")))
     if rank == 0 and os.environ.get("TOY_OUT"):
         with open(os.environ["TOY_OUT"], "w") as f:
-            json.dump({"world_size": world, "losses": losses}, f)
+            json.dump({"world_size": world, "losses": losses, "name": recipe.name}, f)
     dist.barrier()  # leave together: no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
     # and without C++ static destructors, where gloo's threads can still abort a finished rank under load
