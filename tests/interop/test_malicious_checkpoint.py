@@ -72,7 +72,7 @@ def test_resume_refuses_payload(clean_run, tmp_path, name):
     marker = tmp_path / "pwned"
     _plant(ckpt, name, marker)
     ov = [o for o in overrides if not o.startswith("checkpoint.dir=")] + [f"checkpoint.dir={ckpt}"]
-    proc = _run(["recipes.train.cli", "--config", RECIPE, "--local", "2", "--quiet", *ov])
+    proc = _run(["recipes", "train", "--config", RECIPE, "--local", "2", "--quiet", *ov])
     _refused(proc, name, marker)
 
 
@@ -85,7 +85,8 @@ def test_tools_refuse_payload(clean_run, tmp_path, tool):
     name = "mp_rank_00_model_states.pt"
     _plant(ckpt, name, marker)
     extra = ["--to", "tp=1,pp=1,dp=1"] if tool == "reshape" else []
-    proc = _run([f"recipes.{tool}", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--quiet", *extra])
+    command = {"export_hf": "export-hf", "reshape": "reshape"}[tool]
+    proc = _run(["recipes", command, "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--quiet", *extra])
     _refused(proc, name, marker)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
