@@ -179,22 +179,27 @@ def document_causal_mask(docs: torch.Tensor) -> torch.Tensor:
     return (docs[:, None, :, None] == docs[:, None, None, :]) & causal
 
 
+def _per_micro_batch(t: torch.Tensor, name: str, make):
+    """`make()` once per micro-batch: kept on the tensor `t`, which every layer of a pipeline stage is handed (the
+    position ids), and dropped with it."""
+    cached = getattr(t, name, None)
+    if cached is None:
+        cached = make()
+        setattr(t, name, cached)
+    return cached
+
+
 def _flex_block_mask(docs: torch.Tensor):
     """flex_attention's BlockMask for block-diagonal causal attention over `docs` [b, s]: it stores which 128 x 128
-    tiles are empty, full or partial (O(s^2 / 128^2)), never an s x s mask. Built once per micro-batch and kept on the
-    document-id tensor, which every layer of a pipeline stage shares."""
-    cached = getattr(docs, "_flex_block_mask", None)
-    if cached is not None:
-        return cached
+    tiles are empty, full or partial (O(s^2 / 128^2)), never an s x s mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def same_document_causal(b, h, q_idx, kv_idx):
         return (docs[b, q_idx] == docs[b, kv_idx]) & (q_idx >= kv_idx)
 
     b, s = docs.shape
-    mask = create_block_mask(same_document_causal, B=b, H=None, Q_LEN=s, KV_LEN=s, device=docs.device)
-    docs._flex_block_mask = mask
-    return mask
+    return _per_micro_batch(docs, "_flex_block_mask", lambda: create_block_mask(
+        same_document_causal, B=b, H=None, Q_LEN=s, KV_LEN=s, device=docs.device))
 
 
 _compiled_flex = None
@@ -219,10 +224,11 @@ def flex_document_attention(q, k, v, docs, scale=None, compiled: bool = True):
 
 def document_attention(q, k, v, docs, scale=None, dropout: float = 0.0):
     """Causal attention within each document of packed samples. CUDA: flex_attention (no s x s mask; no dropout,
-    which the recipes keep at 0). CPU: SDPA with a boolean [b, 1, s, s] mask (one mask per micro-batch and layer)."""
+    which the recipes keep at 0). CPU: SDPA with a boolean [b, 1, s, s] mask (built once per micro-batch and stage)."""
     if q.is_cuda and dropout == 0.0:
         return flex_document_attention(q, k, v, docs, scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=document_causal_mask(docs), dropout_p=dropout,
+    mask = _per_micro_batch(docs, "_sdpa_mask", lambda: document_causal_mask(docs))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
@@ -338,7 +344,8 @@ class DecoderLayerPipe(TransformerLayer):
                 rope = self._rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
             else:  # per-token angles [s, b, 1, d] (position_ids is the full sequence, also under SP)
                 rope = self._rope[:, 0, 0, :][position_ids.t()].unsqueeze(2)
-        docs = None if position_ids is None else document_ids(position_ids)
+        docs = None if position_ids is None else _per_micro_batch(position_ids, "_document_ids",
+                                                                  lambda: document_ids(position_ids))
         out, _ = super().forward(hidden, attention_mask=docs, rotary_pos_emb=rope)
         return out if position_ids is None else (out, position_ids)
 
