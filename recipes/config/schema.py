@@ -52,6 +52,9 @@ class ModelConfig(_Section):
     add_qkv_bias: bool = False  # a bias on the qkv projection only (Qwen2); implied by add_bias_linear
     init_method_std: PositiveFloat = 0.02
     make_vocab_size_divisible_by: PositiveInt = 128
+    # Packed samples: restart position ids after each EOD and attend only within the token's own document
+    # (block-diagonal causal mask; flex_attention on CUDA, SDPA with a boolean mask on CPU). See docs/concepts.md.
+    document_mask: bool = False
 
     @model_validator(mode="after")
     def _rope_options(self):
@@ -180,6 +183,8 @@ class DataConfig(_Section):
     split: str = "98,2,0"  # train, valid, test per Megatron
     tokenizer: Optional[str] = None  # sentencepiece .model or HF tokenizer path (for export and inspection)
     cache_dir: Optional[str] = None  # dataset index cache; default <checkpoint.dir>/data_cache
+    # DataLoader worker processes reading samples ahead of the step (0 = in the training process); same samples,
+    # same order, either way (recipes.train.data.MicroBatches).
     num_workers: int = Field(default=0, ge=0)
 
 

@@ -26,6 +26,12 @@ from recipes.config.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
+DOCUMENT_MASK_NOTE = (
+    "trained with model.document_mask: packed samples attended only within each document and position ids restarted "
+    "after each EOD. transformers has no packed-sample masking: feed one document per sequence (or pass your own "
+    "attention mask and position_ids) to see the model as it was trained.")
+
+
 def tokenizer_source(recipe) -> Path | None:
     """The sentencepiece model of the run: data.tokenizer, else the first manifest's (data's, then the stages')
     tokenizer.path."""
@@ -143,7 +149,9 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
         info = {"source": str(Path(ckpt_dir).resolve()), "tag": state.meta["tag"],
                 "source_layout": state.meta["source_layout"], "client_state": state.meta["client_state"],
                 "architecture": config.architectures[0], "tokenizer": str(sp_model) if sp_model else None,
-                "recipe": recipe.model_dump(mode="json")}
+                "recipe": recipe.model_dump(mode="json"), "document_mask": recipe.model.document_mask}
+        if recipe.model.document_mask:
+            info["document_mask_note"] = DOCUMENT_MASK_NOTE
         (tmp / "export_info.json").write_text(json.dumps(info, indent=1))
         if out.exists():
             out.rmdir()  # empty (checked above)

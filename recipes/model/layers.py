@@ -144,6 +144,8 @@ class SDPAttention(MegatronModule):
     """Causal core attention through torch `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
 
     Takes megatron-core's shapes: query [s, b, heads, d], key/value [s, b, groups, d]; returns [s, b, heads * d].
+    With `model.document_mask` the layer hands in document ids [b, s] as `attention_mask` (see `document_ids`):
+    attention is then causal within each document of the packed sample (`document_attention`).
     """
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
@@ -155,11 +157,82 @@ class SDPAttention(MegatronModule):
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, d]
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
-            scale=self.softmax_scale, enable_gqa=q.shape[1] != k.shape[1])
+        dropout = self.dropout if self.training else 0.0
+        if attention_mask is None:
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale,
+                enable_gqa=q.shape[1] != k.shape[1])
+        else:
+            out = document_attention(q, k, v, attention_mask, self.softmax_scale, dropout)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+# ------------------------------------------------------------------------------------------- document masking
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Document index [b, s] of each token of packed samples, from position ids that restart at 0 after each EOD
+    (megatron-core's GPTDataset with reset_position_ids): a new document starts wherever the position is 0."""
+    return (position_ids == 0).cumsum(dim=-1)
+
+
+def document_causal_mask(docs: torch.Tensor) -> torch.Tensor:
+    """Boolean SDPA mask [b, 1, s, s] (True = attend): same document and not in the future. Materialises s x s."""
+    s = docs.shape[-1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=docs.device).tril()
+    return (docs[:, None, :, None] == docs[:, None, None, :]) & causal
+
+
+def _per_micro_batch(t: torch.Tensor, name: str, make):
+    """`make()` once per micro-batch: kept on the tensor `t`, which every layer of a pipeline stage is handed (the
+    position ids), and dropped with it."""
+    cached = getattr(t, name, None)
+    if cached is None:
+        cached = make()
+        setattr(t, name, cached)
+    return cached
+
+
+def _flex_block_mask(docs: torch.Tensor):
+    """flex_attention's BlockMask for block-diagonal causal attention over `docs` [b, s]: it stores which 128 x 128
+    tiles are empty, full or partial (O(s^2 / 128^2)), never an s x s mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (docs[b, q_idx] == docs[b, kv_idx]) & (q_idx >= kv_idx)
+
+    b, s = docs.shape
+    return _per_micro_batch(docs, "_flex_block_mask", lambda: create_block_mask(
+        same_document_causal, B=b, H=None, Q_LEN=s, KV_LEN=s, device=docs.device))
+
+
+_compiled_flex = None
+
+
+def flex_document_attention(q, k, v, docs, scale=None, compiled: bool = True):
+    """Document-causal attention through torch flex_attention (q [b, heads, s, d], k/v [b, groups, s, d]).
+
+    Compiled (the GPU path) it runs a fused kernel that skips empty tiles; eager (`compiled=False`, what the CPU tests
+    check it with) it is torch's reference implementation.
+    """
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if compiled:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        fn = _compiled_flex
+    return fn(q, k, v, block_mask=_flex_block_mask(docs), scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def document_attention(q, k, v, docs, scale=None, dropout: float = 0.0):
+    """Causal attention within each document of packed samples. CUDA: flex_attention (no s x s mask; no dropout,
+    which the recipes keep at 0). CPU: SDPA with a boolean [b, 1, s, s] mask (built once per micro-batch and stage)."""
+    if q.is_cuda and dropout == 0.0:
+        return flex_document_attention(q, k, v, docs, scale)
+    mask = _per_micro_batch(docs, "_sdpa_mask", lambda: document_causal_mask(docs))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling=None) -> torch.Tensor:
@@ -225,7 +298,11 @@ class _Seeded:
 
 # ---------------------------------------------------------------------------------------------------- pipe layers
 class EmbeddingPipe(nn.Module):
-    """tokens [b, s] -> hidden [s, b, h] (sequence-sharded [s/t, b, h] under sequence parallelism)."""
+    """tokens [b, s] -> hidden [s, b, h] (sequence-sharded [s/t, b, h] under sequence parallelism).
+
+    With `model.document_mask` the input is (tokens, position_ids [b, s]) and the output (hidden, position_ids): the
+    position ids travel with the hidden state through every pipeline stage (DeepSpeed sends tuples; integer tensors
+    get no gradient)."""
 
     def __init__(self, config: TransformerConfig, model_cfg, seed: int):
         super().__init__()
@@ -251,20 +328,26 @@ class EmbeddingPipe(nn.Module):
             with torch.no_grad():
                 w.weight[first_pad:].zero_()
 
-    def forward(self, tokens):
+    def forward(self, inputs):
+        tokens, position_ids = inputs if isinstance(inputs, tuple) else (inputs, None)
         x = self.word_embeddings(tokens)  # [b, s, h], all-reduced over TP
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings.weight[: tokens.shape[1]].unsqueeze(0)
+            if position_ids is None:
+                x = x + self.position_embeddings.weight[: tokens.shape[1]].unsqueeze(0)
+            else:
+                x = x + self.position_embeddings(position_ids)
         x = x.transpose(0, 1).contiguous()
         if self.sequence_parallel:
             x = tensor_parallel.scatter_to_sequence_parallel_region(x)
-        return x
+        return x if position_ids is None else (x, position_ids)
 
 
 class DecoderLayerPipe(TransformerLayer):
     """megatron-core's TransformerLayer with a one-tensor pipeline interface: hidden [s, b, h] -> [s, b, h].
 
-    The RoPE angles (fp32) live here, so nothing but the hidden state crosses stage boundaries.
+    The RoPE angles (fp32) live here, so nothing but the hidden state crosses stage boundaries; with
+    `model.document_mask`, (hidden, position_ids) -> (hidden, position_ids): RoPE at each token's position within its
+    document, attention within its document.
     """
 
     def __init__(self, config: TransformerConfig, model_cfg, layer_index: int, seed: int):
@@ -278,15 +361,21 @@ class DecoderLayerPipe(TransformerLayer):
             self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base,
                                     model_cfg.rope_scaling)
 
-    def forward(self, hidden):
+    def forward(self, inputs):
+        hidden, position_ids = inputs if isinstance(inputs, tuple) else (inputs, None)
         rope = None
         if self.use_rope:
             if self._rope.device != hidden.device:
                 self._rope = self._rope.to(hidden.device)
-            sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
-            rope = self._rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
-        out, _ = super().forward(hidden, attention_mask=None, rotary_pos_emb=rope)
-        return out
+            if position_ids is None:
+                sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+                rope = self._rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
+            else:  # per-token angles [s, b, 1, d] (position_ids is the full sequence, also under SP)
+                rope = self._rope[:, 0, 0, :][position_ids.t()].unsqueeze(2)
+        docs = None if position_ids is None else _per_micro_batch(position_ids, "_document_ids",
+                                                                  lambda: document_ids(position_ids))
+        out, _ = super().forward(hidden, attention_mask=docs, rotary_pos_emb=rope)
+        return out if position_ids is None else (out, position_ids)
 
 
 class FinalNormPipe(nn.Module):
@@ -295,6 +384,8 @@ class FinalNormPipe(nn.Module):
         self.norm = TorchNorm(config, config.hidden_size, config.layernorm_epsilon)
 
     def forward(self, hidden):
+        if isinstance(hidden, tuple):  # (hidden, position_ids): nothing after the norm needs the positions
+            hidden = hidden[0]
         return self.norm(hidden)
 
 
@@ -369,7 +460,8 @@ def layer_specs(model_cfg, config: TransformerConfig, seed: int):
 class PlainDecoder(nn.Module):
     """The pipeline's layers in one module for PP = 1 (any ZeRO stage): tokens -> vocab-parallel logits.
 
-    Children are named "0", "1", ... exactly like the PipelineModule's layer indices.
+    `inputs` is what the pipeline's first stage takes: tokens [b, s], or (tokens, position_ids) with
+    `model.document_mask`. Children are named "0", "1", ... exactly like the PipelineModule's layer indices.
     """
 
     def __init__(self, recipe, layout):
@@ -392,8 +484,8 @@ class PlainDecoder(nn.Module):
                 self.add_module(str(i), mod)
         self.num_pipe_layers = len(built)
 
-    def logits(self, tokens):
-        x = tokens
+    def logits(self, inputs):
+        x = inputs
         last = self.num_pipe_layers - 1
         for i in range(self.num_pipe_layers):
             if i == last and self.tied:
@@ -406,8 +498,8 @@ class PlainDecoder(nn.Module):
                 x = layer(x)
         return x
 
-    def forward(self, tokens, labels, loss_mask):
-        return self.loss_fn(self.logits(tokens), (labels, loss_mask))
+    def forward(self, inputs, labels, loss_mask):
+        return self.loss_fn(self.logits(inputs), (labels, loss_mask))
 
 
 def swiglu_fc1_full_order(shards: list[torch.Tensor]) -> torch.Tensor:

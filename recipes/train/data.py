@@ -5,6 +5,10 @@ that count) continues with exactly the next samples whatever happened before. Wi
 batch is laid out DP-rank-major: DP rank r takes samples [consumed + r * m * b, consumed + (r + 1) * m * b), split
 into m micro-batches of b, so every layout with the same global batch sees the same samples in each step.
 
+With `model.document_mask` the GPTDataset restarts position ids after each EOD (megatron-core's reset_position_ids)
+and the micro-batches carry them: ((tokens, position_ids), (labels, loss_mask)). The attention derives each token's
+document from them (`recipes.model.layers.document_ids`), so no s x s mask is built or moved in the data path.
+
 manifest.json (written by data_prep):
   {"tokenizer": {"vocab_size": N, "eod_id": N, "pad_id": N|null, ...}, "dtype": "uint16",
    "shards": [{"prefix": "<relative to the manifest dir>", "tokens": N, ...}], "blend": [w0, "prefix0", ...]}
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -120,8 +125,8 @@ def build_datasets(recipe, train_samples: int, valid_samples: int, cache_dir: st
         split=recipe.data.split,
         path_to_cache=cache_dir,
         tokenizer=blend.tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
+        reset_position_ids=recipe.model.document_mask,
+        reset_attention_mask=False,  # would build an s x s mask per sample; the model derives it from the positions
         eod_mask_loss=False,
         create_attention_mask=False,
     )
@@ -130,23 +135,81 @@ def build_datasets(recipe, train_samples: int, valid_samples: int, cache_dir: st
     return train, valid
 
 
-class MicroBatches:
-    """The micro-batches of one optimizer step for this DP rank, addressed by consumed-sample count."""
+def collate(items: list[dict], positions: bool):
+    """GPTDataset items -> one micro-batch on CPU: (tokens, (labels, loss_mask)), or ((tokens, position_ids), ...)."""
+    def stack(key, dtype):
+        return torch.stack([torch.as_tensor(x[key]) for x in items]).to(dtype)
 
-    def __init__(self, dataset, micro_batch: int, grad_accum: int, dp_rank: int, device: torch.device):
+    tokens = stack("tokens", torch.long)
+    inputs = (tokens, stack("position_ids", torch.long)) if positions else tokens
+    return inputs, (stack("labels", torch.long), stack("loss_mask", torch.float))
+
+
+class _StepSampler(torch.utils.data.Sampler):
+    """Micro-batches of sample indices for this DP rank, step after step from `consumed` on (endless)."""
+
+    def __init__(self, batches: "MicroBatches", consumed: int):
+        self.b = batches
+        self.consumed = consumed
+
+    def __iter__(self):
+        consumed = self.consumed
+        while True:
+            yield from self.b.indices(consumed)
+            consumed += self.b.global_batch
+
+
+class MicroBatches:
+    """The micro-batches of one optimizer step for this DP rank, addressed by consumed-sample count.
+
+    num_workers > 0: a torch DataLoader whose workers read the following micro-batches while the step runs. Its
+    sampler yields exactly the indices `indices` gives, so batches are the same as in-process; it keeps running while
+    steps follow one another (consumed advancing by global_batch) and restarts at any other `consumed` (resume, each
+    evaluation from the start of the validation split).
+    """
+
+    def __init__(self, dataset, micro_batch: int, grad_accum: int, dp_rank: int, dp_size: int,
+                 device: torch.device, positions: bool = False, num_workers: int = 0):
         self.dataset = dataset
         self.micro_batch = micro_batch
         self.grad_accum = grad_accum
         self.dp_rank = dp_rank
+        self.global_batch = micro_batch * grad_accum * dp_size
         self.device = device
+        self.positions = positions
+        self.num_workers = num_workers
+        self._loader = None  # the running DataLoader iterator (num_workers > 0)
+        self._next = None  # the consumed count it continues from
+
+    def indices(self, consumed: int) -> list[list[int]]:
+        """grad_accum lists of micro_batch sample indices: this rank's share of the step at `consumed`."""
+        start = consumed + self.dp_rank * self.micro_batch * self.grad_accum
+        n = len(self.dataset)
+        return [[(start + j * self.micro_batch + i) % n for i in range(self.micro_batch)]
+                for j in range(self.grad_accum)]
+
+    def _to_device(self, batch):
+        (inputs, (labels, mask)) = batch
+        move = partial(torch.Tensor.to, device=self.device, non_blocking=self.device.type == "cuda")
+        inputs = tuple(map(move, inputs)) if isinstance(inputs, tuple) else move(inputs)
+        return inputs, (move(labels), move(mask))
+
+    def _batches_from(self, consumed: int):
+        if self.num_workers == 0:
+            for idx in self.indices(consumed):
+                yield collate([self.dataset[i] for i in idx], self.positions)
+            return
+        if self._loader is None or self._next != consumed:
+            self._loader = None  # let the old workers go before new ones start
+            self._loader = iter(torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=_StepSampler(self, consumed), num_workers=self.num_workers,
+                collate_fn=partial(collate, positions=self.positions), pin_memory=self.device.type == "cuda"))
+        self._next = None  # a step abandoned half-way must not be continued
+        for _ in range(self.grad_accum):
+            yield next(self._loader)
+        self._next = consumed + self.global_batch
 
     def step(self, consumed: int):
-        """Yields grad_accum (tokens, (labels, loss_mask)) for the step that starts at global sample `consumed`."""
-        start = consumed + self.dp_rank * self.micro_batch * self.grad_accum
-        for j in range(self.grad_accum):
-            first = start + j * self.micro_batch
-            items = [self.dataset[(first + i) % len(self.dataset)] for i in range(self.micro_batch)]
-            tokens = torch.stack([torch.as_tensor(x["tokens"]) for x in items]).long().to(self.device)
-            labels = torch.stack([torch.as_tensor(x["labels"]) for x in items]).long().to(self.device)
-            mask = torch.stack([torch.as_tensor(x["loss_mask"]) for x in items]).float().to(self.device)
-            yield tokens, (labels, mask)
+        """Yields grad_accum (inputs, (labels, loss_mask)) for the step that starts at global sample `consumed`."""
+        for batch in self._batches_from(consumed):
+            yield self._to_device(batch)

@@ -13,6 +13,7 @@ import resource
 import signal
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -120,8 +121,8 @@ def train_step(eng, micro_batches) -> float:
 
     total = torch.zeros((), device=eng.device)
     n = 0
-    for tokens, (labels, mask) in micro_batches:
-        loss = eng.engine(tokens, labels, mask)
+    for inputs, (labels, mask) in micro_batches:  # inputs: tokens, or (tokens, position_ids) (document mask)
+        loss = eng.engine(inputs, labels, mask)
         eng.engine.backward(loss)
         eng.engine.step()
         total += loss.detach().float()
@@ -145,8 +146,8 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
         eng.engine.eval()
         total = torch.zeros((), device=eng.device)
         n = 0
-        for tokens, (labels, mask) in mbs:
-            total += eng.engine(tokens, labels, mask).float()
+        for inputs, (labels, mask) in mbs:
+            total += eng.engine(inputs, labels, mask).float()
             n += 1
         eng.engine.train()
         torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
@@ -200,8 +201,11 @@ def _run(recipe, device, quiet: bool, lease) -> int:
         train_ds, valid_ds = build_datasets(recipe, total_steps * t.global_batch,
                                             max(eval_iters, 1) * t.global_batch, cache_dir)
     dp_rank = parallel_state.get_data_parallel_rank()
-    train_batches = MicroBatches(train_ds, layout.micro_batch, grad_accum, dp_rank, device)
-    valid_batches = MicroBatches(valid_ds, layout.micro_batch, grad_accum, dp_rank, device) if valid_ds else None
+    batches = partial(MicroBatches, micro_batch=layout.micro_batch, grad_accum=grad_accum, dp_rank=dp_rank,
+                      dp_size=layout.dp, device=device, positions=recipe.model.document_mask,
+                      num_workers=recipe.data.num_workers)
+    train_batches = batches(train_ds)
+    valid_batches = batches(valid_ds) if valid_ds else None
 
     eng = initialize(recipe, layout, device, total_steps)
     state = checkpoint.resume(eng.engine, ckpt_dir) if recipe.checkpoint.auto_resume else None

@@ -111,3 +111,18 @@ def test_tokenizer_loads_offline_and_encodes_like_sentencepiece(exports, corpus)
 
     gen = json.loads((hf_dir / "generation_config.json").read_text())
     assert gen["eos_token_id"] == sp.eos_id()
+
+
+def test_export_notes_document_masking(exports, llama_111, tmp_path):
+    """transformers has no packed-sample masking: the export of a model.document_mask run says so in
+    export_info.json (the weights and the HF config are those of any causal LM); other exports say false."""
+    import json
+
+    plain = json.loads((exports["llama_111"][1] / "export_info.json").read_text())
+    assert plain["document_mask"] is False and "document_mask_note" not in plain
+    recipe = llama_111.recipe()
+    recipe.model.document_mask = True  # as the run's recipe.yaml would say had it trained with it
+    export(str(llama_111.path), str(tmp_path / "hf"), recipe)
+    info = json.loads((tmp_path / "hf" / "export_info.json").read_text())
+    assert info["document_mask"] is True and info["recipe"]["model"]["document_mask"] is True
+    assert "one document per sequence" in info["document_mask_note"]

@@ -32,12 +32,15 @@ def stdlib_texts(max_bytes: int) -> list[str]:
     return [d.decode("utf-8", errors="replace") for d in stdlib_documents(max_bytes)]
 
 
-def write_corpus(out_dir: Path, shards: int = 2, max_bytes: int = 600_000) -> Path:
-    """Write `shards` .bin/.idx pairs + manifest.json under out_dir; returns the manifest path."""
+def write_corpus(out_dir: Path, shards: int = 2, max_bytes: int = 600_000, doc_bytes: int | None = None) -> Path:
+    """Write `shards` .bin/.idx pairs + manifest.json under out_dir; returns the manifest path. `doc_bytes` cuts the
+    files into documents of at most that many bytes (packed samples then hold several documents)."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     out_dir.mkdir(parents=True, exist_ok=True)
     docs = stdlib_documents(max_bytes)
+    if doc_bytes:
+        docs = [d[i:i + doc_bytes] for d in docs for i in range(0, len(d), doc_bytes)]
     entries = []
     for s in range(shards):
         prefix = f"shard_{s:03d}"

@@ -108,3 +108,21 @@ def test_pp4_with_a_large_vocabulary_matches_single_process(corpus, tmp_path):
     assert printed == [b - a for a, b in zip(parts, parts[1:])], (printed, parts)
     # specs: 0 embedding, 1..L decoder layers, L+1 final norm, L+2 head: first and last stage hold a decoder layer
     assert parts[1] >= 2 and parts[-2] <= recipe.model.num_layers, parts
+
+
+def test_document_mask_layout_matches_single_process(short_doc_corpus, tmp_path):
+    """model.document_mask through TP=2 x PP=2 x DP=2 (position ids cross the stage boundary with the hidden state)
+    matches TP=1 x PP=1 x DP=1, on documents of at most 40 bytes (every 64-token sample packs several). The parallel
+    run also reads through DataLoader workers (data.num_workers), which must not change a sample either."""
+    mask = ["model.document_mask=true", f"training.train_steps={STEPS}", "training.eval_interval=3"]
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "tp2pp2dp2"
+    pretrain(1, *on_corpus(ref_dir, short_doc_corpus), *mask)
+    pretrain(8, *on_corpus(run_dir, short_doc_corpus), *mask, "parallel.tp=2", "parallel.pp=2",
+             "parallel.zero_stage=1", "data.num_workers=1", timeout=400)
+    ref, got = losses(ref_dir), losses(run_dir)
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
+    assert worst <= REL_TOL, f"per-step losses {got} vs 1x1x1 {ref} (worst relative difference {worst:.2e})"
+    ref_val, got_val = val_losses(ref_dir), val_losses(run_dir)
+    assert sorted(got_val) == sorted(ref_val) == [3, 6]
+    assert all(abs(got_val[s] - ref_val[s]) <= REL_TOL * ref_val[s] for s in ref_val), (got_val, ref_val)

@@ -30,26 +30,6 @@ def _recipe(**model):
     return recipe_from_dict({"model": base, "training": {"global_batch": 1}})
 
 
-@pytest.fixture(scope="module")
-def single_process_group():
-    from megatron.core import parallel_state
-
-    # Another in-process test (e.g. the HF export checks) may already hold a world of one: reuse it, and tear down
-    # only what this fixture made.
-    made_world = not torch.distributed.is_initialized()
-    if made_world:
-        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    made_groups = not parallel_state.model_parallel_is_initialized()
-    if made_groups:
-        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
-    assert torch.distributed.get_world_size() == 1 and parallel_state.get_tensor_model_parallel_world_size() == 1
-    yield
-    if made_groups:
-        parallel_state.destroy_model_parallel()
-    if made_world:
-        torch.distributed.destroy_process_group()
-
-
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_planner_count_equals_instantiated_model(name, single_process_group):
     from recipes.model.layers import PlainDecoder, count_model_parameters
