@@ -18,6 +18,7 @@ import warnings
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import free_port
+from recipes.train import signals
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar or per-step prints")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. parallel.tp=2")
     ns = ap.parse_args(args)
+    if not ns.local:  # a rank: before the slow start-up, so a pre-emption during it still saves and exits cleanly
+        signals.install()
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
     try:
         recipe = load_recipe(ns.config, ns.overrides)

@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import resource
-import signal
 import sys
 import time
 from functools import partial
@@ -25,6 +24,7 @@ from recipes.config.stages import stage_at, stage_plan
 from recipes.train.data import MicroBatches, build_datasets
 from recipes.train.stages import build_stage_datasets
 from recipes.train.evaluation import BackgroundEval
+from recipes.train import signals
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
@@ -98,12 +98,11 @@ class StopRequest:
     """SIGTERM / SIGUSR1 (pre-emption) ask for a checkpoint and a clean exit at the end of the current step."""
 
     def __init__(self):
-        self.flag = False
-        for s in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(s, self._handler)
+        signals.install()  # already installed by the entry point; again for callers that start here
 
-    def _handler(self, signum, frame):
-        self.flag = True
+    @property
+    def flag(self) -> bool:
+        return signals.requested()
 
     def agreed(self, device) -> bool:
         """Collective: stop if any rank got the signal."""
