@@ -37,12 +37,22 @@ install_wheels() {  # PY TARGET WHEEL...: offline, no dependency resolution (the
     fi
 }
 
+# A venv's .pth file names the places its python imports from (the repo, uninstalled, and the wheel target): no
+# PYTHONPATH, and nothing written outside WORK.
+venv_seeing() {  # BASE_PY VENV DIR...: a venv without pip (needs no ensurepip) whose site also holds DIR...
+    local base="$1" venv="$2"; shift 2
+    "$base" -m venv --without-pip ${VENV_SYSTEM_SITE:+--system-site-packages} "$venv"
+    local site
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf '%s\n' "$@" > "$site/gpu_check.pth"
+}
+
 if [ "$DRY" = 0 ]; then
     PY="${PYTHON:-python3}"
     "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
     install_wheels "$PY" "$WORK/site" "$WHEELS"/*.whl
-    export PYTHONPATH="$REPO:$WORK/site"
-    "$PY" "$HERE/gpu_check.py" "$OUT" --budget-s "${GPU_CHECK_BUDGET_S:-480}"
+    VENV_SYSTEM_SITE=1 venv_seeing "$PY" "$WORK/venv" "$REPO" "$WORK/site"  # the image's torch stays visible
+    "$WORK/venv/bin/python" "$HERE/gpu_check.py" "$OUT" --budget-s "${GPU_CHECK_BUDGET_S:-480}"
     exit 0
 fi
 
@@ -57,9 +67,9 @@ for c in $(command -v python3.12 || true) "${PYENV_ROOT:-$HOME/.pyenv}"/versions
 done  # (a pyenv shim exists even where 3.12 is not selected: run it to be sure)
 if [ -n "$PY312" ]; then
     echo "== 2. a clean Python 3.12 venv ($PY312): offline install, then every module that needs no torch imports"
-    "$PY312" -m venv "$WORK/venv312"
-    install_wheels "$WORK/venv312/bin/python" "$WORK/site312" "$WHEELS"/*.whl
-    PYTHONPATH="$WORK/site312" "$WORK/venv312/bin/python" -c '
+    install_wheels "$PY312" "$WORK/site312" "$WHEELS"/*.whl
+    venv_seeing "$PY312" "$WORK/venv312" "$WORK/site312"
+    "$WORK/venv312/bin/python" -c '
 import importlib
 mods = "numpy yaml pydantic pydantic_core hjson msgpack psutil cpuinfo einops tqdm packaging pytest pytest_timeout pygments".split()
 for m in mods:
@@ -71,10 +81,7 @@ fi
 BASE="$("$HOST_PY" -c 'import sys; print(sys._base_executable)')"
 ABI="$("$BASE" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 echo "== 3. a clean venv of $BASE ($ABI) that sees only torch (+ its requirements) and the wheels: the GPU path runs"
-"$BASE" -m venv "$WORK/venv"
-SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "torch image:" $("$HOST_PY" "$HERE/offline.py" torch-view "$WORK/torch_image")
-echo "$WORK/torch_image" > "$SITE/torch_image.pth"
 SET=()
 for w in "$WHEELS"/*.whl; do
     case "$(basename "$w")" in
@@ -86,7 +93,8 @@ if [ "$ABI" != cp312 ]; then
     ls "$WHEELS-dry"/*.whl >/dev/null 2>&1 || { echo "error: no $ABI twins in $WHEELS-dry; run launch/gpu_check/prepare.sh here" >&2; exit 2; }
     SET+=("$WHEELS-dry"/*.whl)
 fi
-install_wheels "$WORK/venv/bin/python" "$WORK/site" "${SET[@]}"
-# The repo and the installed wheels, nothing else (the user site and the dev venv stay out of sight).
-export PYTHONPATH="$REPO:$WORK/site" PYTHONNOUSERSITE=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+install_wheels "$HOST_PY" "$WORK/site" "${SET[@]}"
+# The repo, the installed wheels and the torch image, nothing else (the user site and the dev venv stay out of sight).
+venv_seeing "$BASE" "$WORK/venv" "$REPO" "$WORK/site" "$WORK/torch_image"
+export PYTHONNOUSERSITE=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 "$WORK/venv/bin/python" "$HERE/gpu_check.py" "$OUT" --dry --budget-s "${GPU_CHECK_BUDGET_S:-480}"
