@@ -159,19 +159,20 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
         return r
 
-    def job(self, job_id: str) -> Dict[str, str]:
-        """scontrol's fields of one job (JobState, ExitCode, Restarts, ...); an array job's first task."""
+    def jobs(self, job_id: str) -> List[Dict[str, str]]:
+        """scontrol's fields (JobState, ExitCode, Restarts, ArrayTaskId, ...) of a job, or of each task of an array."""
         r = self.run("scontrol", "-o", "show", "job", str(job_id))
-        line = r.stdout.splitlines()[0]
-        return dict(w.split("=", 1) for w in line.split() if "=" in w)
+        return [dict(w.split("=", 1) for w in line.split() if "=" in w) for line in r.stdout.splitlines()]
+
+    def job(self, job_id: str) -> Dict[str, str]:
+        return self.jobs(job_id)[0]
 
     def wait_job(self, job_id: str, timeout: float = 120, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
                                                                       "NODE_FAIL", "OUT_OF_MEMORY")) -> Dict[str, str]:
         """Until the job (every task of an array) is in one of ``states``; returns the last task's fields."""
         deadline = time.time() + timeout
         while True:
-            r = self.run("scontrol", "-o", "show", "job", str(job_id))
-            jobs = [dict(w.split("=", 1) for w in line.split() if "=" in w) for line in r.stdout.splitlines()]
+            jobs = self.jobs(job_id)
             if jobs and all(j["JobState"] in states for j in jobs):
                 return jobs[-1]
             if time.time() > deadline:
