@@ -117,7 +117,7 @@ slurm_script() {
 #SBATCH --open-mode=append
 ${gpus}#SBATCH --requeue
 #SBATCH --signal=B:USR1@$SLURM_GRACE
-# world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks ($DEVICE); $LAYOUT_DESC
+# world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks; $LAYOUT_DESC; device $DEVICE
 # Requeue: \`scontrol requeue\` (or a node failure) restarts this script; training resumes from the newest complete
 # checkpoint. $SLURM_GRACE s before the time limit Slurm sends USR1 here: the ranks get SIGTERM (they save a
 # checkpoint and exit 0) and the job requeues itself.
