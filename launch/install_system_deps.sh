@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# System packages the launcher and its tests use: ssh client + server (the tests start a private sshd on loopback)
-# and pdsh (DeepSpeed's default multi-node runner). Idempotent and quiet; needs root (or sudo) and apt.
+# System packages the launcher and its tests use: ssh client + server (the tests start a private sshd on loopback),
+# pdsh (DeepSpeed's default multi-node runner), and Slurm + munge (the tests start a private one-node Slurm,
+# tests/support/slurm.py; nothing is enabled or started here). Idempotent and quiet; needs root (or sudo) and apt.
 set -euo pipefail
 need=()
 command -v ssh >/dev/null || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v pdsh >/dev/null || need+=(pdsh)
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || need+=(munge)
 [ ${#need[@]} -gt 0 ] || exit 0
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -15,7 +18,7 @@ trap 'rm -f "$log"' EXIT
 # Quiet on success; the whole apt output when something fails.
 if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
   cat "$log" >&2
-  echo "install_system_deps: could not install ${need[*]}; the launcher tests need them (ssh, sshd, pdsh)" >&2
+  echo "install_system_deps: could not install ${need[*]}; the launcher tests need them (ssh, sshd, pdsh, slurmctld/slurmd/munged)" >&2
   exit 1
 fi
 echo "installed: ${need[*]}"

@@ -277,3 +277,21 @@ rank_command() {
   [ -e "$RECIPE" ] && recipe_abs=$(cd "$(dirname "$RECIPE")" && pwd)/$(basename "$RECIPE")
   RANK_CMD=("$LAUNCH_DIR/rank_exec.sh" "${entry[@]}" --config "$recipe_abs" "${OVERRIDES[@]}")
 }
+
+# Names the first rank that died on its own (the earliest LAUNCH-FAIL line of rank_exec.sh in LOG_DIR/*.log, at or
+# after SINCE, an epoch time: a requeued Slurm job appends to the same logs) and shows its last output. Returns 1
+# when no rank reported.
+#   report_first_failure LOG_DIR "text after 'first;'" [SINCE]
+report_first_failure() {
+  local dir=$1 tail_text=${2:-} since=${3:-0} first frank fhost fexit why=""
+  first=$(grep -hos 'LAUNCH-FAIL rank=[0-9]* host=[^ ]* exit=[0-9]* at=[0-9.]*' "$dir"/*.log \
+    | sed 's/.*rank=\([0-9]*\) host=\([^ ]*\) exit=\([0-9]*\) at=\([0-9.]*\)/\4 \1 \2 \3/' \
+    | awk -v since="$since" '$1 >= since' | sort -n | head -n1)
+  [ -n "$first" ] || return 1
+  read -r _ frank fhost fexit <<<"$first"
+  [ "$fexit" -gt 128 ] && why=" (killed by signal $((fexit - 128)))"
+  say "FAILED: rank $frank on host $fhost exited with code $fexit$why first;$tail_text"
+  say "last output of rank $frank ($dir/$fhost.log):"
+  grep -hF "[$fhost rank $frank]" "$dir/$fhost.log" 2>/dev/null | tail -n 15 | sed 's/^/    /' >&2
+  return 0
+}

@@ -36,7 +36,10 @@ stopped=0
 on_signal() { stopped=1; [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null; }
 trap on_signal TERM INT HUP
 
-"$@" > >(exec sed -u "s/^/$tag /") 2>&1 &
+# The prefixer ignores TERM/INT/HUP (an ignored signal stays ignored across exec): Slurm signals every process of a
+# job step at once, and a prefixer gone first would make the rank's next print fail before it saves its checkpoint.
+# It exits when the rank's output closes.
+"$@" > >(trap '' TERM INT HUP; exec sed -u "s/^/$tag /") 2>&1 &
 child=$!
 wait "$child"; rc=$?
 ended=$EPOCHREALTIME  # when the command ended, before anything else: the launcher orders failures by this

@@ -47,7 +47,9 @@ setup_ssh
 [ -n "${LAUNCH_STOP_BY_LAUNCHER:-}" ] || date +%s >"$run_dir/stop_requested"
 if [ -f "$run_dir/slurm_job_id" ]; then
   scancel "$(cat "$run_dir/slurm_job_id")" && echo "scancel $(cat "$run_dir/slurm_job_id")"
-  exit $?
+  rc=$?
+  rm -f "$run_dir/secret.env"  # the job removes it only when it ends by itself
+  exit $rc
 fi
 if [ "$backend" = local ]; then
   stop_local "$run_id"

@@ -11,7 +11,8 @@ usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value 
 $usage_common
   --no-preflight           skip the ssh/repo reachability check of every node
   --quiet                  write rank output to the logs only, not to the terminal
-environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s, 10)
+environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s, 10),
+  LAUNCH_SLURM_GRACE (s, 300: a Slurm job saves and requeues itself this long before its time limit)
 EOF
 }
 
@@ -27,6 +28,11 @@ check_env
 setup_ssh
 plan_nodes
 check_layout
+if [ "$BACKEND" = slurm ]; then
+  DEVICE=$(cd "$REPO_DIR" && "$PY" "$LAUNCH_DIR/layout_check.py" --facts "$RECIPE" "$WORLD_SIZE" "${OVERRIDES[@]}" | sed -n 's/^device=//p') || exit 3
+  SLURM_GRACE=${LAUNCH_SLURM_GRACE:-300}
+  [[ $SLURM_GRACE =~ ^[0-9]+$ ]] || die "LAUNCH_SLURM_GRACE='$SLURM_GRACE': give the seconds before the time limit at which the job saves and requeues itself" 2
+fi
 RUN_ID=${RUN_ID:-$(basename "${RECIPE%.*}" | tr -c 'A-Za-z0-9._\n-' _)-$(date +%Y%m%d-%H%M%S)-$$}
 [[ $RUN_ID =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--run-id '$RUN_ID': use letters, digits, '.', '_' and '-' only" 2
 [ -n "$MASTER_PORT" ] || pick_master_port
@@ -97,8 +103,10 @@ print(base64.urlsafe_b64encode(json.dumps(info).encode()).decode())' \
     --no_python --no_local_rank "${RANK_CMD[0]}")
 fi
 slurm_script() {
-  local nodelist
+  local nodelist gpus=""
   nodelist=$(IFS=,; echo "${HOSTS[*]}")
+  # GPUs only for a cuda recipe: on a cluster without GRES gpu, sbatch refuses --gpus-per-node outright.
+  [ "$DEVICE" != cuda ] || gpus="#SBATCH --gpus-per-node=${SLOTS[0]}"$'\n'
   cat <<EOF
 #!/bin/bash
 #SBATCH --job-name=$RUN_ID
@@ -106,20 +114,50 @@ slurm_script() {
 #SBATCH --ntasks-per-node=1
 #SBATCH --nodelist=$nodelist
 #SBATCH --output="$LOG_DIR/slurm-%j.out"
-#SBATCH --gpus-per-node=${SLOTS[0]}
-# world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks; $LAYOUT_DESC
-set -euo pipefail
+#SBATCH --open-mode=append
+${gpus}#SBATCH --requeue
+#SBATCH --signal=B:USR1@$SLURM_GRACE
+# world size $WORLD_SIZE = $NNODES nodes x ${SLOTS[0]} ranks; $LAYOUT_DESC; device $DEVICE
+# Requeue: \`scontrol requeue\` (or a node failure) restarts this script; training resumes from the newest complete
+# checkpoint. $SLURM_GRACE s before the time limit Slurm sends USR1 here: the ranks get SIGTERM (they save a
+# checkpoint and exit 0) and the job requeues itself.
+set -uo pipefail
 $(while IFS= read -r l; do printf 'export %s=%q\n' "${l%%=*}" "${l#*=}"; done <"$LOG_DIR/launch.env")
 export MASTER_ADDR=\${MASTER_ADDR:-$( [ -n "$MASTER_ADDR_OPT" ] && printf %q "$MASTER_ADDR_OPT" || echo "\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n1)")}
 export MASTER_PORT=$MASTER_PORT
 export LAUNCH_HOSTS="\$(scontrol show hostnames "\$SLURM_JOB_NODELIST" | tr '\n' ' ')"
-$([ -z "$SECRET_ENV" ] || printf 'trap %q EXIT  # the 0600 env file: every rank reads it at start\n' "rm -f $(printf %q "$SECRET_ENV")")
+# The 0600 env file: every rank reads it at start, a requeued job again; removed when the job ends for good (here,
+# or by launch/stop.sh), not when Slurm stops this attempt to requeue it.
+drop_env_file() { $([ -z "$SECRET_ENV" ] && echo ":" || echo "rm -f $(printf %q "$SECRET_ENV")"); }
+source $(printf %q "$LAUNCH_DIR/lib.sh")  # report_first_failure
 cd $(printf %q "$REPO_DIR")
+started=\$EPOCHREALTIME  # this attempt's failures only: a requeued job appends to the same logs
+echo "[launch] job \$SLURM_JOB_ID (restart \${SLURM_RESTART_COUNT:-0}) on \$LAUNCH_HOSTS at \$(date -u +%FT%TZ)"
 # The per-rank command as words, quoted once here; the bash -c text below contains none of them.
 rank_cmd=($(quote_words "$VENV_DIR/bin/torchrun" "${RANK_CMD[@]}"))
-# One torchrun per node; --kill-on-bad-exit stops every node when one fails.
-srun --kill-on-bad-exit=1 --wait=60 --output=$(printf %q "$LOG_DIR")/%N.log \\
-  bash -c 'exec "\$0" --nnodes=\$SLURM_NNODES --node_rank=\$SLURM_NODEID --nproc_per_node=${SLOTS[0]} --master_addr=\$MASTER_ADDR --master_port=\$MASTER_PORT --max_restarts=0 --no-python "\$@"' "\${rank_cmd[@]}"
+pre_empted=0
+# scancel without --batch/--full signals the steps only (not this script): the ranks get SIGTERM, save, exit 0.
+on_usr1() { pre_empted=1; echo "[launch] USR1: time limit near, stopping the ranks (they save) to requeue"; scancel --signal=TERM "\$SLURM_JOB_ID"; }
+trap on_usr1 USR1
+# One torchrun per node; --kill-on-bad-exit stops every node when one fails. In the background: bash runs a trap
+# only between commands, and \`wait\` returns on a signal.
+srun --kill-on-bad-exit=1 --wait=60 --open-mode=append --output=$(printf %q "$LOG_DIR")/%N.log \\
+  bash -c 'exec "\$0" --nnodes=\$SLURM_NNODES --node_rank=\$SLURM_NODEID --nproc_per_node=${SLOTS[0]} --master_addr=\$MASTER_ADDR --master_port=\$MASTER_PORT --max_restarts=0 --no-python "\$@"' "\${rank_cmd[@]}" &
+srun_pid=\$!
+wait "\$srun_pid"; rc=\$?
+while kill -0 "\$srun_pid" 2>/dev/null; do wait "\$srun_pid"; rc=\$?; done
+if [ "\$pre_empted" = 1 ]; then
+  echo "[launch] requeueing job \$SLURM_JOB_ID: it resumes from the newest complete checkpoint"
+  scontrol requeue "\$SLURM_JOB_ID"
+  exit 0
+fi
+if [ "\$rc" -ne 0 ]; then
+  drop_env_file
+  report_first_failure $(printf %q "$LOG_DIR") " the job ends (every rank was stopped)." "\$started" 2>&1 || echo "[launch] FAILED: srun exited with code \$rc before any rank reported; see $(printf %q "$LOG_DIR")/"
+  exit "\$rc"
+fi
+drop_env_file
+echo "[launch] job \$SLURM_JOB_ID finished: all $WORLD_SIZE ranks exited 0"
 EOF
 }
 
@@ -285,16 +323,7 @@ if [ "$requested" = 1 ]; then
   say "STOPPED: run $RUN_ID was stopped on request (launch/stop.sh); every rank on every node is gone."
   exit 1
 fi
-first=$(grep -hos 'LAUNCH-FAIL rank=[0-9]* host=[^ ]* exit=[0-9]* at=[0-9.]*' "$LOG_DIR"/*.log \
-  | sed 's/.*rank=\([0-9]*\) host=\([^ ]*\) exit=\([0-9]*\) at=\([0-9.]*\)/\4 \1 \2 \3/' | sort -n | head -n1)
-if [ -n "$first" ]; then
-  read -r _ frank fhost fexit <<<"$first"
-  why=""
-  [ "$fexit" -gt 128 ] && why=" (killed by signal $((fexit - 128)))"
-  say "FAILED: rank $frank on host $fhost exited with code $fexit$why first; all ranks were stopped ($((SECONDS - t0)) s)."
-  say "last output of rank $frank ($LOG_DIR/$fhost.log):"
-  grep -hF "[$fhost rank $frank]" "$LOG_DIR/$fhost.log" 2>/dev/null | tail -n 15 | sed 's/^/    /' >&2
-else
+if ! report_first_failure "$LOG_DIR" " all ranks were stopped ($((SECONDS - t0)) s)."; then
   say "FAILED: node $first_bad_node ($failed) before any rank reported; all ranks were stopped. See $LOG_DIR/."
   tail -n 15 "$LOG_DIR/$first_bad_node.log" 2>/dev/null | sed 's/^/    /' >&2
 fi

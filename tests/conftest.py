@@ -16,3 +16,18 @@ def pytest_collection_modifyitems(config, items):
     if wrong:
         raise pytest.UsageError("each test needs exactly one tier marker (pytestmark = pytest.mark.unit / multiproc "
                                 "/ ssh / gpu):\n  " + "\n  ".join(wrong))
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real one-node Slurm cluster (munged + slurmctld + slurmd, tests/support/slurm.py) for the whole session,
+    stopped with every job process at the end. Skipped only where the packages cannot be installed."""
+    from tests.support.slurm import installable, slurm_cluster, unavailable
+
+    why = unavailable()
+    if why:
+        if installable() and "missing" in why:
+            pytest.fail(f"no Slurm to test against: {why}")
+        pytest.skip(f"no Slurm on this machine and it cannot be installed here (needs root and apt-get): {why}")
+    with slurm_cluster(str(tmp_path_factory.mktemp("slurm"))) as cluster:
+        yield cluster

@@ -66,7 +66,8 @@ def test_dry_run_selection_and_master_override(tmp_path):
 def test_slurm_script(tmp_path):
     hf = hostfile_100(tmp_path)
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--master-port", 29999,
-                   "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200", "model.num_query_groups=4")
+                   "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200", "model.num_query_groups=4",
+                   "cluster.device=cuda")
     assert r.returncode == 0, r.stderr
     script = (tmp_path / "s" / "job.sbatch").read_text()
     assert script in r.stdout
@@ -83,8 +84,12 @@ def test_slurm_script(tmp_path):
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--num-nodes", 2,
                    "--master-addr", "head-node", "--log-dir", tmp_path / "s2", "--", "training.global_batch=16")
     assert r.returncode == 0, r.stderr
-    assert "export MASTER_ADDR=${MASTER_ADDR:-head-node}" in (tmp_path / "s2" / "job.sbatch").read_text()
+    script = (tmp_path / "s2" / "job.sbatch").read_text()
+    assert "export MASTER_ADDR=${MASTER_ADDR:-head-node}" in script
     assert "#SBATCH --nodes=2\n" in r.stdout
+    # the toy recipe runs on cpu: no GPUs requested (a cluster without GRES gpu refuses such a job outright)
+    assert "--gpus-per-node" not in script and "; device cpu\n" in script
+    assert "#SBATCH --requeue\n" in script and "#SBATCH --signal=B:USR1@300\n" in script
 
 
 def test_dry_run_real_100_node_recipe_and_environment(tmp_path):

@@ -80,7 +80,7 @@ def test_slurm_script(hostile, tmp_path):
     secret = hostile["logs"] / "secret.env"
     secret.write_text(f"TOY_OUT={hostile['out']}\n")
     secret.chmod(0o600)
-    job_env = dict(env, SLURM_JOB_NODELIST="node1")
+    job_env = dict(env, SLURM_JOB_NODELIST="node1", SLURM_JOB_ID="1")
     job = subprocess.run(["bash", str(script)], cwd=tmp_path, env=job_env, capture_output=True, text=True, timeout=200)
     assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]
     assert not hostile["marker"].exists(), "a hostile string ran as a command"

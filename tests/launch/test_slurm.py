@@ -1,0 +1,175 @@
+"""`launch/train.sh --backend slurm` against a real Slurm (munged + slurmctld + slurmd on this machine, one node named
+after `hostname` with 2 ranks): a job runs to completion with the losses of a one-process run; a rank SIGKILLed inside
+the job ends it non-zero with the rank named; a requeued training job (`scontrol requeue`, then the USR1 warning
+before the time limit) resumes from its newest complete checkpoint and continues bit for bit; the job script asks for
+no GPUs on a CPU recipe."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.launch import REPO, TOY, TOY_ENTRY, launch_env
+
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
+
+REAL_RECIPE = REPO / "configs" / "runs" / "tiny-cpu.yaml"
+
+
+def submit(slurm, tmp_path, recipe, *args, env=None, **extra_env):
+    """train.sh --backend slurm on a hostfile of the cluster's one node; returns (job id, log dir)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{slurm.node} slots=2\n")
+    logs = tmp_path / "logs"
+    env = dict(launch_env(**extra_env), SLURM_CONF=slurm.env["SLURM_CONF"])
+    r = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(recipe), "--hostfile", str(hostfile),
+                        "--backend", "slurm", "--log-dir", str(logs), *map(str, args)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    job_id = (logs / "slurm_job_id").read_text().strip()
+    assert f"submitted Slurm job {job_id}" in r.stderr
+    return job_id, logs
+
+
+def job_output(logs: Path, job_id: str) -> str:
+    return (logs / f"slurm-{job_id}.out").read_text()
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.3)
+    pytest.fail(f"timed out ({timeout} s) waiting for {what}")
+
+
+def _run_pids(run_id: str, rank: int | None = None) -> list[int]:
+    """Processes of a run (every one carries LAUNCH_RUN_ID); with ``rank``, only that rank's training process."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        try:
+            if not p.name.isdigit():
+                continue
+            env = (p / "environ").read_bytes().split(b"\0")
+            if f"LAUNCH_RUN_ID={run_id}".encode() not in env:
+                continue
+            if rank is not None:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+                if f"RANK={rank}".encode() not in env or not cmd[0].endswith(b"python") or \
+                        not any(c.endswith(b"toy_train.py") for c in cmd):
+                    continue
+            pids.append(int(p.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_toy_job_completes_with_the_losses_of_a_local_run(slurm, local_reference, tmp_path):
+    out = tmp_path / "losses.json"
+    job_id, logs = submit(slurm, tmp_path, TOY, "--entry", TOY_ENTRY, "--env", "TOY_OUT", TOY_OUT=out)
+    script = (logs / "job.sbatch").read_text()
+    assert "--gpus-per-node" not in script  # a CPU recipe; this cluster has no GPUs (sbatch would refuse the job)
+    job = slurm.wait_job(job_id, timeout=120)
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), job_output(logs, job_id)
+    data = json.loads(out.read_text())  # TOY_OUT reached rank 0 only through the 0600 env file
+    assert data["world_size"] == 2
+    assert data["losses"] == pytest.approx(local_reference, rel=1e-5, abs=0)
+    node_log = (logs / f"{slurm.node}.log").read_text()
+    for rank in (0, 1):
+        assert f"[{slurm.node} rank {rank}] step 3 loss" in node_log
+    assert "finished: all 2 ranks exited 0" in job_output(logs, job_id)
+    assert not (logs / "secret.env").exists()  # the job removed it when it ended
+
+
+def test_killed_rank_fails_the_job_naming_the_rank(slurm, tmp_path):
+    run_id = f"slurmkill-{os.getpid()}"
+    job_id, logs = submit(slurm, tmp_path, TOY, "--entry", TOY_ENTRY, "--env", "TOY_STEP_SLEEP", "--run-id", run_id,
+                          "--", "training.train_steps=500", TOY_STEP_SLEEP="0.3")
+    node_log = logs / f"{slurm.node}.log"
+    wait_for(lambda: node_log.exists() and f"[{slurm.node} rank 1] step 1 loss" in node_log.read_text(), 90,
+             f"rank 1 of job {job_id} to reach step 1")
+    victim = _run_pids(run_id, rank=1)
+    assert len(victim) == 1, victim
+    os.kill(victim[0], signal.SIGKILL)
+    job = slurm.wait_job(job_id, timeout=60)
+    out = job_output(logs, job_id)
+    assert job["JobState"] == "FAILED" and job["ExitCode"] != "0:0", (job, out)
+    assert f"FAILED: rank 1 on host {slurm.node} exited with code 137 (killed by signal 9) first; the job ends" in out
+    assert "step 499" not in node_log.read_text()
+    wait_for(lambda: not _run_pids(run_id), 10, "every process of the job to be gone")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from tests.support.corpus import write_corpus
+
+    return write_corpus(tmp_path_factory.mktemp("corpus"), max_bytes=200_000)
+
+
+def _losses(ckpt: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (ckpt / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+def _complete_steps(ckpt: Path) -> list[int]:
+    return sorted(int(p.parent.name.removeprefix("global_step")) for p in ckpt.glob("global_step*/complete.json"))
+
+
+def _release(slurm, job_id: str, restarts: int) -> None:
+    """Once the job is pending after its requeue, let it start now: Slurm holds a requeued job back (its BeginTime
+    lies ~2 minutes ahead) so that a failing job does not spin; an administrator does the same with this command."""
+    wait_for(lambda: slurm.job(job_id)["Restarts"] == str(restarts) and slurm.job(job_id)["JobState"] == "PENDING",
+             60, f"job {job_id} to be pending after requeue {restarts}")
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
+
+@pytest.mark.timeout(420)
+def test_requeued_training_job_resumes_from_its_newest_checkpoint(slurm, corpus, tmp_path):
+    """Real `recipes train` (tiny model, 2 ranks): requeued twice while running, first with `scontrol requeue` (Slurm
+    stops every process: the ranks save on SIGTERM), then with the USR1 that `--signal=B:USR1@grace` sends before the
+    time limit (the job script stops the ranks and requeues itself). Each attempt resumes from the newest complete
+    checkpoint; the losses equal those of one uninterrupted local run, bit for bit."""
+    steps = 120
+    common = [f"data.manifests=[{corpus}]", f"training.train_steps={steps}", "checkpoint.save_interval=50"]
+    ckpt = tmp_path / "ckpt"
+    job_id, logs = submit(slurm, tmp_path, REAL_RECIPE, "--", *common, f"checkpoint.dir={ckpt}")
+
+    def trained_past(step):
+        return lambda: (ckpt / "logs" / "metrics.jsonl").exists() and any(s > step for s, _ in _losses(ckpt))
+
+    wait_for(trained_past(6), 150, "the first attempt to train past step 6")
+    slurm.run("scontrol", "requeue", job_id)
+    _release(slurm, job_id, 1)
+    wait_for(lambda: f"job {job_id} (restart 1)" in job_output(logs, job_id), 60, "the requeued job to start")
+    done_before = max(s for s, _ in _losses(ckpt))
+    wait_for(trained_past(done_before + 3), 150, "the second attempt to train on")
+    slurm.run("scancel", "--batch", "--signal=USR1", job_id)  # what Slurm sends LAUNCH_SLURM_GRACE s before the limit
+    _release(slurm, job_id, 2)
+    job = slurm.wait_job(job_id, timeout=240)
+    out = job_output(logs, job_id)
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "2"), (job, out[-3000:])
+    assert "USR1: time limit near" in out and "requeueing job" in out
+    for restart in (0, 1, 2):
+        assert f"job {job_id} (restart {restart})" in out
+    log = (logs / f"{slurm.node}.log").read_text()
+    stopped = re.findall(r"stopped by signal after step (\d+)", log)
+    resumed = re.findall(r"resumed from \S+/global_step(\d+) at step (\d+)", log)
+    assert len(stopped) == 2 and resumed == [(s, s) for s in stopped], log[-3000:]  # from the checkpoint just saved
+
+    # the same training, uninterrupted, in one local launch
+    ref = tmp_path / "ref"
+    r = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(REAL_RECIPE), "--backend", "local",
+                        "--num-gpus", "2", "--log-dir", str(ref / "logs"), "--quiet", "--", *common,
+                        f"checkpoint.dir={ref / 'ckpt'}"], cwd=REPO, env=launch_env(), capture_output=True,
+                       text=True, timeout=200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = dict(_losses(ref / "ckpt"))
+    assert sorted(want) == list(range(1, steps + 1))
+    for s, loss in _losses(ckpt):  # a step trained again after a resume must repeat its loss exactly
+        assert loss == want[s], f"step {s}: {loss} after requeue, {want[s]} uninterrupted"
+    assert sorted(dict(_losses(ckpt))) == list(range(1, steps + 1))  # no step lost
