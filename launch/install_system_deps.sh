@@ -14,7 +14,14 @@ SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# Packages only: Debian would start munged/slurmctld/sshd as system services on install; policy-rc.d (exit 101 =
+# "not now") stops that for this install, so nothing keeps running that the tests did not start themselves.
+rcd=/usr/sbin/policy-rc.d
+own_rcd=0
+if [ ! -e "$rcd" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$rcd" >/dev/null && $SUDO chmod 755 "$rcd" && own_rcd=1
+fi
+trap 'rm -f "$log"; [ "$own_rcd" = 0 ] || $SUDO rm -f "$rcd"' EXIT
 # Quiet on success; the whole apt output when something fails.
 if ! { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
   cat "$log" >&2
