@@ -44,11 +44,18 @@ def _alive_here(lease: dict) -> bool:
     if lease.get("host") != socket.gethostname():
         return True  # another host: only the heartbeat can tell
     try:
-        os.kill(int(lease["pid"]), 0)
-        return True
+        pid = int(lease["pid"])
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, KeyError, ValueError, TypeError):
+        return True
+    # A killed rank whose parent died too is a zombie until something reaps it (a container whose PID 1 does not):
+    # it answers kill(pid, 0) but holds nothing.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
         return True
 
 
