@@ -19,7 +19,7 @@ import numpy as np
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import make_executor, select_slice
+from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
 from data_prep.settings import INT32_MAX, Settings, fingerprint
@@ -149,8 +149,12 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
     """Run the tokenize step on ``todo``; fills ``done`` (unit name -> stats); returns the failed units, sorted."""
     failed = []
 
-    def on_result(unit: Unit, res: dict) -> None:
+    def on_result(unit: Unit, res) -> None:
         bar.unit_done(unit.index)
+        if isinstance(res, WorkerDied):  # recorded like an unreadable input: this unit failed, the others go on
+            res = {"ok": False, "unit": unit.name, "path": ", ".join(p.path for p in unit.pieces), "error": res.why}
+            io.atomic_write(mf.error_path(settings.output_dir, unit.name),
+                            mf.dumps({k: res[k] for k in ("unit", "path", "error")}))
         if res["ok"]:
             done[unit.name] = res["stats"]
         else:
