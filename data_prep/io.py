@@ -103,10 +103,14 @@ def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync
     if isinstance(data, str):
         data = data.encode()
     tmp = tmp_name(path, shared)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        fsync_file(f, fsync)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            fsync_file(f, fsync)
+        os.replace(tmp, path)
+    except BaseException:
+        remove(tmp)  # a full disk: no partial temporary file left behind
+        raise
     if fsync:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 

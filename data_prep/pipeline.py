@@ -65,6 +65,8 @@ def run(settings: Settings) -> Optional[dict]:
     settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
     if settings.long_docs not in ("split", "reject"):
         raise ValueError("--long-docs must be split or reject")
+    if settings.max_record_size < 1:
+        raise ValueError("--max-record-size must be positive (e.g. 64Mi)")
     if not 0 < settings.max_doc_tokens <= INT32_MAX:
         raise ValueError(f"--max-doc-tokens must be in 1..{INT32_MAX} (the format stores int32 lengths)")
     tok = load_tokenizer(settings.tokenizer, settings.eod_id)  # fail before any work if it is missing or broken

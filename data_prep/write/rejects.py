@@ -42,16 +42,19 @@ class RejectLog:
         if self._f is not None:
             io.fsync_file(self._f)
             self._f.close()
-            self._f = None
+            self._f = None  # closed: ``abort`` after a failed rename removes the temporary file only
             io.commit(self.tmp, self.path)
         else:
             io.remove(self.path)
 
     def abort(self) -> None:
         if self._f is not None:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:  # its buffer cannot be written on a full disk
+                pass
             self._f = None
-            os.remove(self.tmp)
+        io.remove(self.tmp)
 
 
 def merge_reject_logs(out_dir: str, unit_names: List[str]) -> None:

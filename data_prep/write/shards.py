@@ -108,6 +108,8 @@ class ShardWriter:
         return sha.hexdigest()
 
     def finalize(self) -> dict:
+        """Write the index and rename both files into place. On failure (a full disk) the caller calls ``abort``,
+        which removes the temporary files."""
         self.flush()
         for f in (self.bin, self.lens, self.docs):
             io.fsync_file(f, self.fsync)
@@ -132,14 +134,15 @@ class ShardWriter:
         }
 
     def abort(self) -> None:
+        """Close and remove the temporary files; safe to call after a failed ``finalize`` (closing a file whose
+        buffered data cannot be written on a full disk raises, and is ignored here)."""
         for f in (self.bin, self.lens, self.docs):
             try:
                 f.close()
             except OSError:
                 pass
         for p in tmp_paths(self.prefix):
-            if os.path.exists(p):
-                os.remove(p)
+            io.remove(p)
 
 
 def read_header(idx_path: str) -> dict:
