@@ -34,7 +34,7 @@ class RejectLog:
     def add(self, file: str, position_kind: str, position: int, reason: str) -> None:
         self.counts[reason] += 1
         if self._f is None:
-            self._f = open(self.tmp, "wb")
+            self._f = io.open_write(self.tmp)
         self._f.write(orjson.dumps({"file": file, position_kind: position, "reason": reason}) + b"\n")
 
     def commit(self) -> None:
@@ -61,7 +61,7 @@ def merge_reject_logs(out_dir: str, unit_names: List[str]) -> None:
     """Concatenate the units' logs, in unit order, into rejects.jsonl (written atomically)."""
     path = os.path.join(out_dir, REJECTS)
     tmp = io.tmp_name(path, shared=True)
-    with open(tmp, "wb") as out:
+    with io.open_write(tmp) as out:
         for name in unit_names:
             p = rejects_path(out_dir, name)
             if os.path.exists(p):
