@@ -4,6 +4,7 @@ bench-executors, merge, blend, plan, slurm."""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -35,6 +36,9 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-doc-tokens", type=int, default=2**31 - 1,
                    help="documents longer than this are split into several sequences, or rejected (--long-docs)")
     p.add_argument("--long-docs", choices=("split", "reject"), default="split")
+    p.add_argument("--max-record-size", type=_size_arg, default="64Mi",
+                   help="a record (jsonl line, .txt file; parquet/dataset text in characters) longer than this is "
+                        "rejected as record_too_large without being held in memory (default 64Mi)")
     p.add_argument("--no-fast-path", dest="fast_path", action="store_false",
                    help="always encode whole documents (the fast path is used only where exact)")
     p.add_argument("--verify-fraction", type=float, default=0.0,
@@ -144,6 +148,7 @@ def _settings_from(a):
     return Settings(inputs=a.inputs, output_dir=a.output, tokenizer=a.tokenizer, text_field=a.text_field,
                     workers=a.workers, shard_size=a.shard_size, append_eod=a.append_eod, add_bos=a.add_bos,
                     eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
+                    max_record_size=a.max_record_size,
                     verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0],
                     slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
 
@@ -346,6 +351,12 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # a write of a shard, log or marker: no file name to show
+            where = getattr(a, "output", None) or getattr(a, "out_dir", None) or "the output directory"
+            print(f"error: no space left for {where} ({e.strerror}); no partial file was kept and nothing partial "
+                  "looks complete: free space (or raise the quota) and rerun the same command (complete units "
+                  "are kept, the others are redone)", file=sys.stderr)
+            return 2
         print(f"error: {e.filename or ''}: {e.strerror or e} (nothing written for the failing unit looks "
               "complete; free space or fix the path and rerun)", file=sys.stderr)
         return 2

@@ -70,6 +70,17 @@ def file_sha256(path: str) -> str:
 # --- writing -----------------------------------------------------------------------------------------------------
 
 
+DATA_MODE = 0o644  # shards, indexes, manifests, logs: data others may read, never anyone else's to write
+SECRET_MODE = 0o600  # anything holding credentials: the owner only
+
+
+def open_write(path: str, mode: int = DATA_MODE) -> BinaryIO:
+    """A new binary file for writing, created with ``mode`` (narrowed further by the umask, never widened: a
+    umask of 0 does not make outputs world-writable). A leftover at ``path`` is replaced, not reused with its mode."""
+    remove(path)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb")
+
+
 def fsync_file(f, really: bool = True) -> None:
     """Flush a file object to the OS and (unless ``really`` is False) to the disk."""
     f.flush()
@@ -97,16 +108,22 @@ def tmp_name(path: str, shared: bool = False) -> str:
     return f"{path}.tmp.{socket.gethostname()}.{os.getpid()}" if shared else path + ".tmp"
 
 
-def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync: bool = True) -> None:
+def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync: bool = True,
+                 mode: int = DATA_MODE) -> None:
     """Write ``data`` to ``path`` all or nothing: temporary file, fsync, rename over ``path``, fsync of the
-    directory. ``shared``: several writers may race on ``path`` (see ``tmp_name``); the last rename wins whole."""
+    directory. ``shared``: several writers may race on ``path`` (see ``tmp_name``); the last rename wins whole.
+    ``mode``: DATA_MODE (0644) for outputs; SECRET_MODE (0600) for anything holding credentials."""
     if isinstance(data, str):
         data = data.encode()
     tmp = tmp_name(path, shared)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        fsync_file(f, fsync)
-    os.replace(tmp, path)
+    try:
+        with open_write(tmp, mode) as f:
+            f.write(data)
+            fsync_file(f, fsync)
+        os.replace(tmp, path)
+    except BaseException:
+        remove(tmp)  # a full disk: no partial temporary file left behind
+        raise
     if fsync:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 

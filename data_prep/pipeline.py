@@ -19,7 +19,7 @@ import numpy as np
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import make_executor, select_slice
+from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
 from data_prep.settings import INT32_MAX, Settings, fingerprint
@@ -65,6 +65,8 @@ def run(settings: Settings) -> Optional[dict]:
     settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
     if settings.long_docs not in ("split", "reject"):
         raise ValueError("--long-docs must be split or reject")
+    if settings.max_record_size < 1:
+        raise ValueError("--max-record-size must be positive (e.g. 64Mi)")
     if not 0 < settings.max_doc_tokens <= INT32_MAX:
         raise ValueError(f"--max-doc-tokens must be in 1..{INT32_MAX} (the format stores int32 lengths)")
     tok = load_tokenizer(settings.tokenizer, settings.eod_id)  # fail before any work if it is missing or broken
@@ -149,8 +151,12 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
     """Run the tokenize step on ``todo``; fills ``done`` (unit name -> stats); returns the failed units, sorted."""
     failed = []
 
-    def on_result(unit: Unit, res: dict) -> None:
+    def on_result(unit: Unit, res) -> None:
         bar.unit_done(unit.index)
+        if isinstance(res, WorkerDied):  # recorded like an unreadable input: this unit failed, the others go on
+            res = {"ok": False, "unit": unit.name, "path": ", ".join(p.path for p in unit.pieces), "error": res.why}
+            io.atomic_write(mf.error_path(settings.output_dir, unit.name),
+                            mf.dumps({k: res[k] for k in ("unit", "path", "error")}))
         if res["ok"]:
             done[unit.name] = res["stats"]
         else:

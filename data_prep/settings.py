@@ -9,6 +9,7 @@ from typing import List, Optional
 import orjson
 
 INT32_MAX = 2**31 - 1
+DEFAULT_MAX_RECORD = 64 << 20  # bytes of one record (--max-record-size): far above any real document
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Settings:
     ray_address: Optional[str] = None  # None: start a local Ray instance; "auto" or ray://host:port: join one
     batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
     quiet: bool = False
+    max_record_size: int = DEFAULT_MAX_RECORD  # bytes of one record; a longer one is rejected, never held whole
 
     def output_affecting(self, tok_sha: str) -> dict:
         """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""
@@ -46,6 +48,8 @@ class Settings:
             "eod_id": self.eod_id,
             "max_doc_tokens": self.max_doc_tokens,
             "long_docs": self.long_docs,
+            # only when changed: outputs made before the option existed keep their fingerprint (and resume)
+            **({"max_record_size": self.max_record_size} if self.max_record_size != DEFAULT_MAX_RECORD else {}),
         }
 
 

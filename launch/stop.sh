@@ -3,7 +3,8 @@
 # left after a grace period. For a Slurm run, scancel.
 #   launch/stop.sh [RUN_DIR | RUN_ID]     (default: the newest run under runs/launch/)
 #   launch/stop.sh --local RUN_ID         (what runs on each node)
-# LAUNCH_STOP_GRACE: seconds between SIGTERM and SIGKILL (default 10).
+# Grace between SIGTERM (the ranks save a checkpoint and exit) and SIGKILL: LAUNCH_STOP_GRACE if set, else the
+# recipe's checkpoint.stop_grace_seconds (kept by train.sh in RUN_DIR/stop_grace), else 10 s.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 GRACE=${LAUNCH_STOP_GRACE:-10}
@@ -28,7 +29,7 @@ if [ "${1:-}" = --local ]; then
   stop_local "$2"
   exit 0
 fi
-case "${1:-}" in -h|--help) sed -n '2,6p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,7p' "$0"; exit 0 ;; esac
 
 target=${1:-}
 if [ -z "$target" ]; then
@@ -39,6 +40,9 @@ fi
 [ -f "$target/hosts" ] || die "$target is not a run directory (no hosts file); pass the --log-dir of the run"
 run_dir=$(cd "$target" && pwd)
 run_id=$(sed -n 's/^LAUNCH_RUN_ID=//p' "$run_dir/launch.env")
+if [ -z "${LAUNCH_STOP_GRACE:-}" ] && grep -qx '[0-9][0-9]*' "$run_dir/stop_grace" 2>/dev/null; then
+  GRACE=$(cat "$run_dir/stop_grace")
+fi
 backend=$(cat "$run_dir/backend")
 if [ -z "${LAUNCH_SSH_CONFIG:-}" ] && [ -s "$run_dir/ssh_config" ]; then LAUNCH_SSH_CONFIG=$(cat "$run_dir/ssh_config"); fi
 setup_ssh

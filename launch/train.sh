@@ -11,8 +11,9 @@ usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value 
 $usage_common
   --no-preflight           skip the ssh/repo reachability check of every node
   --quiet                  write rank output to the logs only, not to the terminal
-environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s, 10),
-  LAUNCH_SLURM_GRACE (s, 300: a Slurm job saves and requeues itself this long before its time limit)
+environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s; default: the
+  recipe's checkpoint.stop_grace_seconds), LAUNCH_SLURM_GRACE (s, 300: a Slurm job saves and requeues itself this long
+  before its time limit)
 EOF
 }
 
@@ -199,8 +200,13 @@ printf '%s\n' "${HOSTS[@]}" >"$LOG_DIR/hosts"
 echo "$BACKEND" >"$LOG_DIR/backend"
 echo "${LAUNCH_SSH_CONFIG:-}" >"$LOG_DIR/ssh_config"
 # One run per checkpoint.dir (recipes/run_lease.py): refused here, before anything starts, while another run holds it.
-(cd "$REPO_DIR" && LAUNCH_RUN_ID=$RUN_ID "$PY" -m recipes.checkpoint.lease check "$RECIPE" "${OVERRIDES[@]}") ||
+# It also says how long a stop waits for the ranks' pre-emption save (checkpoint.stop_grace_seconds); stop.sh reads
+# it from the run directory; LAUNCH_STOP_GRACE, when set, overrides it.
+lease_out=$(cd "$REPO_DIR" && LAUNCH_RUN_ID=$RUN_ID "$PY" -m recipes.checkpoint.lease check "$RECIPE" "${OVERRIDES[@]}") ||
   die "nothing was started" 5
+STOP_GRACE=$(sed -n 's/^stop_grace_seconds=\([0-9][0-9]*\)$/\1/p' <<<"$lease_out")
+STOP_GRACE=${LAUNCH_STOP_GRACE:-${STOP_GRACE:-10}}
+echo "$STOP_GRACE" >"$LOG_DIR/stop_grace"
 if [ -n "$SECRET_ENV" ]; then
   write_secret_env_file "$SECRET_ENV"
   # Slurm's job removes it when it ends; here it goes when the launcher exits, on this machine and on the nodes.
@@ -310,7 +316,7 @@ else
   say "a rank failed: stopping run $RUN_ID on all ${NNODES} node(s)"
 fi
 stop_everything
-deadline=$((SECONDS + ${LAUNCH_STOP_GRACE:-10} + 20))
+deadline=$((SECONDS + STOP_GRACE + 20))
 for i in "${!NODE_PIDS[@]}"; do
   pid=${NODE_PIDS[$i]}
   [ -n "$pid" ] || continue

@@ -19,11 +19,23 @@ U = TypeVar("U")  # a work unit: anything with an ``index`` (read.units.Unit)
 KINDS = ("local", "ray")
 
 
+class WorkerDied:
+    """The result ``on_result`` gets for a unit whose worker process died under it (the OOM killer, a signal, a
+    memory limit): the unit failed, the other units carry on. ``why`` says how it died, for the failure record."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"WorkerDied({self.why!r})"
+
+
 class Executor(ABC):
     @abstractmethod
     def run(self, task: Callable[[U], Any], units: Sequence[U], on_result: Callable[[U, Any], None], bar) -> None:
-        """Run ``task`` on every unit; call ``on_result(unit, result)`` here as each finishes. A task that raises
-        stops the run (units not started are not started) and the error propagates."""
+        """Run ``task`` on every unit; call ``on_result(unit, result)`` here as each finishes, with a ``WorkerDied``
+        as the result when the unit's worker process died. A task that raises stops the run (units not started are
+        not started) and the error propagates."""
 
 
 def select_slice(units: Sequence[U], index: int, count: int) -> List[U]:

@@ -4,6 +4,11 @@ Every reader yields ``(position, text, reason)``: ``text`` is the document when 
 ``reason`` says why it was rejected. ``position`` is a byte offset (uncompressed .jsonl/.json and .txt), a 1-based line
 number (.gz/.zst, where byte offsets of the decompressed stream mean little to a user) or a row index (parquet and
 Hugging Face datasets); ``POSITION_KIND`` names which, for the reject log.
+
+Memory is bounded whatever the input: a record (a jsonl line, a whole .txt file) longer than ``max_record`` bytes
+(parquet and dataset text: characters) is rejected as ``record_too_large`` without ever being held whole (its bytes are
+read past up to the next newline), and compressed inputs are decompressed a bounded piece at a time, so a newline-less
+gzip bomb costs time, not memory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Iterator, Optional, Tuple
 import orjson
 
 from data_prep import io
+from data_prep.settings import DEFAULT_MAX_RECORD
 
 Record = Tuple[int, Optional[str], Optional[str]]
 
@@ -28,6 +34,7 @@ EMPTY_TEXT = "empty_text"
 INVALID_UTF8 = "invalid_utf8"
 NUL_BYTES = "nul_bytes"
 TOO_LONG = "too_long"
+RECORD_TOO_LARGE = "record_too_large"
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
@@ -104,21 +111,31 @@ def _parse_json_line(line: bytes, field: str) -> Tuple[Optional[str], Optional[s
     return check_text(obj[field])
 
 
-def read_jsonl_range(piece: Piece, field: str) -> Iterator[Record]:
+def read_jsonl_range(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
     """Lines of an uncompressed .jsonl in [start, end); blank lines are not records."""
     end = piece.end if piece.end >= 0 else io.size(piece.path)
     with io.open_read(piece.path, buffering=1 << 20) as f:
         f.seek(piece.start)
         offset = piece.start
-        for line in f:
-            if offset >= end:
+        while offset < end:
+            line = f.readline(max_record + 1)  # a limit: ``for line in f`` would hold a newline-less file whole
+            if not line:
                 break
             pos = offset
             offset += len(line)
+            if len(line) > max_record and not line.endswith(b"\n"):
+                while line and not line.endswith(b"\n"):  # read past the rest of it, a bounded piece at a time
+                    line = f.readline(1 << 20)
+                    offset += len(line)
+                yield pos, None, RECORD_TOO_LARGE
+                continue
             if line.isspace() or not line:
                 continue
             text, reason = _parse_json_line(line, field)
             yield pos, text, reason
+
+
+ZST_FEED = 4096  # compressed bytes per zstd call: at most ~128 MiB out even for a crafted input, usually ~16 KiB
 
 
 def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -140,50 +157,85 @@ def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[
             data = f.read(chunk)
             if not data:
                 break
-            while data:
+            more = False  # gz: output held back by the size limit, with no input left to feed
+            while data or more:
                 try:
-                    out = dobj.decompress(data)
+                    if tag == "gz":  # at most ``chunk`` bytes out per call: a bomb must not expand in one go
+                        out = dobj.decompress(data, chunk)
+                        rest = dobj.unconsumed_tail
+                    else:  # zstandard has no output limit: feed it a small piece (a block expands to <= 128 KiB)
+                        out = dobj.decompress(data[:ZST_FEED])
+                        rest = data[ZST_FEED:]
+                except MemoryError:  # a memory limit, not a corrupt file: the caller records it as such
+                    raise
                 except Exception as e:  # zlib.error / zstandard.ZstdError
                     raise InputError(path, f"corrupt {tag} data ({e})") from e
                 fed = True
                 if out:
                     yield out
                 if dobj.eof:
-                    data = dobj.unused_data
-                    dobj, fed = new(), False
+                    data = dobj.unused_data + rest if tag != "gz" else dobj.unused_data
+                    dobj, fed, more = new(), False, False
                 else:
-                    data = b""
+                    data = rest
+                    more = tag == "gz" and len(out) == chunk
         if fed and not dobj.eof:
             raise InputError(path, f"truncated {tag} file (stream ends before the end of its last frame)")
 
 
-def read_jsonl_compressed(piece: Piece, field: str) -> Iterator[Record]:
-    tag = piece.kind.rsplit(".", 1)[1]
-    carry = b""
-    line_no = 0
-    for block in _decompressed_chunks(piece.path, tag):
-        block = carry + block
+def _lines(blocks: Iterator[bytes], max_record: int) -> Iterator[Optional[bytes]]:
+    """The lines of a stream of blocks (without their newline); None for a line longer than ``max_record``, which is
+    never assembled. The unfinished line is kept as a list of parts: joining it to every block would be quadratic."""
+    parts: list = []
+    held = 0
+    too_large = False
+    for block in blocks:
         lines = block.split(b"\n")
-        carry = lines.pop()
-        for line in lines:
-            line_no += 1
-            if not line or line.isspace():
-                continue
-            text, reason = _parse_json_line(line, field)
-            yield line_no, text, reason
-    if carry and not carry.isspace():
+        tail = lines.pop()
+        if lines:  # the block ends the held line
+            first = lines[0]
+            if too_large or held + len(first) > max_record:
+                lines[0] = None
+            elif parts:
+                lines[0] = b"".join(parts) + first
+            parts, held, too_large = [], 0, False
+            for line in lines:
+                yield None if line is not None and len(line) > max_record else line
+        if not too_large:
+            parts.append(tail)
+            held += len(tail)
+            if held > max_record:
+                parts, held, too_large = [], 0, True
+    if too_large:
+        yield None
+    elif held:
+        yield b"".join(parts)
+
+
+def read_jsonl_compressed(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
+    tag = piece.kind.rsplit(".", 1)[1]
+    line_no = 0
+    for line in _lines(_decompressed_chunks(piece.path, tag), max_record):
         line_no += 1
-        text, reason = _parse_json_line(carry, field)
+        if line is None:
+            yield line_no, None, RECORD_TOO_LARGE
+            continue
+        if not line or line.isspace():
+            continue
+        text, reason = _parse_json_line(line, field)
         yield line_no, text, reason
 
 
-def read_txt(piece: Piece, field: str) -> Iterator[Record]:
+def read_txt(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
     """A .txt file is one document (the whole file): splitting prose at blank lines would cut documents apart."""
     try:
         with io.open_read(piece.path) as f:
-            raw = f.read()
+            raw = f.read(max_record + 1)  # never more than the limit in memory, whatever the file's size
     except OSError as e:
         raise InputError(piece.path, f"cannot read ({e.strerror})") from e
+    if len(raw) > max_record:
+        yield 0, None, RECORD_TOO_LARGE
+        return
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -193,7 +245,14 @@ def read_txt(piece: Piece, field: str) -> Iterator[Record]:
     yield 0, t, reason
 
 
-def read_parquet(piece: Piece, field: str) -> Iterator[Record]:
+def _check_size(text: Optional[str], reason: Optional[str], max_record: int) -> Tuple[Optional[str], Optional[str]]:
+    # parquet and datasets hand over decoded strings (already in memory): the limit counts characters there
+    if text is not None and len(text) > max_record:
+        return None, RECORD_TOO_LARGE
+    return text, reason
+
+
+def read_parquet(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
     """Rows of a parquet file (or of the row groups that start in [start, end)), streamed by record batch."""
     import pyarrow.parquet as pq
 
@@ -216,7 +275,7 @@ def read_parquet(piece: Piece, field: str) -> Iterator[Record]:
     try:
         for batch in pf.iter_batches(columns=[field], batch_size=4096, row_groups=groups):
             for value in batch.column(0).to_pylist():
-                text, reason = check_text(value)
+                text, reason = _check_size(*check_text(value), max_record)
                 yield row, text, reason
                 row += 1
     except OSError as e:
@@ -239,7 +298,7 @@ def open_hf_dataset(path: str):
     return ds
 
 
-def read_hf(piece: Piece, field: str) -> Iterator[Record]:
+def read_hf(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
     try:
         ds = open_hf_dataset(piece.path)
     except Exception as e:
@@ -254,7 +313,7 @@ def read_hf(piece: Piece, field: str) -> Iterator[Record]:
     step = 2048
     for lo in range(piece.start, stop, step):
         for value in col[lo : min(lo + step, stop)][field]:
-            text, reason = check_text(value)
+            text, reason = _check_size(*check_text(value), max_record)
             yield row, text, reason
             row += 1
 
@@ -269,10 +328,10 @@ READERS = {
 }
 
 
-def read_piece(piece: Piece, field: str) -> Iterator[Record]:
+def read_piece(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
     reader, _ = READERS[piece.kind]
     try:
-        yield from reader(piece, field)
+        yield from reader(piece, field, max_record)
     except InputError:
         raise
     except OSError as e:

@@ -144,7 +144,7 @@ class _UnitRun:
         try:
             batch, chars = [], 0
             for piece in self.unit.pieces:
-                for pos, text, reason in read_piece(piece, s.text_field):
+                for pos, text, reason in read_piece(piece, s.text_field, s.max_record_size):
                     self.records += 1
                     if text is None:
                         self.reject(piece, pos, reason)
@@ -155,20 +155,22 @@ class _UnitRun:
                         self.flush_batch(batch)
                         batch, chars = [], 0
             self.flush_batch(batch)
+            progress.report(self.unit.index, *self.pending)
+            if self.writer.documents:
+                shard = self.writer.finalize()
+            else:  # megatron cannot mmap an empty .bin: a unit with no documents has stats but no shard
+                self.writer.abort()
+                shard = {"documents": 0, "sequences": 0, "tokens": 0, "bytes": 0, "idx_bytes": 0,
+                         "sha256_bin": None, "sha256_idx": None}
+                for suffix in (".bin", ".idx"):
+                    io.remove(self.prefix + suffix)
+            self.rejects.commit()
         except BaseException:
+            # a full disk (ENOSPC) in the middle of finalize included: no temporary file is left behind, and
+            # without its stats marker nothing this unit wrote is trusted by a rerun
             self.writer.abort()
             self.rejects.abort()
             raise
-        progress.report(self.unit.index, *self.pending)
-        if self.writer.documents:
-            shard = self.writer.finalize()
-        else:  # megatron cannot mmap an empty .bin: a unit with no documents has stats but no shard
-            self.writer.abort()
-            shard = {"documents": 0, "sequences": 0, "tokens": 0, "bytes": 0, "idx_bytes": 0,
-                     "sha256_bin": None, "sha256_idx": None}
-            for suffix in (".bin", ".idx"):
-                io.remove(self.prefix + suffix)
-        self.rejects.commit()
         rejected = self.rejects.counts
         stats = {
             "unit": self.unit.name,
@@ -192,8 +194,12 @@ def tokenize_unit(unit: Unit, settings: Settings, fp: str) -> dict:
     err_path = mf.error_path(settings.output_dir, unit.name)
     try:
         stats = _UnitRun(unit, settings, fp).run()
-    except InputError as e:
-        res = {"ok": False, "unit": unit.name, "path": e.path, "error": e.why}
+    except (InputError, MemoryError) as e:
+        # MemoryError: a memory limit (ulimit -v, a cgroup without swap...) hit by this unit; it fails alone
+        path, why = (e.path, e.why) if isinstance(e, InputError) else (
+            ", ".join(p.path for p in unit.pieces),
+            "out of memory in this unit (lower --max-record-size or --workers, or raise the memory limit)")
+        res = {"ok": False, "unit": unit.name, "path": path, "error": why}
         io.atomic_write(err_path, mf.dumps({k: res[k] for k in ("unit", "path", "error")}))
         return res
     io.remove(err_path)

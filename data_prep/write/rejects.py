@@ -34,7 +34,7 @@ class RejectLog:
     def add(self, file: str, position_kind: str, position: int, reason: str) -> None:
         self.counts[reason] += 1
         if self._f is None:
-            self._f = open(self.tmp, "wb")
+            self._f = io.open_write(self.tmp)
         self._f.write(orjson.dumps({"file": file, position_kind: position, "reason": reason}) + b"\n")
 
     def commit(self) -> None:
@@ -42,23 +42,26 @@ class RejectLog:
         if self._f is not None:
             io.fsync_file(self._f)
             self._f.close()
-            self._f = None
+            self._f = None  # closed: ``abort`` after a failed rename removes the temporary file only
             io.commit(self.tmp, self.path)
         else:
             io.remove(self.path)
 
     def abort(self) -> None:
         if self._f is not None:
-            self._f.close()
+            try:
+                self._f.close()
+            except OSError:  # its buffer cannot be written on a full disk
+                pass
             self._f = None
-            os.remove(self.tmp)
+        io.remove(self.tmp)
 
 
 def merge_reject_logs(out_dir: str, unit_names: List[str]) -> None:
     """Concatenate the units' logs, in unit order, into rejects.jsonl (written atomically)."""
     path = os.path.join(out_dir, REJECTS)
     tmp = io.tmp_name(path, shared=True)
-    with open(tmp, "wb") as out:
+    with io.open_write(tmp) as out:
         for name in unit_names:
             p = rejects_path(out_dir, name)
             if os.path.exists(p):

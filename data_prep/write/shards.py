@@ -41,9 +41,9 @@ class ShardWriter:
         for p in tmp_paths(prefix):  # leftovers of a killed run
             if os.path.exists(p):
                 os.remove(p)
-        self.bin = open(prefix + ".bin.tmp", "wb")
-        self.lens = open(prefix + ".len.tmp", "wb")
-        self.docs = open(prefix + ".doc.tmp", "wb")
+        self.bin = io.open_write(prefix + ".bin.tmp")
+        self.lens = io.open_write(prefix + ".len.tmp")
+        self.docs = io.open_write(prefix + ".doc.tmp")
         self.bin_sha = hashlib.sha256()
         self.tok_buf: List[np.ndarray] = []
         self.len_buf: List[int] = []
@@ -80,7 +80,7 @@ class ShardWriter:
     def _write_index(self, path: str) -> str:
         sha = hashlib.sha256()
         itemsize = self.dtype.itemsize
-        with open(path, "wb") as out:
+        with io.open_write(path) as out:
             def put(b: bytes):
                 out.write(b)
                 sha.update(b)
@@ -108,6 +108,8 @@ class ShardWriter:
         return sha.hexdigest()
 
     def finalize(self) -> dict:
+        """Write the index and rename both files into place. On failure (a full disk) the caller calls ``abort``,
+        which removes the temporary files."""
         self.flush()
         for f in (self.bin, self.lens, self.docs):
             io.fsync_file(f, self.fsync)
@@ -132,14 +134,15 @@ class ShardWriter:
         }
 
     def abort(self) -> None:
+        """Close and remove the temporary files; safe to call after a failed ``finalize`` (closing a file whose
+        buffered data cannot be written on a full disk raises, and is ignored here)."""
         for f in (self.bin, self.lens, self.docs):
             try:
                 f.close()
             except OSError:
                 pass
         for p in tmp_paths(self.prefix):
-            if os.path.exists(p):
-                os.remove(p)
+            io.remove(p)
 
 
 def read_header(idx_path: str) -> dict:

@@ -7,6 +7,8 @@ fresh. A lease whose heartbeat is older than STALE_S (its run died without relea
 from this very host, is taken over. The launchers (`recipes.train.cli --local`, launch/train.sh) check it before
 they start any process:
     python -m recipes.checkpoint.store.lease check RECIPE [section.key=value ...]
+On success `check` prints `stop_grace_seconds=N` (the recipe's checkpoint.stop_grace_seconds): launch/train.sh keeps
+it in the run directory for launch/stop.sh, so a stop waits for the ranks' pre-emption save.
 """
 from __future__ import annotations
 
@@ -138,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 5
+    print(f"stop_grace_seconds={recipe.checkpoint.stop_grace_seconds}")
     return 0
 
 

@@ -13,8 +13,10 @@ is loaded; an interrupted or damaged save is skipped with a message saying so.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import random
 import re
 import shutil
@@ -78,8 +80,14 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -
         (root / tag / MARKER).unlink(missing_ok=True)
     _barrier()
     # `latest` is ours to write, after the marker: it never names a partial save.
-    engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
-    torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")
+    try:
+        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
+        torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")
+    except (OSError, RuntimeError) as e:
+        full = _disk_full_message(root, tag, e)
+        if full:
+            raise RuntimeError(full) from e
+        raise
     _barrier()  # every rank's files are written before the marker
     if _rank() == 0:
         files = {str(p.relative_to(root / tag)): p.stat().st_size
@@ -91,6 +99,24 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -
         log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
     _barrier()
     return tag
+
+
+def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:
+    """A clear message when a save failed because checkpoint.dir's file system is full. torch.save reports a short
+    write as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos ...", not as ENOSPC: so the free
+    space is looked at too."""
+    try:
+        st = os.statvfs(root)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        return None
+    if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) and free >= 64 << 20:
+        return None
+    good = newest_complete(str(root))
+    return (f"checkpoint: saving {root / tag} failed: no space left on the file system of checkpoint.dir "
+            f"({free >> 20} MiB free; {type(e).__name__}: {e}). The partial {tag} has no {MARKER} and is never loaded. "
+            f"Free space (or set checkpoint.dir elsewhere, or lower checkpoint.keep_last) and rerun: the run resumes "
+            f"from {root / good if good else 'the start (no complete checkpoint yet)'}")
 
 
 def _tags(root: Path) -> list[tuple[int, str]]:

@@ -193,6 +193,9 @@ class CheckpointConfig(_Section):
     save_interval: Optional[PositiveInt] = None
     keep_last: PositiveInt = 2
     auto_resume: bool = True
+    # launch/stop.sh and launch/train.sh wait this long after SIGTERM (the ranks save a checkpoint and exit) before
+    # they SIGKILL what is left: longer than a save of this model takes, or a pre-emption save is cut short
+    stop_grace_seconds: PositiveInt = 60
 
 
 class EvaluationConfig(_Section):

@@ -105,15 +105,16 @@ def _run_pids(run_id: str) -> list[int]:
     return pids
 
 
-def _start_long_run(ssh_cluster, tmp_path, backend, run_id):
+def _start_long_run(ssh_cluster, tmp_path, backend, run_id, env=None, env_names=(), overrides=()):
     _, hostfile = ssh_cluster
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
         ["bash", str(REPO / "launch" / "train.sh"), str(TOY), "--hostfile", str(hostfile), "--backend", backend,
-         "--entry", TOY_ENTRY, "--env", "TOY_STEP_SLEEP", "--run-id", run_id, "--master-port", str(free_port()),
-         "--log-dir", str(logs), "--quiet", "--", "training.train_steps=500"],
-        cwd=REPO, env=cluster_env(ssh_cluster, TOY_STEP_SLEEP="0.3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+         "--entry", TOY_ENTRY, "--env", "TOY_STEP_SLEEP", *(a for n in env_names for a in ("--env", n)),
+         "--run-id", run_id, "--master-port", str(free_port()),
+         "--log-dir", str(logs), "--quiet", "--", "training.train_steps=500", *overrides],
+        cwd=REPO, env=env or cluster_env(ssh_cluster, TOY_STEP_SLEEP="0.3"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 90
     while time.time() < deadline:
         if "step 1 loss" in (logs / "node2.log").read_text() if (logs / "node2.log").exists() else False:
@@ -151,6 +152,34 @@ def test_stop_script_stops_a_running_job(ssh_cluster, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert f"STOPPED: run {run_id} was stopped on request" in err, err
+    assert _run_pids(run_id) == []
+
+
+def test_stop_waits_for_the_preemption_save_the_recipe_allows(ssh_cluster, tmp_path):
+    """checkpoint.stop_grace_seconds=40 and a save that takes 14 s (TOY_SAVE_SECONDS, the toy's stand-in for a slow
+    file system): stop.sh waits for it instead of SIGKILLing after the old fixed 10 s, and the new checkpoint is
+    complete. (Under torchrun, the agent itself gives its workers 30 s after a SIGTERM: keep saves below that there.)"""
+    run_id = f"gracetest-{os.getpid()}"
+    ckpt = tmp_path / "toyckpt"
+    env = cluster_env(ssh_cluster, TOY_STEP_SLEEP="0.3", TOY_CKPT=str(ckpt), TOY_SAVE_SECONDS="14",
+                      PYTHONPATH=str(REPO))  # the ranks validate the override with this tree's schema
+    env.pop("LAUNCH_STOP_GRACE")  # the recipe decides
+    proc, logs = _start_long_run(ssh_cluster, tmp_path, "torchrun-ssh", run_id, env=env,
+                                 env_names=("TOY_CKPT", "TOY_SAVE_SECONDS", "PYTHONPATH"),
+                                 overrides=("checkpoint.stop_grace_seconds=40",))
+    assert (logs / "stop_grace").read_text().strip() == "40"
+    stop_env = launch_env()
+    stop_env.pop("LAUNCH_STOP_GRACE")
+    t0 = time.time()
+    r = subprocess.run(["bash", str(REPO / "launch" / "stop.sh"), str(logs)], cwd=REPO, capture_output=True,
+                       text=True, env=stop_env, timeout=90)
+    waited = time.time() - t0
+    assert r.returncode == 0, r.stderr
+    _, err = proc.communicate(timeout=90)
+    assert f"STOPPED: run {run_id} was stopped on request" in err, err
+    saved = sorted(ckpt.glob("step_*"))
+    assert len(saved) == 1 and (saved[0] / "complete.json").exists(), (saved, waited)
+    assert 12 < waited < 40, waited  # it waited for the save, and not for the whole grace once the ranks were gone
     assert _run_pids(run_id) == []
 
 

@@ -4,10 +4,14 @@ Same contract: `--config RECIPE [section.key=value ...]`, reads RANK/WORLD_SIZE/
 --local_rank. Every rank trains a tiny MLP on its slice of a seeded global batch and all-reduces gradients over gloo,
 so the losses depend only on the recipe (seed, global batch, steps), not on how the ranks are spread over nodes.
 Rank 0 writes the losses as JSON to $TOY_OUT. $TOY_STEP_SLEEP slows each step (for the kill test).
+With $TOY_CKPT set, SIGTERM is a pre-emption (like recipes.train.loop.StopRequest): the ranks agree to stop after
+the current step and rank 0 saves $TOY_CKPT/step_N/ (model.pt, then $TOY_SAVE_SECONDS of a slow file system, then
+complete.json, the marker recipes/checkpoint/store.py trusts) before every rank exits 0 (for the stop-grace test).
 """
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -39,6 +43,9 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
+    stop = [False]
+    if os.environ.get("TOY_CKPT"):
+        signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     for step in range(steps):
         xs = x[step, rank * per_rank:(rank + 1) * per_rank]
         ys = y[step, rank * per_rank:(rank + 1) * per_rank]
@@ -54,6 +61,18 @@ def main():
         print(f"step {step} loss {total.item():.8f} world {world} host {os.environ.get('LAUNCH_HOST', '?')}",
               flush=True)
         time.sleep(float(os.environ.get("TOY_STEP_SLEEP", "0")))
+        if os.environ.get("TOY_CKPT"):
+            flag = torch.tensor([1.0 if stop[0] else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item():
+                if rank == 0:
+                    d = os.path.join(os.environ["TOY_CKPT"], f"step_{step + 1}")
+                    os.makedirs(d, exist_ok=True)
+                    torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                    time.sleep(float(os.environ.get("TOY_SAVE_SECONDS", "0")))
+                    with open(os.path.join(d, "complete.json"), "w") as f:
+                        json.dump({"step": step + 1}, f)
+                break
     if rank == 0 and os.environ.get("TOY_OUT"):
         with open(os.environ["TOY_OUT"], "w") as f:
             json.dump({"world_size": world, "losses": losses, "name": recipe.name}, f)

@@ -23,11 +23,18 @@ TRICKY = [
 ]
 
 
-def run_cli(*args, check=True, timeout=180, env_extra=None):
+def run_cli(*args, check=True, timeout=180, env_extra=None, address_space=None):
+    """``address_space``: a RLIMIT_AS (bytes) for the CLI and its workers, a memory cap that raises MemoryError."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.update(env_extra or {})
+
+    def cap():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
     r = subprocess.run([sys.executable, "-m", "data_prep", *map(str, args)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=timeout)
+                       capture_output=True, text=True, timeout=timeout, preexec_fn=cap if address_space else None)
     if check and r.returncode != 0:
         raise AssertionError(f"data_prep {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr}\n{r.stdout}")
     return r

@@ -97,3 +97,36 @@ def test_preemption_signal_saves_and_exits_cleanly(sig, uninterrupted, corpus, t
     assert f"resumed from {tmp_path / f'global_step{stopped}'}" in out.stdout + out.stderr
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
+
+
+def test_full_disk_during_a_save_then_resume_from_the_last_complete_one(uninterrupted, corpus, tmp_path):
+    """checkpoint.dir on a real tmpfs with room for one checkpoint and a half: the save at step 4 fails with ENOSPC,
+    the run stops; once space is freed (remount larger) the rerun resumes from step 2, bit for bit."""
+    tag_bytes = sum(p.stat().st_size for p in (uninterrupted / f"global_step{STEPS}").rglob("*") if p.is_file())
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tag_bytes * 3 // 2 // 4096 * 4096}", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        logs = f"logging.dir={tmp_path / 'logs'}"  # the metrics stay off the small disk
+        args = (f"data.manifests=[{corpus}]", f"checkpoint.dir={mnt}", logs, f"training.train_steps={STEPS}",
+                *LAYOUT)
+        full = pretrain(N, *args, check=False)
+        out = full.stdout + full.stderr
+        assert full.returncode != 0, out[-3000:]
+        assert "no space left on the file system of checkpoint.dir" in out and "resumes from" in out, out[-3000:]
+        assert (mnt / "latest").read_text().strip() == "global_step2"
+        assert (mnt / "global_step2" / "complete.json").is_file()
+        assert not (mnt / "global_step4" / "complete.json").exists()  # the partial save is not vouched for
+
+        subprocess.run(["mount", "-o", f"remount,size={tag_bytes * 4}", "tmpfs", str(mnt)], check=True)  # free space
+        resumed = pretrain(N, *args)
+        out = resumed.stdout + resumed.stderr
+        assert f"skipping {mnt / 'global_step4'}" in out and f"resumed from {mnt / 'global_step2'}" in out, out[-3000:]
+        ref, got = losses(uninterrupted), losses(tmp_path)
+        assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
+        assert (mnt / "latest").read_text().strip() == f"global_step{STEPS}"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
