@@ -2,30 +2,17 @@
 loopback, 2 nodes x 2 ranks): SIGKILL and, separately, SIGHUP of the launcher mid-run -> no process of the run after
 the stop grace + 30 s; two concurrent runs with default ports both finish; Ctrl-C of one DeepSpeed run leaves a
 second DeepSpeed run on the same nodes alive."""
-import json
 import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
+from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch, run_pids
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
 GRACE = 5  # launch_env's LAUNCH_STOP_GRACE
-
-
-def _run_pids(run_id: str) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and f"LAUNCH_RUN_ID={run_id}".encode() in (p / "environ").read_bytes().split(b"\0"):
-                pids.append(int(p.name))
-        except OSError:
-            pass
-    return pids
 
 
 def _start(ssh_cluster, logs, backend, run_id, steps=500, port=None, **popen):
@@ -51,9 +38,9 @@ def _wait_step1(proc, logs):
 
 def _gone_within(run_id, seconds) -> list[int]:
     deadline = time.time() + seconds
-    while _run_pids(run_id) and time.time() < deadline:
+    while run_pids(run_id) and time.time() < deadline:
         time.sleep(0.5)
-    return _run_pids(run_id)
+    return run_pids(run_id)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
@@ -62,12 +49,12 @@ def test_launcher_death_leaves_no_rank(ssh_cluster, tmp_path, sig):
     proc = _start(ssh_cluster, tmp_path / "logs", "torchrun-ssh", run_id)
     try:
         _wait_step1(proc, tmp_path / "logs")
-        assert len(_run_pids(run_id)) >= 4
+        assert len(run_pids(run_id)) >= 4
         os.kill(proc.pid, sig)  # the launcher only, as the OOM killer or a closed terminal would
         left = _gone_within(run_id, GRACE + 30)
         assert not left, f"processes of run {run_id} still alive after {GRACE + 30} s: {left}"
     finally:
-        for p in _run_pids(run_id):
+        for p in run_pids(run_id):
             os.kill(p, signal.SIGKILL)
         proc.kill()
         proc.communicate()
@@ -96,10 +83,10 @@ def test_ctrl_c_of_one_deepspeed_run_spares_another(ssh_cluster, tmp_path):
         assert not _gone_within(mine_id, GRACE + 30)
         time.sleep(3)
         assert other.poll() is None, other.communicate()
-        assert len(_run_pids(other_id)) >= 4, "the other run lost ranks"
+        assert len(run_pids(other_id)) >= 4, "the other run lost ranks"
     finally:
         run_launch("stop.sh", tmp_path / "other", env=launch_env(LAUNCH_SSH_CONFIG=ssh_cluster[0]))
-        for p in _run_pids(other_id) + _run_pids(mine_id):
+        for p in run_pids(other_id) + run_pids(mine_id):
             os.kill(p, signal.SIGKILL)
         for p in (other, mine):
             p.kill()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
+from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch, run_pids
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(200)]
 
@@ -94,17 +94,6 @@ def _rank_pid(run_id: str, rank: int) -> int | None:
     return None
 
 
-def _run_pids(run_id: str) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and f"LAUNCH_RUN_ID={run_id}".encode() in (p / "environ").read_bytes().split(b"\0"):
-                pids.append(int(p.name))
-        except OSError:
-            pass
-    return pids
-
-
 def _start_long_run(ssh_cluster, tmp_path, backend, run_id, env=None, env_names=(), overrides=()):
     _, hostfile = ssh_cluster
     logs = tmp_path / "logs"
@@ -138,7 +127,7 @@ def test_killed_rank_stops_every_node(ssh_cluster, tmp_path, backend):
     assert proc.returncode != 0
     assert "FAILED: rank 2 on host node2 exited with code 137 (killed by signal 9) first" in err, err
     assert elapsed < 30, f"stopping everything took {elapsed:.1f} s"
-    assert _run_pids(run_id) == []  # nothing of the run is left on any node
+    assert run_pids(run_id) == []  # nothing of the run is left on any node
     assert "step 499" not in (logs / "node1.log").read_text()
 
 
@@ -152,7 +141,7 @@ def test_stop_script_stops_a_running_job(ssh_cluster, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert f"STOPPED: run {run_id} was stopped on request" in err, err
-    assert _run_pids(run_id) == []
+    assert run_pids(run_id) == []
 
 
 def test_stop_waits_for_the_preemption_save_the_recipe_allows(ssh_cluster, tmp_path):
@@ -180,7 +169,7 @@ def test_stop_waits_for_the_preemption_save_the_recipe_allows(ssh_cluster, tmp_p
     saved = sorted(ckpt.glob("step_*"))
     assert len(saved) == 1 and (saved[0] / "complete.json").exists(), (saved, waited)
     assert 12 < waited < 40, waited  # it waited for the save, and not for the whole grace once the ranks were gone
-    assert _run_pids(run_id) == []
+    assert run_pids(run_id) == []
 
 
 def test_preflight_over_ssh(ssh_cluster, tmp_path):

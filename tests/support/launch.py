@@ -29,3 +29,13 @@ def run_launch(script: str, *args, env=None, timeout=120) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_pids(run_id: str) -> list[int]:
+    """Every process on this machine that belongs to a launch (the launcher exports LAUNCH_RUN_ID to all of them)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and f"LAUNCH_RUN_ID={run_id}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                pids.append(int(p.name))
+        except OSError:
+            pass
+    return pids
