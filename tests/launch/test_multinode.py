@@ -54,7 +54,8 @@ def test_real_training_two_nodes_deepspeed_matches_local(ssh_cluster, corpus, tm
     n1, n2 = (tmp_path / "multi" / "logs" / "node1.log").read_text(), (tmp_path / "multi" / "logs" / "node2.log").read_text()
     # Only rank 0 speaks (progress, its checkpoint log line: after the bar's carriage returns, on a line the launcher
     # prefixed); every line is in its own host's log.
-    assert any(line.startswith("[node1 rank 0] ") and "checkpoint: saved" in line for line in n1.splitlines()), n1
+    raw = (tmp_path / "multi" / "logs" / "node1.log").read_bytes().decode()  # read_text would turn the bar's \r into \n
+    assert any(line.startswith("[node1 rank 0] ") and "checkpoint: saved" in line for line in raw.split("\n")), n1
     assert "[node2 rank" not in n1 and "[node1 rank" not in n2
 
 

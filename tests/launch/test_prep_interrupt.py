@@ -29,7 +29,7 @@ def _tokenize_pids(out: Path) -> list[int]:
 
 def test_ctrl_c_stops_remote_tokenize(ssh_cluster, tmp_path):
     config, hostfile = ssh_cluster
-    from data_prep.train_tokenizer import train
+    from data_prep.steps.train_tokenizer import train
 
     texts = [f"document {i} " + "some words of text that repeat " * 40 for i in range(200)]
     (tmp_path / "sample.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
@@ -41,7 +41,8 @@ def test_ctrl_c_stops_remote_tokenize(ssh_cluster, tmp_path):
         (corpus / f"part{i}.jsonl").write_text(line * 150)
     out = tmp_path / "out"
     proc = subprocess.Popen(["bash", str(REPO / "launch" / "prep.sh"), "--hostfile", str(hostfile), "--log-dir",
-                             str(tmp_path / "logs"), "--", str(corpus), "-o", str(out), "-t", model, "--no-fast-path"],
+                             str(tmp_path / "logs"), "--", str(corpus), "-o", str(out), "-t", model, "--no-fast-path",
+                             "--shard-size", "16M"],  # several units, so every node has a slice to work on
                             cwd=tmp_path, env=launch_env(LAUNCH_SSH_CONFIG=config), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
