@@ -125,6 +125,10 @@ def _release(slurm, job_id: str, restarts: int) -> None:
     lies ~2 minutes ahead) so that a failing job does not spin; an administrator does the same with this command."""
     wait_for(lambda: slurm.job(job_id)["Restarts"] == str(restarts) and slurm.job(job_id)["JobState"] == "PENDING",
              60, f"job {job_id} to be pending after requeue {restarts}")
+    # ...and the node done with the previous attempt: started on a node still cleaning it up, slurmd refuses the job
+    # ("Killing non-startable batch job: Job credential revoked", seen once) and it ends FAILED.
+    wait_for(slurm.node_idle, 60, f"node {slurm.node} to be idle after requeue {restarts}")
+    time.sleep(2)
     slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
 
