@@ -172,7 +172,9 @@ def check_writable(out_dir: str) -> None:
     """Create ``out_dir`` if needed and prove a file can be written there; PermissionError says what to do."""
     try:
         os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, ".write_probe")
+        # one probe per writer: array tasks and hostfile slices check the same directory at once, and a shared name
+        # let one remove the other's probe (ENOENT, reported as "not writable")
+        probe = os.path.join(out_dir, f".write_probe.{socket.gethostname()}.{os.getpid()}")
         with open(probe, "wb") as f:
             f.write(b"ok")
         os.remove(probe)
