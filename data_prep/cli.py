@@ -51,7 +51,37 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                    help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
+    p.add_argument("--storage-option", dest="storage_options", action="append", default=[], type=_storage_option,
+                   metavar="NAME=VALUE", help="an fsspec option for URL inputs/outputs (s3://, gs://), e.g. "
+                   "endpoint_url=http://minio:9000 for an S3-compatible store; repeatable. Credentials are never "
+                   "options: they come from the provider's chain (env, ~/.aws, instance role)")
+    p.add_argument("--staging-dir", default=None,
+                   help="local directory for shards of a URL output before their upload (default: the temp dir)")
+    p.add_argument("--upload-part-size", type=_size_arg, default="64Mi",
+                   help="multipart upload part size for a URL output (S3: 5Mi..5Gi; default 64Mi)")
     p.add_argument("-q", "--quiet", action="store_true")
+
+
+def _storage_option(text: str):
+    """NAME=VALUE -> (name, value); true/false/null/numbers become JSON values, anything else stays a string."""
+    import json
+
+    from data_prep.objstore import check_options
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--storage-option wants NAME=VALUE (e.g. endpoint_url=http://host:9000), "
+                                         f"got {text.split('=')[0]!r}...")
+    try:
+        check_options({name: None})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    try:
+        parsed = json.loads(value)
+        value = parsed if isinstance(parsed, (bool, int, float)) or parsed is None else value
+    except ValueError:
+        pass
+    return name, value
 
 
 def parse_slice(text: str):
@@ -150,7 +180,9 @@ def _settings_from(a):
                     eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
                     max_record_size=a.max_record_size,
                     verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0],
-                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
+                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address,
+                    storage_options=dict(a.storage_options), staging_dir=a.staging_dir,
+                    upload_part_size=a.upload_part_size)
 
 
 def cmd_slurm(a) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
+import tempfile
 from typing import List, Optional
 
 import numpy as np
@@ -44,7 +46,7 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
         return None
     if st["documents"] == 0:
         return st
-    prefix = os.path.join(out_dir, unit.name)
+    prefix = io.join(out_dir, unit.name)
     try:
         if io.size(prefix + ".bin") != st["bytes"] or io.size(prefix + ".idx") != st["idx_bytes"]:
             return None
@@ -61,7 +63,24 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
 def run(settings: Settings) -> Optional[dict]:
     """Tokenize (this slice of) the units; returns the manifest once all units are complete, else None (a slice
     whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed."""
-    settings.output_dir = os.path.abspath(settings.output_dir)
+    io.configure(settings.storage_options, settings.upload_part_size)
+    settings.output_dir = io.abspath(settings.output_dir)
+    if not io.is_url(settings.output_dir):
+        return _run(settings)
+    # A URL output: shards are written to a private local staging dir and uploaded from there; removed at the end,
+    # so nothing a run started outlives it (--staging-dir picks the disk it is made on).
+    parent = settings.staging_dir
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    settings.staging_dir = tempfile.mkdtemp(prefix="data_prep-staging-", dir=parent)
+    try:
+        return _run(settings)
+    finally:
+        shutil.rmtree(settings.staging_dir, ignore_errors=True)
+        settings.staging_dir = parent
+
+
+def _run(settings: Settings) -> Optional[dict]:
     settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
     if settings.long_docs not in ("split", "reject"):
         raise ValueError("--long-docs must be split or reject")
@@ -76,13 +95,14 @@ def run(settings: Settings) -> Optional[dict]:
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     out_settings = settings.output_affecting(info.sha256)
     fp = fingerprint(out_settings)
-    manifest_path = os.path.join(settings.output_dir, mf.MANIFEST)
+    manifest_path = io.join(settings.output_dir, mf.MANIFEST)
     io.remove_stale_tmp(settings.output_dir)
-    io.atomic_write(os.path.join(settings.output_dir, "plan.json"), shared=True, data=mf.dumps(
+    io.atomic_write(io.join(settings.output_dir, "plan.json"), shared=True, data=mf.dumps(
         {"fingerprint": fp, "settings": out_settings,
          "units": [{"name": u.name, "key": u.key(), "inputs": [p.as_dict() for p in u.pieces]} for u in units]}))
 
     mine = select_slice(units, settings.slice_index, settings.slice_count)
+    _list_outputs(settings.output_dir)
     done = {}
     todo = []
     for u in mine:
@@ -104,17 +124,28 @@ def run(settings: Settings) -> Optional[dict]:
     if failed:
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)
         if settings.slice_count == 1:
-            io.atomic_write(os.path.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
+            io.atomic_write(io.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
         raise RunFailed(f"{len(failed)} unit(s) failed; other units are complete; rerun the same command to retry "
                         f"them:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
-                  require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet)
+                  require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet,
+                  work_dir=settings.work_dir())
 
 
-def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False) -> Optional[dict]:
+def _list_outputs(out_dir: str) -> None:
+    """A URL output is listed once (paged) before its completion markers are checked, so a check costs no request
+    per unit for what is absent and no HEAD per shard file; other nodes' markers written since are seen."""
+    if io.is_url(out_dir):
+        io.refresh_listing(out_dir)
+
+
+def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False,
+           work_dir="") -> Optional[dict]:
     """Write manifest.json when every unit is complete (whichever slice or node gets here last does it).
 
     With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any)."""
+    if len(done) < len(units):
+        _list_outputs(out_dir)
     missing = []
     for u in units:
         if u.name not in done:
@@ -123,7 +154,7 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
                 missing.append(u)
             else:
                 done[u.name] = st
-    failed_path = os.path.join(out_dir, mf.FAILED)
+    failed_path = io.join(out_dir, mf.FAILED)
     if missing:
         if not require_all:
             if not quiet:
@@ -142,8 +173,8 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
     io.remove(failed_path)
     stats = [done[u.name] for u in units]
     manifest = mf.build_manifest(out_dir, stats, info.manifest_dict(), dtype, out_settings)
-    merge_reject_logs(out_dir, [u.name for u in units])
-    io.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
+    merge_reject_logs(out_dir, [u.name for u in units], work_dir)
+    io.atomic_write(io.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest
 
 
@@ -175,6 +206,8 @@ def incomplete_slices(settings: Settings, tasks: int) -> List[int]:
     """Slices (of ``tasks``) that still have a unit without a valid completion marker."""
     info = load_tokenizer(settings.tokenizer, settings.eod_id).info
     fp = fingerprint(settings.output_affecting(info.sha256))
+    io.configure(settings.storage_options, settings.upload_part_size)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
-    out = os.path.abspath(settings.output_dir)
+    out = io.abspath(settings.output_dir)
+    _list_outputs(out)
     return sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})

@@ -71,10 +71,13 @@ def _encoder(settings: Settings, sample: List[str]) -> FastEncoder:
 class _UnitRun:
     def __init__(self, unit: Unit, settings: Settings, fp: str):
         self.unit, self.s, self.fp = unit, settings, fp
-        self.prefix = os.path.join(settings.output_dir, unit.name)
+        # written here, then (for a URL output) uploaded: an object store has no rename to make a file appear whole
+        self.work = settings.work_dir()
+        os.makedirs(self.work, exist_ok=True)  # a staging dir on a Ray node other than the driver's
+        self.prefix = os.path.join(self.work, unit.name)
         self.records = 0
         self.seen_docs = 0
-        self.rejects = RejectLog(settings.output_dir, unit.name)
+        self.rejects = RejectLog(self.work, unit.name)
         self.writer: Optional[ShardWriter] = None
         self.enc: Optional[FastEncoder] = None
         self.last_report = time.monotonic()
@@ -137,6 +140,19 @@ class _UnitRun:
             progress.report(self.unit.index, *p)
             self.pending, self.last_report = [0, 0, 0], now
 
+    def _publish(self) -> None:
+        """Upload the unit's files from the staging dir to a URL output (data first; the caller writes the stats
+        marker after, so a marker never points at a partial upload); remove stale ones of an earlier run."""
+        if self.work == self.s.output_dir:
+            return
+        out = self.s.output_dir
+        for suffix in (".bin", ".idx", ".rejects.jsonl"):
+            local, dest = self.prefix + suffix, io.join(out, self.unit.name + suffix)
+            if os.path.exists(local):
+                io.publish(local, dest)
+            else:
+                io.remove(dest)
+
     def run(self) -> dict:
         s = self.s
         # The dtype needs the vocabulary size; the encoder is made lazily, so read it from the tokenizer's info.
@@ -165,6 +181,7 @@ class _UnitRun:
                 for suffix in (".bin", ".idx"):
                     io.remove(self.prefix + suffix)
             self.rejects.commit()
+            self._publish()
         except BaseException:
             # a full disk (ENOSPC) in the middle of finalize included: no temporary file is left behind, and
             # without its stats marker nothing this unit wrote is trusted by a rerun
@@ -192,6 +209,7 @@ def tokenize_unit(unit: Unit, settings: Settings, fp: str) -> dict:
     """Run one unit: {"ok": True, "stats": ...}, or {"ok": False, "unit", "path", "error"} when an input cannot be
     read (recorded in the unit's error file, not raised, so other units carry on). Anything else raises."""
     err_path = mf.error_path(settings.output_dir, unit.name)
+    io.configure(settings.storage_options, settings.upload_part_size)  # a Ray worker starts without the driver's
     try:
         stats = _UnitRun(unit, settings, fp).run()
     except (InputError, MemoryError) as e:

@@ -23,11 +23,11 @@ def dumps(obj) -> bytes:
 
 
 def stats_path(out_dir: str, unit_name: str) -> str:
-    return os.path.join(out_dir, unit_name + ".stats.json")
+    return io.join(out_dir, unit_name + ".stats.json")
 
 
 def error_path(out_dir: str, unit_name: str) -> str:
-    return os.path.join(out_dir, unit_name + ".error.json")
+    return io.join(out_dir, unit_name + ".error.json")
 
 
 def load_error(out_dir: str, unit_name: str) -> Optional[dict]:
@@ -86,10 +86,10 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
 
 
 def read_manifest(out_dir: str) -> dict:
-    path = os.path.join(out_dir, MANIFEST)
-    if not os.path.exists(path):
-        failed = os.path.join(out_dir, FAILED)
-        hint = f" ({FAILED} lists units that failed; fix them and rerun tokenize)" if os.path.exists(failed) else ""
+    path = io.join(out_dir, MANIFEST)
+    if not io.exists(path):
+        failed = io.join(out_dir, FAILED)
+        hint = f" ({FAILED} lists units that failed; fix them and rerun tokenize)" if io.exists(failed) else ""
         raise FileNotFoundError(f"{path} not found: the run is not complete{hint}")
     with io.open_read(path) as f:
         return json.load(f)
