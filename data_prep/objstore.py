@@ -22,7 +22,7 @@ import posixpath
 import socket
 import time
 from datetime import datetime
-from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Dict, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ SECRET_OPTIONS = ("key", "secret", "token", "password", "session_token", "aws_ac
 
 _options: Dict[str, object] = {}
 _part_size = UPLOAD_PART
-_known: Dict[str, Tuple[int, int]] = {}  # URL -> (size, mtime_ns), from listings and our own writes
+_known: Dict[str, Tuple[int, int, str]] = {}  # URL -> (size, mtime_ns, ETag), from listings and our own writes
 _listed: set = set()  # prefixes (URL + "/") whose whole listing is in _known
 
 
@@ -113,7 +113,7 @@ def _url(fs, path: str) -> str:
 
 
 def _remember(url: str, info: dict) -> None:
-    _known[url] = (int(info.get("size") or 0), _mtime_ns(info))
+    _known[url] = (int(info.get("size") or 0), _mtime_ns(info), str(info.get("ETag") or ""))
 
 
 def _under_listed(url: str) -> bool:
@@ -121,52 +121,56 @@ def _under_listed(url: str) -> bool:
 
 
 def list_tree(url: str, progress_every: float = 2.0) -> List[str]:
-    """Every object under ``url`` (a prefix), sorted, listed once with paged requests; sizes and times are kept for
-    ``size``/``mtime_ns``. Long listings log their progress (objects, rate) every ``progress_every`` seconds."""
+    """Every object under ``url`` (a prefix), sorted, listed once with paged requests; only (size, time) is kept per
+    object, for ``size``/``mtime_ns``. Long listings log their progress (objects, rate) at most every
+    ``progress_every`` seconds, checked at each page."""
     fs, root = filesystem(url)
     t0 = last = time.monotonic()
     found: List[str] = []
 
     def note(info: dict) -> None:
+        if info.get("type", "file") == "file":
+            u = _url(fs, info["name"])
+            _remember(u, info)
+            found.append(u)
+
+    def page_done() -> None:
         nonlocal last
-        if info.get("type", "file") != "file":
-            return
-        u = _url(fs, info["name"])
-        _remember(u, info)
-        found.append(u)
         now = time.monotonic()
         if now - last >= progress_every:
             last = now
-            log.info(f"listing {url}: {len(found):,} objects, {len(found) / (now - t0):,.0f}/s")
+            log.info(f"listing {url}: {len(found):,} objects, {len(found) / max(now - t0, 1e-9):,.0f}/s")
 
-    for info in _iter_objects(fs, root):
-        note(info)
-    prefix = url.rstrip("/") + "/"
-    _listed.add(prefix)
+    _walk_objects(fs, root, note, page_done)
+    _listed.add(url.rstrip("/") + "/")
     if time.monotonic() - t0 >= progress_every:
         log.info(f"listed {url}: {len(found):,} objects in {time.monotonic() - t0:.1f} s")
     return sorted(found)
 
 
-def _iter_objects(fs, root: str) -> Iterator[dict]:
-    """Objects under ``root`` page by page where the filesystem can (s3fs: one flat ListObjectsV2 per 1,000 keys,
-    each page handed on as it arrives), else fsspec's ``find`` (one listing, whole)."""
-    if hasattr(fs, "_iterdir") and hasattr(fs, "split_path"):
+def _walk_objects(fs, root: str, note, page_done) -> None:
+    """Call ``note(info)`` for each object under ``root`` and ``page_done()`` after each page. s3fs: one flat
+    ListObjectsV2 request per 1,000 keys, each page handled as it arrives (nothing but our (size, time) is kept);
+    other filesystems: fsspec's ``find`` (one listing, whole)."""
+    if hasattr(fs, "_list_pages") and hasattr(fs, "split_path") and not getattr(fs, "version_aware", False):
         import fsspec.asyn
 
         bucket, key, _ = fs.split_path(root)
         prefix = key.rstrip("/") + "/" if key else ""
-        pages: List[dict] = []
 
         async def page_through():
-            async for info in fs._iterdir(bucket, delimiter="", prefix=prefix):
-                pages.append(info)
+            # s3fs has no public per-page iterator; its paginator runs on its own event loop, as fs.find does
+            async for page in fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, **fs.req_kw):
+                for c in page.get("Contents", []):
+                    note({"name": f"{bucket}/{c['Key']}", "size": c["Size"], "LastModified": c["LastModified"],
+                          "ETag": c.get("ETag"), "type": "file"})
+                page_done()
 
-        # s3fs has no public per-page iterator; its coroutine runs on its own event loop, as fs.find does.
         fsspec.asyn.sync(fs.loop, page_through)
-        yield from pages
         return
-    yield from fs.find(root, detail=True).values()
+    for info in fs.find(root, detail=True).values():
+        note(info)
+    page_done()
 
 
 def refresh_listing(url: str) -> None:
@@ -181,7 +185,7 @@ def refresh_listing(url: str) -> None:
 def info(url: str) -> Optional[Tuple[int, int]]:
     """(size, mtime_ns) of an object, or None when it does not exist."""
     if url in _known:
-        return _known[url]
+        return _known[url][:2]
     if _under_listed(url):
         return None
     fs, path = filesystem(url)
@@ -192,7 +196,7 @@ def info(url: str) -> Optional[Tuple[int, int]]:
     if i.get("type") == "directory":
         return None
     _remember(url, i)
-    return _known[url]
+    return _known[url][:2]
 
 
 def exists(url: str) -> bool:
@@ -227,7 +231,19 @@ def open_read(url: str, block_size: int = 0) -> BinaryIO:
     if url not in _known and _under_listed(url):
         raise FileNotFoundError(f"{url}: no such object")
     fs, path = filesystem(url)
-    f = fs.open(path, "rb", block_size=block_size or READ_BLOCK, cache_type="readahead")
+    kw = {"block_size": block_size or READ_BLOCK, "cache_type": "readahead"}
+    if url not in _known:
+        f = fs.open(path, "rb", **kw)
+    else:
+        # what the listing said: no HEAD per open (a unit opens its object once, planning once per boundary); s3fs
+        # checks each range's ETag against it, so an object rewritten mid-run fails the read instead of mixing
+        n, _, etag = _known[url]
+        try:
+            f = fs.open(path, "rb", size=n, **kw)
+        except TypeError:  # a filesystem whose files take no size
+            f = fs.open(path, "rb", **kw)
+        if hasattr(type(f), "details"):
+            f.details = {"name": path, "size": n, "type": "file", **({"ETag": etag} if etag else {})}
     # a BufferedReader on top: the readers use readline(limit), which fsspec's file objects do not take
     return io.BufferedReader(f, buffer_size=min(block_size or READ_BLOCK, 1 << 20))
 
@@ -252,7 +268,7 @@ def write_bytes(url: str, data: bytes) -> None:
     fs.pipe_file(path, data)
     _forget(url)
     if _under_listed(url):
-        _known[url] = (len(data), time.time_ns())
+        _known[url] = (len(data), time.time_ns(), "")
 
 
 def upload(local: str, url: str) -> None:
@@ -266,7 +282,7 @@ def upload(local: str, url: str) -> None:
         fs.put_file(local, path)
     _forget(url)
     if _under_listed(url):
-        _known[url] = (n, time.time_ns())
+        _known[url] = (n, time.time_ns(), "")
 
 
 def remove(url: str) -> None:

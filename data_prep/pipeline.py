@@ -144,8 +144,7 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
     """Write manifest.json when every unit is complete (whichever slice or node gets here last does it).
 
     With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any)."""
-    if len(done) < len(units):
-        _list_outputs(out_dir)
+    _list_outputs(out_dir)  # workers (other processes, other nodes) wrote since: see their markers and logs
     missing = []
     for u in units:
         if u.name not in done:

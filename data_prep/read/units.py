@@ -101,7 +101,7 @@ def _list_remote(spec: str) -> dict:
     """URL -> kind for an object, a prefix (every object under it, one paged listing) or a glob of objects."""
     if glob.has_magic(spec):
         urls = objstore.glob(spec)
-    elif objstore.info(spec) is not None:
+    elif not spec.endswith("/") and objstore.info(spec) is not None:  # "prefix/": no HEAD, a listing
         urls = [spec]
     else:
         urls = objstore.list_tree(spec)
