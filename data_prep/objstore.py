@@ -208,11 +208,6 @@ def exists(url: str) -> bool:
     return fs.exists(path)  # a prefix ("directory") of objects
 
 
-def is_dir(url: str) -> bool:
-    fs, path = filesystem(url)
-    return info(url) is None and fs.isdir(path)
-
-
 def size(url: str) -> int:
     i = info(url)
     if i is None:

@@ -7,7 +7,6 @@ The manifest is merged from those files in unit order, so it is the same whateve
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from typing import List, Optional
 
