@@ -202,7 +202,8 @@ def test_sigkill_mid_upload_then_rerun_gives_the_same_shards(tmp_path, s3, corpu
     c = s3.client()
     c.create_bucket(Bucket="kill")
     env = dict(s3.env(), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    args = ["--shard-size", "450K", "--upload-part-size", str(MIN_PART), "-j", "1"]
+    # the killed run's staging dir (with the shard it was uploading) stays in tmp_path, not in the system temp dir
+    args = ["--shard-size", "450K", "--upload-part-size", str(MIN_PART), "-j", "1", "--staging-dir", tmp_path / "st"]
     local = tmp_path / "local"
     run_cli("tokenize", corpus, "-o", local, "-t", sp_model, *args, env_extra=env)
     want = _shard_bytes(_local_files(local))
