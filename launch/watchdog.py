@@ -5,7 +5,8 @@ reading JSON and ordering ranks).
         Runs beside an attempt: reads the ranks' heartbeat files (recipes/train/heartbeat.py) every second or so and,
         when no rank has changed step or phase for S seconds (on this machine's clock: node clocks may differ),
         writes HANG.json (the verdict: every rank's step and phase, the ranks behind, a report) and exits 3. It arms
-        itself at the first heartbeat: an entry point that writes none is never called hung.
+        itself when the first rank reaches the training loop: an entry point that writes no heartbeat is never
+        called hung, and start-up is left to the distributed time-outs.
     python launch/watchdog.py pids HEARTBEAT_DIR        "host pid pid ..." per host: where to send SIGUSR2
     python launch/watchdog.py last-step HEARTBEAT_DIR   the highest step any rank reached (empty: no heartbeat)
     python launch/watchdog.py resume-step CKPT_DIR      the step of the newest complete checkpoint (0: none)
@@ -25,6 +26,12 @@ from pathlib import Path
 # those in the earliest phase are behind (the others wait for them in a collective).
 PHASES = ["start", "setup", "engine-setup", "resume", "data", "forward-backward", "log", "eval", "sync", "save",
           "done"]
+
+
+# Start-up (imports, rendezvous, datasets, engine, checkpoint load) is not watched: its length varies with the
+# machine's load and the checkpoint's size, and its collectives have their own limit (training.dist_timeout_minutes).
+# The clock starts when the first rank reaches the training loop; ranks still starting up then are named as behind.
+STARTUP = {"start", "setup", "engine-setup", "resume"}
 
 
 def read_heartbeats(directory: str | Path) -> dict[int, dict]:
@@ -71,18 +78,21 @@ def verdict(beats: dict[int, dict], world: int, timeout: float) -> dict:
             "ranks": {str(r): beats[r] for r in sorted(beats)}}
 
 
-def watch(directory: str, world: int, timeout: float, out: str, poll: float) -> int:
+def watch(directory: str, world: int, timeout: float, out: str, poll: float, for_s: float | None = None) -> int | None:
+    """3 after writing a hang verdict to `out`; None when the launcher is gone or `for_s` seconds passed."""
     seen: dict[int, tuple] = {}
     last_progress = None
     parent = os.getppid()
-    while os.getppid() == parent:  # the launcher gone (even SIGKILLed): nothing left to watch for
+    end = time.monotonic() + for_s if for_s else float("inf")
+    while os.getppid() == parent and time.monotonic() < end:  # launcher gone (even SIGKILLed): nothing to watch
         beats = read_heartbeats(directory)
         now = time.monotonic()
         for r, b in beats.items():
             key = (b.get("step"), b.get("phase"))
             if seen.get(r) != key:
                 seen[r] = key
-                last_progress = now
+                if last_progress is not None or b.get("phase") not in STARTUP:
+                    last_progress = now
         if last_progress is not None and now - last_progress > timeout:
             v = verdict(beats, world, timeout)
             tmp = f"{out}.tmp"
@@ -91,7 +101,7 @@ def watch(directory: str, world: int, timeout: float, out: str, poll: float) -> 
             os.replace(tmp, out)
             return 3
         time.sleep(poll)
-    return 0
+    return None
 
 
 def pids(directory: str) -> list[str]:
@@ -143,7 +153,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("fields", nargs="*")
     a = ap.parse_args(argv)
     if a.cmd == "watch":
-        return watch(a.dir, a.world, a.timeout, a.out, a.poll or min(1.0, a.timeout / 10))
+        return watch(a.dir, a.world, a.timeout, a.out, a.poll or min(1.0, a.timeout / 10)) or 0
     if a.cmd == "pids":
         print("\n".join(pids(a.dir)))
     elif a.cmd == "last-step":
