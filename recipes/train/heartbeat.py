@@ -6,8 +6,10 @@ same path, i.e. the log dir is on a shared file system): LAUNCH_HEARTBEAT_DIR, w
 sees half a file), and LAUNCH_STACKS_DIR, where faulthandler writes every thread's Python stack to `rank-<R>.txt`
 when the launcher sends SIGUSR2. Without those variables (a plain `--local` run, a test) both are no-ops.
 
-`beat(step, phase)` only stores two values: a daemon thread writes the file at most WRITE_INTERVAL_S apart, and only
-when something changed, so a step costs nothing measurable and a fast loop does not hammer a shared file system.
+`beat(step, phase)` stores two values; a daemon thread writes the file at most WRITE_INTERVAL_S apart, and only when
+something changed, so a fast loop does not hammer a shared file system. A new step is written at once when the last
+write is older than that (so the launcher's "last step reached" after a crash is exact for steps slower than
+WRITE_INTERVAL_S): still at most a few tiny writes a second.
 The thread keeps writing while the main thread is blocked in a collective or a sleep, so the file shows where the
 rank is stuck.
 """
@@ -52,6 +54,8 @@ class Heartbeat:
         self.path = Path(directory) / f"rank-{_rank()}.json" if directory else None
         self._state = (0, "start", time.time(), None)  # step, phase, since, last step time: one tuple, swapped whole
         self._written = None
+        self._last_write = 0.0
+        self._lock = threading.Lock()  # the thread and a step's own write share the temporary file
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,23 +72,27 @@ class Heartbeat:
         if self.path is not None:
             last = step_time_s if step_time_s is not None else self._state[3]
             if (step, phase) != self._state[:2]:
+                new_step = step != self._state[0]
                 self._state = (step, phase, time.time(), last)
+                if new_step and time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
+                    self._write()
 
     def _write(self) -> None:
-        state = self._state
-        if state == self._written:
-            return
-        step, phase, since, step_time = state
-        record = dict(self._fixed, step=step, phase=phase, since=since, time=time.time(), step_time_s=step_time)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.path)  # atomic: the launcher reads either the old or the new file
-        self._written = state
+        with self._lock:
+            state = self._state
+            if state == self._written:
+                return
+            step, phase, since, step_time = state
+            record = dict(self._fixed, step=step, phase=phase, since=since, time=time.time(), step_time_s=step_time)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            try:
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, self.path)  # atomic: the launcher reads either the old or the new file
+            except OSError:
+                return  # a full or vanished log dir must not stop training; the watchdog then sees no progress
+            self._written, self._last_write = state, time.monotonic()
 
     def _run(self) -> None:
         while True:
             time.sleep(WRITE_INTERVAL_S)
-            try:
-                self._write()
-            except OSError:
-                pass  # a full or vanished log dir must not kill training; the watchdog then sees no progress
+            self._write()
