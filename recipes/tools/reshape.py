@@ -5,9 +5,11 @@ lr schedule, consumed samples), so that the run resumes under the new layout wit
         --config RECIPE [section.key=value ...]
     python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
 
-How: the source is read offline into a full, name-keyed state (recipes.checkpoint.read; DeepSpeed's zero_to_fp32 merges
-for the ZeRO partitions), saved as a full state directory (format in recipes.train.state_writer), and written at the
-target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
+How: ZeRO-1/2 sources to ZeRO-1/2 targets (untied embeddings) are re-laid by the streaming writer
+(recipes.checkpoint.relayout): one process writes every target rank's DeepSpeed files tensor by tensor, memory bounded
+by the largest tensor and one target rank's optimizer partition. Other cases: the source is read offline into a full,
+name-keyed state (recipes.checkpoint.read), saved as a full state directory (recipes.train.state_writer) and written
+at the target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
 recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
 divisible by micro_batch x dp) are refused with the validator's reason before anything is written.
 Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
