@@ -15,6 +15,7 @@ COMMANDS = {  # command -> (module, one line for --help)
     "export-hf": ("recipes.hf.export", "checkpoint (any layout) -> Hugging Face model directory"),
     "import-hf": ("recipes.hf.importer", "Hugging Face model directory -> checkpoint at any layout"),
     "reshape": ("recipes.tools.reshape", "re-lay a checkpoint for another TP x PP x DP"),
+    "bench-reshape": ("recipes.tools.bench_reshape", "peak memory and time of the streaming reshape, per checkpoint"),
     "demo": ("recipes.tools.demo", "the main job: corpus -> shards -> plan -> train -> export -> report"),
     "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
     "bench-plain": ("recipes.tools.bench_plain", "megatron-core layers vs a plain PyTorch model of the same shape"),

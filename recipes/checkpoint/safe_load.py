@@ -41,11 +41,12 @@ def allowed_globals(legacy_rng: bool = False) -> list:
     return _deepspeed_classes() + (_legacy_numpy_rng() if legacy_rng else [])
 
 
-def load(path: str | Path, map_location="cpu", legacy_rng: bool = False):
-    """torch.load with weights_only=True and the allow-list; UnsafeCheckpointError naming the file otherwise."""
+def load(path: str | Path, map_location="cpu", legacy_rng: bool = False, mmap: bool = False):
+    """torch.load with weights_only=True and the allow-list; UnsafeCheckpointError naming the file otherwise.
+    mmap=True maps the tensors' bytes instead of reading them (the streaming re-layout reads slices of big files)."""
     with torch.serialization.safe_globals(allowed_globals(legacy_rng)):
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             if "Weights only load failed" not in str(e):
                 raise

@@ -90,15 +90,20 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -
         raise
     _barrier()  # every rank's files are written before the marker
     if _rank() == 0:
-        files = {str(p.relative_to(root / tag)): p.stat().st_size
-                 for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
-        marker = {"step": step, "client_state": client_state, "files": files}
-        atomic_write(str(root / tag / MARKER), json.dumps(marker, indent=1))
-        atomic_write(str(root / "latest"), tag)
-        _prune(root, keep_last)
-        log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
+        mark_complete(root, tag, step, client_state, keep_last)
     _barrier()
     return tag
+
+
+def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last: int) -> None:
+    """After every file of `tag` is written: complete.json (files and sizes), then `latest`, then prune old tags."""
+    files = {str(p.relative_to(root / tag)): p.stat().st_size
+             for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
+    marker = {"step": step, "client_state": client_state, "files": files}
+    atomic_write(str(root / tag / MARKER), json.dumps(marker, indent=1))
+    atomic_write(str(root / "latest"), tag)
+    _prune(root, keep_last)
+    log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
 
 
 def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:

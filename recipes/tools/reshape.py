@@ -5,9 +5,11 @@ lr schedule, consumed samples), so that the run resumes under the new layout wit
         --config RECIPE [section.key=value ...]
     python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
 
-How: the source is read offline into a full, name-keyed state (recipes.checkpoint.read; DeepSpeed's zero_to_fp32 merges
-for the ZeRO partitions), saved as a full state directory (format in recipes.train.state_writer), and written at the
-target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
+How: ZeRO-1/2 sources to ZeRO-1/2 targets (untied embeddings) are re-laid by the streaming writer
+(recipes.checkpoint.relayout): one process writes every target rank's DeepSpeed files tensor by tensor, memory bounded
+by the largest tensor and one target rank's optimizer partition. Other cases: the source is read offline into a full,
+name-keyed state (recipes.checkpoint.read), saved as a full state directory (recipes.train.state_writer) and written
+at the target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
 recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
 divisible by micro_batch x dp) are refused with the validator's reason before anything is written.
 Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
@@ -61,23 +63,60 @@ def target_recipe(recipe, target: dict, source_zero: int):
     return new, world
 
 
-def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False) -> Path:
-    from recipes.checkpoint.read import detect_layout, read_full_state, resolve_tag
-    from recipes.train.state_writer import publish_checkpoint
+def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False,
+            writer: str = "auto") -> Path:
+    """writer: "stream" (one process, tensor by tensor: recipes.checkpoint.relayout), "engine" (an engine per target
+    rank: recipes.train.state_writer) or "auto" (stream where it applies)."""
+    from recipes.checkpoint.read import detect_layout, resolve_tag
+    from recipes.checkpoint.relayout import unsupported
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
-    source = detect_layout(resolve_tag(ckpt_dir, tag))
+    tag_dir = resolve_tag(ckpt_dir, tag)
+    source = detect_layout(tag_dir)
     new, world = target_recipe(recipe, target, source.zero_stage)
-    state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
+    why_not = unsupported(source, recipe, new.parallel.zero_stage)
+    if writer == "stream" and why_not:
+        raise RecipeError(f"--writer stream cannot re-lay this checkpoint: {why_not}; use --writer engine")
+    streaming = writer != "engine" and not why_not
     log.info(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
-        f"ZeRO-{new.parallel.zero_stage}; writing with {world} processes")
-    publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
+        f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer, one process" if streaming else
+                                              f"engine writer, {world} processes" + (f" ({why_not})" if why_not else "")))
+    if streaming:
+        _stream(tag_dir, out, new, world, quiet)
+    else:
+        from recipes.checkpoint.read import read_full_state
+        from recipes.train.state_writer import publish_checkpoint
+
+        state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
+        publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
     log.info(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
         f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
     return out
+
+
+def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool) -> None:
+    """Streaming re-layout into a hidden sibling directory, renamed to `out` only when complete (an interrupted
+    reshape never leaves anything that looks like a checkpoint)."""
+    import os
+    import shutil
+    import tempfile
+
+    from recipes.checkpoint.relayout import relayout
+    from recipes.parallel.layout import Layout
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        figures = relayout(tag_dir, work, new, Layout.from_recipe(new, world), quiet=quiet)
+        if out.exists():
+            out.rmdir()  # a non-empty out was refused above; an empty one is replaced
+        os.replace(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info(f"reshape: {figures['files']} files, {figures['bytes'] / 2**20:.1f} MiB in {figures['seconds']:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="new checkpoint directory (becomes checkpoint.dir of the resumed run)")
     ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,zero=1]")
     ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
+    ap.add_argument("--writer", choices=("auto", "stream", "engine"), default="auto",
+                    help="stream: one process, tensor by tensor (ZeRO-1/2, untied); engine: one process per target "
+                         "rank; auto (default): stream where it applies")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
     ns = ap.parse_args(argv)
@@ -97,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
-        reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet)
+        reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet, writer=ns.writer)
     except (RecipeError, CheckpointError, FileExistsError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
