@@ -52,6 +52,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
     p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--steps", default=None, help="YAML step list of filters and dedup run before tokenizing "
+                                                  "(as `curate`; see docs/curation.md)")
 
 
 def parse_slice(text: str):
@@ -150,7 +152,8 @@ def _settings_from(a):
                     eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
                     max_record_size=a.max_record_size,
                     verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0],
-                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
+                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address,
+                    steps=a.steps)
 
 
 def cmd_slurm(a) -> int:
@@ -220,6 +223,51 @@ def cmd_plan(a) -> int:
     cal = calibrate(sample, tok, io.parse_size(a.sample_size))
     print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
+    return 0
+
+
+# --- curate: filter and dedup steps (data_prep/curate.py) ------------------------------------------------------------
+
+
+def _add_curate_args(sub) -> None:
+    p = sub.add_parser("curate", help="filter and dedup steps from a YAML step list -> kept documents as jsonl, "
+                                      "removal log, curation.json")
+    p.add_argument("inputs", nargs="+", help="files, directories or quoted globs (as tokenize)")
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("--steps", required=True, help="YAML step list (quality, exact_dedup, minhash_dedup)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--shard-size", type=_size_arg, default="256M", help="input bytes per work unit")
+    p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
+    p.add_argument("--executor", choices=("local", "ray"), default="local")
+    p.add_argument("--ray-address", default=None)
+    p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
+                   help="this node's share: units (hash, filter) or buckets (buckets) with index %% N == I")
+    p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
+                   help="with --slice: run one pass; all slices finish a stage before any starts the next")
+    p.add_argument("--merge-only", action="store_true", help="write curation.json if every unit is complete")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(fn=cmd_curate)
+
+
+def cmd_curate(a) -> int:
+    from data_prep.curate import CurateSettings, CurationFailed, run
+
+    s = CurateSettings(inputs=a.inputs, output_dir=a.output, steps=a.steps, text_field=a.text_field,
+                       workers=a.workers, shard_size=a.shard_size, max_record_size=a.max_record_size,
+                       executor=a.executor, ray_address=a.ray_address, quiet=a.quiet, slice_index=a.slice[0],
+                       slice_count=a.slice[1], stage=a.stage, merge_only=a.merge_only)
+    try:
+        m = run(s)
+    except CurationFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if m is None:
+        return 0
+    t = m["totals"]
+    removed = ", ".join(f"{step} {sum(r.values()):,} {r}" for step, r in t["removed"].items()) or "none"
+    print(f"{a.output}: {len(m['files'])} files, {t['input_records']:,} records, kept {t['documents']:,} "
+          f"({t['kept_fraction']:.1%}); removed: {removed}; rejected {sum(t['rejected'].values()):,}")
     return 0
 
 
@@ -340,6 +388,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="write and print the scripts; submit nothing")
     p.add_argument("tokenize_args", nargs=argparse.REMAINDER, help="-- then the tokenize arguments")
     p.set_defaults(fn=cmd_slurm)
+
+    _add_curate_args(sub)
 
     a = ap.parse_args(argv)
     from data_prep.steps.tokenizers import TokenizerError

@@ -18,7 +18,7 @@ from typing import List, Optional
 import numpy as np
 
 import data_prep.write.manifest as mf
-from data_prep import io
+from data_prep import curate, io
 from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
@@ -27,6 +27,7 @@ from data_prep.steps import tokenize
 from data_prep.steps.fast_path import FastEncoder
 from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
 from data_prep.write.rejects import merge_reject_logs
+from data_prep.write.removals import merge_removal_logs
 from data_prep.write.shards import expected_idx_bytes, read_header
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ def run(settings: Settings) -> Optional[dict]:
     io.check_writable(settings.output_dir)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     out_settings = settings.output_affecting(info.sha256)
+    ctx = _curation(settings, units, out_settings)
     fp = fingerprint(out_settings)
     manifest_path = os.path.join(settings.output_dir, mf.MANIFEST)
     io.remove_stale_tmp(settings.output_dir)
@@ -93,6 +95,8 @@ def run(settings: Settings) -> Optional[dict]:
             todo.append(u)
     if todo:
         io.remove(manifest_path)  # nothing may look complete while units are redone
+    if ctx is not None and (todo or settings.merge_only) and not curate.prepare(ctx, units, settings):
+        return None  # dedup passes of other slices still to finish
     probe = FastEncoder(tok, enabled=settings.fast_path)
     tokenize.preload(settings, tok, probe)
     where = f" (slice {settings.slice_index}/{settings.slice_count})" if settings.slice_count > 1 else ""
@@ -109,6 +113,20 @@ def run(settings: Settings) -> Optional[dict]:
                         f"them:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
                   require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet)
+
+
+def _curation(settings: Settings, units: List[Unit], out_settings: dict):
+    """With --steps: the curation context for the tokenize tasks, recorded in the output-affecting settings."""
+    if not settings.steps:
+        return None
+    from data_prep.steps.step_list import step_list
+
+    steps = step_list(settings.steps)
+    ctx = curate.context(settings.output_dir, steps, units, settings.text_field, settings.shard_size,
+                         settings.max_record_size)
+    out_settings["curation"] = {"steps": steps.as_dict(), "fingerprint": ctx.fp}
+    settings.curation = ctx
+    return ctx
 
 
 def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False) -> Optional[dict]:
@@ -143,6 +161,8 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
     stats = [done[u.name] for u in units]
     manifest = mf.build_manifest(out_dir, stats, info.manifest_dict(), dtype, out_settings)
     merge_reject_logs(out_dir, [u.name for u in units])
+    if any("removed" in st for st in stats):
+        merge_removal_logs(out_dir, [u.name for u in units])
     io.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest
 
@@ -174,7 +194,10 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
 def incomplete_slices(settings: Settings, tasks: int) -> List[int]:
     """Slices (of ``tasks``) that still have a unit without a valid completion marker."""
     info = load_tokenizer(settings.tokenizer, settings.eod_id).info
-    fp = fingerprint(settings.output_affecting(info.sha256))
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     out = os.path.abspath(settings.output_dir)
+    settings.output_dir = out
+    out_settings = settings.output_affecting(info.sha256)
+    _curation(settings, units, out_settings)
+    fp = fingerprint(out_settings)
     return sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})

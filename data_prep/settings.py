@@ -36,6 +36,10 @@ class Settings:
     batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
     quiet: bool = False
     max_record_size: int = DEFAULT_MAX_RECORD  # bytes of one record; a longer one is rejected, never held whole
+    # curation (data_prep/curate.py): a YAML step list of filters and dedup run before tokenizing (--steps); the
+    # pipeline sets ``curation`` to the tasks' context (steps.curate.CurateContext) and records it in the fingerprint
+    steps: Optional[str] = None
+    curation: Optional[object] = None
 
     def output_affecting(self, tok_sha: str) -> dict:
         """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""
