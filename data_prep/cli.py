@@ -78,7 +78,8 @@ def cmd_tokenize(a) -> int:
         return 0
     t = m["totals"]
     print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens, "
-          f"rejected {sum(t['rejected'].values()):,} {t['rejected'] or ''}")
+          f"rejected {sum(t['rejected'].values()):,} {t['rejected'] or ''}"
+          + (f", removed by steps {t['removed']}" if "removed" in t else ""))
     return 0
 
 

@@ -57,7 +57,7 @@ class QualityFilter:
 
     def __init__(self, cfg: QualityConfig):
         self.c = cfg
-        self.stop_words = frozenset(cfg.stop_words)
+        self.stop_words = frozenset(w.lower() for w in cfg.stop_words)
 
     def check(self, text: str) -> Optional[str]:
         c = self.c
@@ -82,7 +82,8 @@ class QualityFilter:
             alpha = sum(1 for w in words if any(ch.isalpha() for ch in w))
             if alpha / n < c.min_alpha_word_fraction:
                 return "alpha_words"
-        if c.min_stop_words is not None and len(self.stop_words.intersection(words)) < c.min_stop_words:
+        # Gopher: "at least two of" the stop words (distinct), case-insensitive
+        if c.min_stop_words is not None and len(self.stop_words.intersection(w.lower() for w in words)) < c.min_stop_words:
             return "stop_words"
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if c.max_duplicate_line_fraction is not None and lines:
