@@ -224,6 +224,13 @@ def cmd_plan(a) -> int:
     cal = calibrate(sample, tok, io.parse_size(a.sample_size))
     print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
+    if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
+        from data_prep.tools.plan_curation import calibrate_curation, curation_lines
+
+        ccal = calibrate_curation(sample, a.steps, io.parse_size(a.curation_sample_size))
+        print("\n".join(curation_lines(io.parse_size(a.corpus_size), ccal, a.nodes, a.cores_per_node,
+                                       tokenize_mb_per_s=cal["mb_per_s_per_core"],
+                                       bytes_per_token=cal["bytes_per_token"])))
     return 0
 
 
@@ -375,6 +382,9 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", default="H100")
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--days", type=float, default=30.0)
+    p.add_argument("--steps", default=None, help="curation step list to price (YAML); default: quality + "
+                                                  "exact_dedup + minhash_dedup at their defaults; 'none' to skip")
+    p.add_argument("--curation-sample-size", default="4M", help="text of the sample the curation passes run on")
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("slurm", help="write (and submit) a Slurm job array running tokenize slices")

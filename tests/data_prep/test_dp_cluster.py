@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -213,6 +214,12 @@ def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_
     out = r.stdout
     assert "bytes/token" in out and "PB on disk" in out and "100 node(s)" in out
     assert "Chinchilla-optimal" in out and "% of this corpus" in out
+    # the curation stages, measured on the same sample: throughput per core, kept fraction, node-hours
+    for stage in ("dedup hash pass", "dedup bucket pass", "dedup cluster pass", "filter pass"):
+        assert re.search(stage + r" +\d+\.\d+ MB/s per core +[\d,]+ core-hours", out), out
+    kept = re.search(r"kept on the sample: ([\d.]+)% of documents", out)
+    assert kept and 0 < float(kept.group(1)) <= 100
+    assert re.search(r"100 node\(s\): curation [\d,.]+ h \([\d,]+ node-hours\) \+ tokenize", out)
 
 
 @pytest.mark.multiproc
@@ -222,3 +229,23 @@ def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_m
                      executor="ray", quiet=True))
     assert m is not None
     assert tree_bytes(out) == reference
+
+
+@pytest.mark.multiproc
+def test_curate_on_ray_equals_local(tmp_path, corpus):
+    """Filter + exact + MinHash dedup on a local Ray instance: the same files as one local worker."""
+    from data_prep.curate import CurateSettings
+    from data_prep.curate import run as curate
+
+    (tmp_path / "dups").mkdir()
+    texts = [json.loads(line)["text"] for line in open(corpus / "big.jsonl")]
+    write_jsonl(tmp_path / "dups" / "copies.jsonl", [{"text": t} for t in texts[:6]])  # exact copies, another unit
+    steps = {"steps": [{"quality": {"min_words": 20, "min_stop_words": 0, "min_punctuation_line_fraction": None}},
+                       {"exact_dedup": {}}, {"minhash_dedup": {"threshold": 0.7}}], "buckets": 4}
+    outs = {}
+    for kind, workers in (("local", 1), ("ray", 2)):
+        outs[kind] = tmp_path / kind
+        m = curate(CurateSettings(inputs=[str(corpus), str(tmp_path / "dups")], output_dir=str(outs[kind]),
+                                  steps=steps, workers=workers, executor=kind, shard_size=30_000, quiet=True))
+        assert m["totals"]["removed"]["exact_dedup"]["duplicate"] >= 1
+    assert tree_bytes(outs["ray"]) == tree_bytes(outs["local"])
