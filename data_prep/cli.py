@@ -54,6 +54,9 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--steps", default=None, help="YAML step list of filters and dedup run before tokenizing "
                                                   "(as `curate`; see docs/curation.md)")
+    p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
+                   help="with --steps and --slice: run one curation pass (filter: filter and tokenize); all slices "
+                        "finish a stage before any starts the next (`slurm` and launch/prep.sh chain them)")
 
 
 def parse_slice(text: str):
@@ -67,11 +70,12 @@ def parse_slice(text: str):
 
 
 def cmd_tokenize(a) -> int:
+    from data_prep.curate import CurationFailed
     from data_prep.pipeline import RunFailed, run
 
     try:
         m = run(_settings_from(a))
-    except RunFailed as e:
+    except (RunFailed, CurationFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if m is None:
@@ -154,24 +158,45 @@ def _settings_from(a):
                     max_record_size=a.max_record_size,
                     verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0],
                     slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address,
-                    steps=a.steps)
+                    steps=a.steps, stage=a.stage)
 
 
 def cmd_slurm(a) -> int:
     from data_prep.executors.slurm import render
-    from data_prep.pipeline import incomplete_slices
 
-    targs = a.tokenize_args[1:] if a.tokenize_args[:1] == ["--"] else a.tokenize_args
-    if not targs:
-        print("error: give the tokenize arguments after --", file=sys.stderr)
+    args = a.command_args[1:] if a.command_args[:1] == ["--"] else a.command_args
+    command = args[0] if args[:1] in (["tokenize"], ["curate"]) else "tokenize"  # bare arguments: tokenize's
+    args = args[1:] if args[:1] == [command] else args
+    if not args:
+        print("error: give the tokenize (or curate) arguments after --", file=sys.stderr)
         return 2
-    t = _tokenize_parser().parse_args(targs)
-    only = incomplete_slices(_settings_from(t), a.tasks) if a.only_incomplete else None
-    if only == []:
-        print("every unit is complete: nothing to submit (run the finalize script or tokenize --merge-only)")
+    for flag in ("--slice", "--stage", "--merge-only"):
+        if any(x == flag or x.startswith(flag + "=") for x in args):
+            print(f"error: {flag} is set per array task by `slurm`: remove it from the {command} arguments",
+                  file=sys.stderr)
+            return 2
+    if command == "curate":
+        from data_prep.curate import incomplete_slices
+
+        parsed = _curate_parser().parse_args(args)
+        settings = _curate_settings_from(parsed)
+    else:
+        from data_prep.pipeline import incomplete_slices
+
+        parsed = _tokenize_parser().parse_args(args)
+        settings = _settings_from(parsed)
+    stages = ()
+    if parsed.steps:  # the dedup passes are global: one array per pass, each after the previous
+        from data_prep.executors.slurm import CURATION_STAGES
+        from data_prep.steps.step_list import step_list
+
+        stages = CURATION_STAGES if step_list(parsed.steps).dedup_steps else ("filter",)
+    only = incomplete_slices(settings, a.tasks) if a.only_incomplete else None
+    if only is not None and not any(only.values() if isinstance(only, dict) else only):
+        print(f"every unit is complete: nothing to submit (run the finalize script or {command} --merge-only)")
         return 0
-    paths = render(targs, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
-                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only)
+    paths = render(args, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
+                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only, command=command, stages=stages)
     for p in paths:
         print(f"# {p}")
         if a.dry_run:
@@ -240,6 +265,17 @@ def cmd_plan(a) -> int:
 def _add_curate_args(sub) -> None:
     p = sub.add_parser("curate", help="filter and dedup steps from a YAML step list -> kept documents as jsonl, "
                                       "removal log, curation.json")
+    _add_curate_options(p)
+    p.set_defaults(fn=cmd_curate)
+
+
+def _curate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_prep curate")
+    _add_curate_options(p)
+    return p
+
+
+def _add_curate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="files, directories or quoted globs (as tokenize)")
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--steps", required=True, help="YAML step list (quality, exact_dedup, minhash_dedup)")
@@ -255,18 +291,22 @@ def _add_curate_args(sub) -> None:
                    help="with --slice: run one pass; all slices finish a stage before any starts the next")
     p.add_argument("--merge-only", action="store_true", help="write curation.json if every unit is complete")
     p.add_argument("-q", "--quiet", action="store_true")
-    p.set_defaults(fn=cmd_curate)
+
+
+def _curate_settings_from(a):
+    from data_prep.curate import CurateSettings
+
+    return CurateSettings(inputs=a.inputs, output_dir=a.output, steps=a.steps, text_field=a.text_field,
+                          workers=a.workers, shard_size=a.shard_size, max_record_size=a.max_record_size,
+                          executor=a.executor, ray_address=a.ray_address, quiet=a.quiet, slice_index=a.slice[0],
+                          slice_count=a.slice[1], stage=a.stage, merge_only=a.merge_only)
 
 
 def cmd_curate(a) -> int:
-    from data_prep.curate import CurateSettings, CurationFailed, run
+    from data_prep.curate import CurationFailed, run
 
-    s = CurateSettings(inputs=a.inputs, output_dir=a.output, steps=a.steps, text_field=a.text_field,
-                       workers=a.workers, shard_size=a.shard_size, max_record_size=a.max_record_size,
-                       executor=a.executor, ray_address=a.ray_address, quiet=a.quiet, slice_index=a.slice[0],
-                       slice_count=a.slice[1], stage=a.stage, merge_only=a.merge_only)
     try:
-        m = run(s)
+        m = run(_curate_settings_from(a))
     except CurationFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -387,7 +427,8 @@ def main(argv=None) -> int:
     p.add_argument("--curation-sample-size", default="4M", help="text of the sample the curation passes run on")
     p.set_defaults(fn=cmd_plan)
 
-    p = sub.add_parser("slurm", help="write (and submit) a Slurm job array running tokenize slices")
+    p = sub.add_parser("slurm", help="write (and submit) Slurm job arrays running tokenize or curate slices (with "
+                                     "curation steps: one array per pass, chained afterok)")
     p.add_argument("--tasks", type=int, required=True, help="number of slices = array tasks")
     p.add_argument("--scripts-dir", default="runs/prep_slurm")
     p.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize (scontrol show config)")
@@ -395,9 +436,11 @@ def main(argv=None) -> int:
     p.add_argument("--cpus-per-task", type=int, default=8)
     p.add_argument("--time", default="24:00:00")
     p.add_argument("--partition")
-    p.add_argument("--only-incomplete", action="store_true", help="submit only slices with incomplete units")
+    p.add_argument("--only-incomplete", action="store_true",
+                   help="submit only slices with incomplete units (with curation steps: per pass)")
     p.add_argument("--dry-run", action="store_true", help="write and print the scripts; submit nothing")
-    p.add_argument("tokenize_args", nargs=argparse.REMAINDER, help="-- then the tokenize arguments")
+    p.add_argument("command_args", nargs=argparse.REMAINDER,
+                   help="-- then the tokenize arguments, or -- curate and the curate arguments")
     p.set_defaults(fn=cmd_slurm)
 
     _add_curate_args(sub)

@@ -125,7 +125,7 @@ def prepare(ctx: cu.CurateContext, units: List[Unit], settings, stage: str = "al
             _raise_failed(failed, "unit(s)")
     missing = [u.name for u in units if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None]
     if missing:
-        _waiting(settings, f"{len(missing)} unit(s) have no hash pass yet (first: {missing[0]})")
+        _waiting(settings, stage, "hash", f"{len(missing)} unit(s) have no hash pass yet (first: {missing[0]})")
         return False
     buckets = [cu.Bucket(b) for b in range(ctx.steps.buckets)]
     if stage in ("all", "buckets") and not settings.merge_only:
@@ -135,16 +135,25 @@ def prepare(ctx: cu.CurateContext, units: List[Unit], settings, stage: str = "al
             _raise_failed(failed, "bucket(s)")
     missing = [b.name for b in buckets if cu.marker_ok(cu.bucket_marker(ctx, b.index), ctx.fp) is None]
     if missing:
-        _waiting(settings, f"{len(missing)} bucket(s) are not done yet (first: {missing[0]})")
+        _waiting(settings, stage, "buckets", f"{len(missing)} bucket(s) are not done yet (first: {missing[0]})")
         return False
     if cu.marker_ok(cu.cluster_marker(ctx), ctx.fp) is None:
         cu.cluster_pass(ctx)
     return True
 
 
-def _waiting(settings, what: str) -> None:
-    if settings.slice_count == 1 and getattr(settings, "stage", "all") == "all" and not settings.merge_only:
+def _waiting(settings, stage: str, missing_stage: str, what: str) -> None:
+    """Work of ``missing_stage`` is missing after this run did its share. Normal for a slice whose peers are still at
+    the same stage; an error when nothing will come to do it: a whole run, --merge-only, or a --stage that was
+    started before every slice finished the earlier stage (a Slurm chain or prep.sh never does that)."""
+    if settings.merge_only:
+        raise CurationFailed(f"dedup: {what}; run the --stage {missing_stage} of every slice first (or the whole "
+                             "command without --merge-only)", [])
+    if stage == "all" and settings.slice_count == 1:
         raise CurationFailed(f"dedup: {what}; rerun the same command", [])
+    if stage != "all" and STAGES.index(missing_stage) < STAGES.index(stage):
+        raise CurationFailed(f"dedup: {what}: --stage {stage} needs --stage {missing_stage} of every slice "
+                             "complete first", [])
     if not settings.quiet:
         log.info(f"data_prep curate: {what}; other slices (or the earlier --stage) must finish first")
 
@@ -199,6 +208,27 @@ def run(settings: CurateSettings) -> Optional[dict]:
     merge_reject_logs(out, [u.name for u in units])
     io.atomic_write(manifest_path, mf.dumps(manifest), shared=True)
     return manifest
+
+
+def incomplete_dedup_slices(ctx: cu.CurateContext, units: Sequence[Unit], tasks: int) -> dict:
+    """For a Slurm resubmission: the slices (of ``tasks``) with work left in the hash and in the bucket stage."""
+    if not ctx.steps.dedup_steps:
+        return {"hash": [], "buckets": []}
+    return {"hash": sorted({u.index % tasks for u in units
+                            if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None}),
+            "buckets": sorted({b % tasks for b in range(ctx.steps.buckets)
+                               if cu.marker_ok(cu.bucket_marker(ctx, b), ctx.fp) is None})}
+
+
+def incomplete_slices(settings: CurateSettings, tasks: int) -> dict:
+    """Stage -> the slices (of ``tasks``) with work left in it (``slurm --only-incomplete`` of ``curate``)."""
+    steps = step_list(settings.steps)
+    out = os.path.abspath(settings.output_dir)
+    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    todo = incomplete_dedup_slices(ctx, units, tasks)
+    todo["filter"] = sorted({u.index % tasks for u in units if unit_complete(ctx, u) is None})
+    return todo
 
 
 def unit_complete(ctx: cu.CurateContext, unit: Unit) -> Optional[dict]:

@@ -77,6 +77,10 @@ def run(settings: Settings) -> Optional[dict]:
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     out_settings = settings.output_affecting(info.sha256)
     ctx = _curation(settings, units, out_settings)
+    if settings.stage not in curate.STAGES:
+        raise ValueError(f"--stage must be one of {', '.join(curate.STAGES)}, got {settings.stage!r}")
+    if settings.stage != "all" and ctx is None:
+        raise ValueError(f"--stage {settings.stage} needs --steps (the stages are the curation passes)")
     fp = fingerprint(out_settings)
     manifest_path = os.path.join(settings.output_dir, mf.MANIFEST)
     io.remove_stale_tmp(settings.output_dir)
@@ -93,9 +97,14 @@ def run(settings: Settings) -> Optional[dict]:
             done[u.name] = st
         elif not settings.merge_only:
             todo.append(u)
+    if settings.stage in ("hash", "buckets"):  # one dedup pass of this slice (a Slurm array task, a prep.sh stage)
+        if not settings.merge_only:
+            curate.prepare(ctx, units, settings, settings.stage)
+        return None
     if todo:
         io.remove(manifest_path)  # nothing may look complete while units are redone
-    if ctx is not None and (todo or settings.merge_only) and not curate.prepare(ctx, units, settings):
+    if ctx is not None and (todo or settings.merge_only) and not curate.prepare(ctx, units, settings,
+                                                                                 settings.stage):
         return None  # dedup passes of other slices still to finish
     probe = FastEncoder(tok, enabled=settings.fast_path)
     tokenize.preload(settings, tok, probe)
@@ -191,13 +200,17 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
     return failed
 
 
-def incomplete_slices(settings: Settings, tasks: int) -> List[int]:
-    """Slices (of ``tasks``) that still have a unit without a valid completion marker."""
+def incomplete_slices(settings: Settings, tasks: int):
+    """Slices (of ``tasks``) that still have a unit without a valid completion marker; with --steps, a dict: stage
+    (hash, buckets, filter) -> its slices with work left."""
     info = load_tokenizer(settings.tokenizer, settings.eod_id).info
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     out = os.path.abspath(settings.output_dir)
     settings.output_dir = out
     out_settings = settings.output_affecting(info.sha256)
-    _curation(settings, units, out_settings)
+    ctx = _curation(settings, units, out_settings)
     fp = fingerprint(out_settings)
-    return sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})
+    todo = sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})
+    if ctx is None:
+        return todo
+    return {**curate.incomplete_dedup_slices(ctx, units, tasks), "filter": todo}

@@ -40,6 +40,9 @@ class Settings:
     # pipeline sets ``curation`` to the tasks' context (steps.curate.CurateContext) and records it in the fingerprint
     steps: Optional[str] = None
     curation: Optional[object] = None
+    # with --steps and --slice: run one pass (hash | buckets | filter = the filter pass inside tokenize), as curate's
+    # --stage; "all" runs whatever this slice can (data_prep/curate.py)
+    stage: str = "all"
 
     def output_affecting(self, tok_sha: str) -> dict:
         """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""
