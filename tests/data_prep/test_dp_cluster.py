@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.support.data_prep import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
+from tests.support.data_prep import REPO, read_all_docs, run_cli, tree_bytes, write_duplicated_corpus, write_jsonl
 
 import data_prep.write.manifest as mf
 from data_prep import io
@@ -134,6 +134,34 @@ def test_hostfile_executor_over_real_ssh(tmp_path, corpus, sp_model, reference, 
     got.pop("failed_units.json", None)
     assert got == reference
     assert sorted(os.listdir(tmp_path / "logs2")) == ["prep_0_prep1.log", "prep_1_prep2.log"]
+
+
+@pytest.mark.ssh
+def test_prep_sh_runs_curation_stage_by_stage_over_ssh_equal_local(tmp_path, sshd):
+    inp, steps = write_duplicated_corpus(tmp_path / "in")
+    cargs = [inp, "--steps", steps, "--shard-size", "20000"]
+    run_cli("curate", *cargs, "-o", tmp_path / "ref", "-j", 1, "-q")
+    out = tmp_path / "out"
+    env = dict(os.environ, LAUNCH_SSH_CONFIG=str(sshd), LAUNCH_SSH_TIMEOUT="20", OMP_NUM_THREADS="1")
+
+    def prep(hosts, logs):
+        (tmp_path / "hosts").write_text(hosts)
+        # run from the repository under test: `python -m` puts the working directory first on sys.path, so the
+        # nodes import this tree (ssh passes no PYTHONPATH; the venv's editable install may point elsewhere)
+        return subprocess.run(["bash", f"{REPO}/launch/prep.sh", "--hostfile", str(tmp_path / "hosts"), "--log-dir",
+                               str(tmp_path / logs), "--", "curate", *cargs, "-o", str(out)], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=240)
+
+    # a dead node fails the hash stage: no later stage starts anywhere, and the run says so
+    r = prep("prep1 slots=1\nprepdead slots=1\n", "logs1")
+    assert r.returncode == 1 and "prepdead" in r.stderr and "stage hash failed" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path / "logs1")) == ["prep_hash_0_prep1.log", "prep_hash_1_prepdead.log"]
+    assert list((out / "dedup").glob("hash_*.json")) and not list((out / "dedup").glob("bucket_*.json"))
+    r = prep("prep1 slots=1\nprep2 slots=2\n", "logs2")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path / "logs2")) == [f"prep_{s}_{i}_prep{i + 1}.log" for s in
+                                                      ("buckets", "filter", "hash") for i in (0, 1)]
+    assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
 
 
 def _tiny_shards(d, n, rng):

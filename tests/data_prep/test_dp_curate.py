@@ -6,9 +6,9 @@ import re
 import numpy as np
 import orjson
 import pytest
-from tests.support.data_prep import read_all_docs, run_cli, tree_bytes, write_jsonl
+from tests.support.data_prep import read_all_docs, run_cli, tree_bytes, write_duplicated_corpus, write_jsonl
 
-from data_prep.curate import CurateSettings, run
+from data_prep.curate import CurateSettings, CurationFailed, run
 from data_prep.steps.filters import QualityConfig, QualityFilter
 from data_prep.steps.step_list import StepListError, parse_steps
 
@@ -228,3 +228,54 @@ def test_step_list_errors_name_the_step_and_field(tmp_path):
     assert r.returncode == 2 and f"{bad}: not valid YAML" in r.stderr
     s = parse_steps([{"minhash_dedup": {"threshold": 0.8}}])
     assert json.dumps(s.as_dict())  # every default filled in, recorded in the manifest
+
+
+def _arrays(stdout):
+    """`slurm --dry-run` output -> {pass: its --array spec}."""
+    return dict(re.findall(r"# \S+/(\w+)_0000\.sbatch\n(?:.*\n)*?#SBATCH --array=(\S+)", stdout))
+
+
+@pytest.mark.multiproc
+def test_two_slices_by_stage_by_hand_equal_one_run_and_resubmit_per_stage(tmp_path):
+    """The claim of docs/curation.md: 2 slices x (hash, buckets, filter), each stage finished by every slice before
+    the next, give the bytes of one run; `slurm --only-incomplete` resubmits, per pass, the slices with work left."""
+    inp, steps = write_duplicated_corpus(tmp_path / "in")
+    ref = _curate(inp, tmp_path / "ref", steps)
+    assert ref["totals"]["removed"] == {"exact_dedup": {"duplicate": 3}, "minhash_dedup": {"near_duplicate": 3}}
+    out = tmp_path / "out"
+    with pytest.raises(CurationFailed, match="--stage buckets needs --stage hash of every slice"):
+        _curate(inp, out, steps, slice_index=0, slice_count=2, stage="buckets")
+    cargs = ["curate", inp, "-o", out, "--steps", steps, "--shard-size", "20000"]
+    for stage in ("hash", "buckets", "filter"):
+        for i in (1, 0):
+            r = _curate(inp, out, steps, slice_index=i, slice_count=2, stage=stage)
+            assert (r is None) == (stage != "filter" or i == 1)  # the last filter slice writes curation.json
+            if (stage, i) == ("hash", 1):  # slice 0 "failed" its hash task: only it is resubmitted for hash
+                r = run_cli("slurm", "--tasks", 2, "--scripts-dir", tmp_path / "s", "--dry-run", "--only-incomplete",
+                            "--", *cargs)
+                assert _arrays(r.stdout) == {"hash": "0", "buckets": "0-1", "filter": "0-1"}, r.stdout
+    assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
+    r = run_cli("slurm", "--tasks", 2, "--scripts-dir", tmp_path / "s2", "--only-incomplete", "--", *cargs)
+    assert "nothing to submit" in r.stdout
+
+
+@pytest.mark.multiproc
+def test_tokenize_steps_two_slices_by_stage_equal_one_run(tmp_path, sp_model):
+    from data_prep.pipeline import Settings
+    from data_prep.pipeline import run as tokenize
+
+    inp, steps = write_duplicated_corpus(tmp_path / "in")
+
+    def tok(out, **kw):
+        return tokenize(Settings(inputs=[inp], output_dir=str(out), tokenizer=sp_model, steps=steps,
+                                 shard_size=20_000, quiet=True, **kw))
+
+    m = tok(tmp_path / "ref")
+    assert m["totals"]["removed"] == {"exact_dedup": {"duplicate": 3}, "minhash_dedup": {"near_duplicate": 3}}
+    for stage in ("hash", "buckets", "filter"):
+        for i in (0, 1):
+            tok(tmp_path / "out", slice_index=i, slice_count=2, stage=stage)
+    got = tree_bytes(tmp_path / "out")
+    assert got == tree_bytes(tmp_path / "ref")
+    with pytest.raises(ValueError, match="--stage hash needs --steps"):
+        tokenize(Settings(inputs=[inp], output_dir=str(tmp_path / "x"), tokenizer=sp_model, stage="hash"))
