@@ -260,22 +260,30 @@ def test_two_slices_by_stage_by_hand_equal_one_run_and_resubmit_per_stage(tmp_pa
 
 
 @pytest.mark.multiproc
-def test_tokenize_steps_two_slices_by_stage_equal_one_run(tmp_path, sp_model):
+def test_tokenize_steps_slurm_scripts_run_stage_by_stage_equal_one_run(tmp_path, sp_model):
+    """`slurm -- INPUTS -t TOK --steps` renders three arrays of `tokenize --stage`; their tasks, run here pass by pass
+    as Slurm would (SLURM_ARRAY_TASK_ID set), then finalize, give the bytes of one `tokenize --steps` run."""
+    import os
+    import subprocess
+
     from data_prep.pipeline import Settings
     from data_prep.pipeline import run as tokenize
 
     inp, steps = write_duplicated_corpus(tmp_path / "in")
-
-    def tok(out, **kw):
-        return tokenize(Settings(inputs=[inp], output_dir=str(out), tokenizer=sp_model, steps=steps,
-                                 shard_size=20_000, quiet=True, **kw))
-
-    m = tok(tmp_path / "ref")
+    m = tokenize(Settings(inputs=[inp], output_dir=str(tmp_path / "ref"), tokenizer=sp_model, steps=steps,
+                          shard_size=20_000, quiet=True))
     assert m["totals"]["removed"] == {"exact_dedup": {"duplicate": 3}, "minhash_dedup": {"near_duplicate": 3}}
+    s = tmp_path / "s"
+    r = run_cli("slurm", "--tasks", 2, "--scripts-dir", s, "--dry-run", "--", inp, "-o", tmp_path / "out", "-t",
+                sp_model, "--steps", steps, "--shard-size", "20000")
+    assert _arrays(r.stdout) == {"hash": "0-1", "buckets": "0-1", "filter": "0-1"}, r.stdout
+    assert "-m data_prep tokenize " in (s / "hash_0000.sbatch").read_text()
+    env = dict(os.environ, OMP_NUM_THREADS="1", SLURM_CPUS_PER_TASK="1")
     for stage in ("hash", "buckets", "filter"):
-        for i in (0, 1):
-            tok(tmp_path / "out", slice_index=i, slice_count=2, stage=stage)
-    got = tree_bytes(tmp_path / "out")
-    assert got == tree_bytes(tmp_path / "ref")
+        for task in ("1", "0"):
+            subprocess.run(["bash", str(s / f"{stage}_0000.sbatch")], check=True, capture_output=True,
+                           env=dict(env, SLURM_ARRAY_TASK_ID=task))
+    subprocess.run(["bash", str(s / "finalize.sbatch")], check=True, capture_output=True, env=env)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ref")
     with pytest.raises(ValueError, match="--stage hash needs --steps"):
         tokenize(Settings(inputs=[inp], output_dir=str(tmp_path / "x"), tokenizer=sp_model, stage="hash"))
