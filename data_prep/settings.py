@@ -47,6 +47,14 @@ class Settings:
         staging directory they are uploaded from."""
         return self.staging_dir if "://" in self.output_dir and self.staging_dir else self.output_dir
 
+    # curation (data_prep/curate.py): a YAML step list of filters and dedup run before tokenizing (--steps); the
+    # pipeline sets ``curation`` to the tasks' context (steps.curate.CurateContext) and records it in the fingerprint
+    steps: Optional[str] = None
+    curation: Optional[object] = None
+    # with --steps and --slice: run one pass (hash | buckets | filter = the filter pass inside tokenize), as curate's
+    # --stage; "all" runs whatever this slice can (data_prep/curate.py)
+    stage: str = "all"
+
     def output_affecting(self, tok_sha: str) -> dict:
         """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""
         return {

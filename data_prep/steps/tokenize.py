@@ -25,6 +25,7 @@ from data_prep.settings import Settings
 from data_prep.steps.fast_path import FastEncoder, FastPathMismatch
 from data_prep.steps.tokenizers import Tokenizer, TokenizerInfo, load_tokenizer, optimal_dtype
 from data_prep.write.rejects import RejectLog
+from data_prep.write.removals import RemovalLog
 from data_prep.write.shards import ShardWriter
 
 # This process's tokenizer info and encoder: {"info", "enc_key", "enc", "enc_checked"}.
@@ -82,6 +83,13 @@ class _UnitRun:
         self.enc: Optional[FastEncoder] = None
         self.last_report = time.monotonic()
         self.pending = [0, 0, 0]  # docs, tokens, chars since the last progress report
+        # curation (--steps): filters and dedup decide per document before it is tokenized
+        self.gate = self.removals = None
+        if settings.curation is not None:
+            from data_prep.steps.curate import DocGate
+
+            self.gate = DocGate(settings.curation, unit.index)
+            self.removals = RemovalLog(self.work, unit.name)
 
     def reject(self, piece: Piece, pos: int, reason: str) -> None:
         self.rejects.add(piece.path, position_kind(piece), pos, reason)
@@ -146,7 +154,7 @@ class _UnitRun:
         if self.work == self.s.output_dir:
             return
         out = self.s.output_dir
-        for suffix in (".bin", ".idx", ".rejects.jsonl"):
+        for suffix in (".bin", ".idx", ".rejects.jsonl", ".removed.jsonl"):
             local, dest = self.prefix + suffix, io.join(out, self.unit.name + suffix)
             if os.path.exists(local):
                 io.publish(local, dest)
@@ -165,6 +173,11 @@ class _UnitRun:
                     if text is None:
                         self.reject(piece, pos, reason)
                         continue
+                    if self.gate is not None:
+                        why = self.gate.check(text, self.records - 1)  # ordinal: every record, as the hash pass
+                        if why is not None:
+                            self.removals.remove(piece.path, position_kind(piece), pos, *why)
+                            continue
                     batch.append((piece, pos, text))
                     chars += len(text)
                     if len(batch) >= s.batch_docs or chars >= s.batch_chars:
@@ -181,12 +194,16 @@ class _UnitRun:
                 for suffix in (".bin", ".idx"):
                     io.remove(self.prefix + suffix)
             self.rejects.commit()
+            if self.removals is not None:
+                self.removals.commit()
             self._publish()
         except BaseException:
             # a full disk (ENOSPC) in the middle of finalize included: no temporary file is left behind, and
             # without its stats marker nothing this unit wrote is trusted by a rerun
             self.writer.abort()
             self.rejects.abort()
+            if self.removals is not None:
+                self.removals.abort()
             raise
         rejected = self.rejects.counts
         stats = {
@@ -199,7 +216,11 @@ class _UnitRun:
             "inputs": [{"path": p.path, "kind": p.kind, "start": p.start, "end": p.end} for p in self.unit.pieces],
             "rejected": dict(sorted(rejected.items())),
         }
-        if self.records != shard["documents"] + sum(rejected.values()):
+        removed = 0
+        if self.removals is not None:
+            stats["removed"] = self.removals.summary()
+            removed = sum(self.removals.counts.values())
+        if self.records != shard["documents"] + sum(rejected.values()) + removed:
             raise AssertionError(f"{self.unit.name}: records do not balance")
         io.atomic_write(mf.stats_path(s.output_dir, self.unit.name), mf.dumps(stats))
         return stats

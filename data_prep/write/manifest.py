@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from data_prep import io
 from data_prep.write.rejects import REJECTS
+from data_prep.write.removals import REMOVED, add_removed, removed_count
 
 MANIFEST = "manifest.json"
 FAILED = "failed_units.json"
@@ -49,6 +50,7 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
     shards, empty = [], []
     tot_rej: Counter = Counter()
     records = docs = tokens = 0
+    removed: dict = {}  # curation (--steps): documents removed by filter/dedup steps, by step and reason
     for s in stats:
         records += s["input_records"]
         docs += s["documents"]
@@ -56,6 +58,9 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
         tot_rej.update(s["rejected"])
         entry = {k: s[k] for k in ("prefix", "documents", "sequences", "tokens", "bytes", "sha256_bin", "sha256_idx",
                                    "idx_bytes", "input_records", "inputs", "rejected")}
+        if "removed" in s:
+            entry["removed"] = s["removed"]
+            add_removed(removed, s["removed"])
         (shards if s["documents"] > 0 else empty).append(entry)
     blend = []
     for sh in shards:
@@ -79,7 +84,10 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
         "blend": blend,
         "reject_log": REJECTS,
     }
-    if records != docs + sum(tot_rej.values()):
+    if any("removed" in s for s in stats):
+        manifest["totals"]["removed"] = {k: dict(sorted(v.items())) for k, v in sorted(removed.items())}
+        manifest["removal_log"] = REMOVED
+    if records != docs + sum(tot_rej.values()) + removed_count(removed):
         raise AssertionError(f"manifest does not balance: {records} records != {docs} documents + {dict(tot_rej)}")
     return manifest
 
