@@ -6,10 +6,9 @@ same path, i.e. the log dir is on a shared file system): LAUNCH_HEARTBEAT_DIR, w
 sees half a file), and LAUNCH_STACKS_DIR, where faulthandler writes every thread's Python stack to `rank-<R>.txt`
 when the launcher sends SIGUSR2. Without those variables (a plain `--local` run, a test) both are no-ops.
 
-`beat(step, phase)` stores two values; a daemon thread writes the file at most WRITE_INTERVAL_S apart, and only when
-something changed, so a fast loop does not hammer a shared file system. A new step is written at once when the last
-write is older than that (so the launcher's "last step reached" after a crash is exact for steps slower than
-WRITE_INTERVAL_S): still at most a few tiny writes a second.
+`beat(step, phase)` stores two values; a new step is written at once (one tiny file per step, so the launcher's "last
+step reached" after a crash is exact), phase changes within a step by a daemon thread at most WRITE_INTERVAL_S apart
+and only when something changed, so a fast loop does not hammer a shared file system.
 The thread keeps writing while the main thread is blocked in a collective or a sleep, so the file shows where the
 rank is stuck.
 """
@@ -54,7 +53,6 @@ class Heartbeat:
         self.path = Path(directory) / f"rank-{_rank()}.json" if directory else None
         self._state = (0, "start", time.time(), None)  # step, phase, since, last step time: one tuple, swapped whole
         self._written = None
-        self._last_write = 0.0
         self._lock = threading.Lock()  # the thread and a step's own write share the temporary file
         if self.path is None:
             return
@@ -74,7 +72,7 @@ class Heartbeat:
             if (step, phase) != self._state[:2]:
                 new_step = step != self._state[0]
                 self._state = (step, phase, time.time(), last)
-                if new_step and time.monotonic() - self._last_write >= WRITE_INTERVAL_S:
+                if new_step:
                     self._write()
 
     def _write(self) -> None:
@@ -90,7 +88,7 @@ class Heartbeat:
                 os.replace(tmp, self.path)  # atomic: the launcher reads either the old or the new file
             except OSError:
                 return  # a full or vanished log dir must not stop training; the watchdog then sees no progress
-            self._written, self._last_write = state, time.monotonic()
+            self._written = state
 
     def _run(self) -> None:
         while True:
