@@ -196,6 +196,9 @@ class CheckpointConfig(_Section):
     # launch/stop.sh and launch/train.sh wait this long after SIGTERM (the ranks save a checkpoint and exit) before
     # they SIGKILL what is left: longer than a save of this model takes, or a pre-emption save is cut short
     stop_grace_seconds: PositiveInt = 60
+    # true: a save copies the state to host memory and training goes on while a background thread writes it
+    # (complete.json once every rank's files are fsynced); false: training waits for the disk. See docs/cluster.md.
+    async_save: bool = True
 
 
 class EvaluationConfig(_Section):

@@ -1,0 +1,168 @@
+"""How checkpoint files reach the disk: DeepSpeed hands every file of a save to `FileEngine` (its checkpoint-engine
+interface), which either writes it now (sync) or takes a host copy of it for a background thread (async). Either way
+every file is fsynced before the save counts as written, so `complete.json` (recipes.checkpoint.store) only ever
+vouches for files that are on the disk.
+
+Why not DeepSpeed's own DecoupledCheckpointEngine (0.19.8): its pipeline engine never commits a decoupled save
+(`PipelineEngine` calls `_take_model_step` directly, the commit lives in `DeepSpeedEngine.step`), it needs the
+libaio fast writer (not buildable here: `AsyncIOBuilder().is_compatible()` is False), it does not fsync, and it hands
+the live tensors to its writer process through shared memory instead of copying them. torch.distributed.checkpoint's
+async_save writes DCP files, not DeepSpeed's, which export, reshape and resume read.
+
+Why a copy: the next optimizer step changes the parameters and moments in place; the background thread writes the
+copy, so the files are exactly the state of the save step (byte-identical to a sync save: `host_copy` keeps the
+storage sharing of the original, so torch.save writes the same records).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+from data_prep.io import fsync_dir, fsync_file, open_write
+
+log = logging.getLogger(__name__)
+
+
+def host_copy(obj, memo: dict | None = None):
+    """`obj` (a state dict: nested dicts/lists/tuples of tensors and plain values) with every tensor copied into fresh
+    host memory. What `obj` shares stays shared in the copy (tensors viewing one flat buffer share one copied storage;
+    an object referenced twice is copied once), so the copy pickles to the same records as the original."""
+    memo = {} if memo is None else memo
+    if isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Size, torch.dtype, torch.device)):
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        st = t.untyped_storage()
+        key = ("storage", st.device, st.data_ptr(), st.nbytes())
+        if key not in memo:
+            memo[key] = st.cpu() if st.device.type != "cpu" else st.clone()
+        out = torch.empty(0, dtype=t.dtype).set_(memo[key], t.storage_offset(), t.size(), t.stride())
+        if isinstance(obj, torch.nn.Parameter):
+            out = torch.nn.Parameter(out, requires_grad=obj.requires_grad)
+        elif obj.requires_grad:
+            out.requires_grad_(True)
+    elif isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the type (OrderedDict) and attributes (a state dict's _metadata)
+        for k, v in obj.items():
+            out[k] = host_copy(v, memo)
+    elif type(obj) in (list, tuple):
+        out = type(obj)(host_copy(v, memo) for v in obj)
+    else:  # small plain objects (sets, enums, DeepSpeed's loss scaler): a copy, not a reference
+        out = copy.deepcopy(obj, memo.setdefault("deepcopy", {}))
+    memo[id(obj)] = out
+    memo.setdefault("originals", []).append(obj)  # keeps ids unique while the copy is made
+    return out
+
+
+def write_durably(obj, path: str | Path, zipfile: bool = True) -> int:
+    """torch.save `obj` to `path` and fsync it; returns its size in bytes."""
+    with open_write(str(path)) as f:
+        torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
+        fsync_file(f)
+        return f.tell()
+
+
+class FileEngine(CheckpointEngine):
+    """DeepSpeed's checkpoint-engine interface (`engine.checkpoint_engine`): DeepSpeed calls `save(state, path)` for
+    every file of `save_checkpoint` on every rank. Between `collect()` and `take()` the files are host-copied and kept
+    for a background writer; otherwise written and fsynced at once."""
+
+    def __init__(self, zipfile: bool = True):
+        super().__init__()
+        self.name = "recipes.FileEngine"
+        self.zipfile = zipfile
+        self._pending: list[tuple[str, object]] | None = None
+        self.written: list[str] = []  # files written (sync) since the last take()
+
+    def collect(self) -> None:
+        self._pending = []
+
+    def take(self) -> tuple[list[tuple[str, object]] | None, list[str]]:
+        """(host copies kept since collect(), or None when sync; paths written in the foreground)."""
+        pending, written = self._pending, self.written
+        self._pending, self.written = None, []
+        return pending, written
+
+    def save(self, state_dict, path: str) -> None:
+        if self._pending is not None:
+            self._pending.append((str(path), host_copy(state_dict)))
+        else:
+            write_durably(state_dict, path, self.zipfile)
+            self.written.append(str(path))
+
+    def create(self, info) -> None:
+        pass
+
+    def load(self, path: str, map_location=None):
+        # recipes.checkpoint.safe_load.guard_engine replaces this with the allow-listed loader before any resume
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    def commit(self, info) -> bool:
+        return True  # durability is ours: complete.json (recipes.checkpoint.store)
+
+
+def install(engine) -> FileEngine:
+    """Put a FileEngine in place of the engine's own (which writes without fsync), keeping its serialization."""
+    current = engine.checkpoint_engine
+    if isinstance(current, FileEngine):
+        return current
+    files = FileEngine(zipfile=getattr(current, "zipfile_serialization", True))
+    engine.checkpoint_engine = files
+    return files
+
+
+class TagWrite:
+    """The rest of one rank's save after DeepSpeed's `save_checkpoint` returned: write the host copies (if any),
+    fsync the files written in the foreground, fsync the directories. `background`: in a daemon thread (daemon: a
+    run that dies does not wait for it; its tag has no complete.json and is never loaded), else now. `error` is set
+    if it failed."""
+
+    def __init__(self, jobs: list[tuple[str, object]], foreground_files: list[str], tag_dir: Path,
+                 background: bool):
+        self.jobs, self.foreground_files, self.tag_dir = jobs, foreground_files, tag_dir
+        self.error: BaseException | None = None
+        self.bytes = 0
+        self.seconds = 0.0
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name=f"checkpoint-writer-{tag_dir.name}", daemon=True)
+            self._thread.start()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            while self.jobs:
+                path, state = self.jobs.pop(0)  # drop each copy once written: host memory goes back file by file
+                self.bytes += write_durably(state, path)
+                del state
+            for p in self.foreground_files:  # written by DeepSpeed or by us before the thread started
+                try:
+                    with open(p, "rb") as f:
+                        os.fsync(f.fileno())
+                except FileNotFoundError:
+                    pass  # another rank's file of a re-saved tag, being rewritten (and fsynced) by that rank
+            for d in sorted({str(p.parent) for p in self.tag_dir.rglob("*") if p.is_file()} | {str(self.tag_dir)}):
+                fsync_dir(d)  # the new names are durable too
+        except BaseException as e:  # noqa: BLE001 - reported to every rank by the next agreement
+            self.error = e
+        finally:
+            self.jobs = []
+            self.seconds = time.perf_counter() - start
+
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
