@@ -83,8 +83,10 @@ class Checkpointer:
     newest one. At most one save is in flight (host memory for one copy of this rank's checkpoint files).
     """
 
-    def __init__(self, engine, ckpt_dir: str, keep_last: int, background: bool, device=None):
+    def __init__(self, engine, ckpt_dir: str, keep_last: int, background: bool, device=None,
+                 max_mib_per_s: float | None = None):
         self.engine, self.root, self.keep_last, self.background = engine, Path(ckpt_dir), keep_last, background
+        self.max_bytes_per_s = max_mib_per_s * 2**20 if max_mib_per_s else None
         self.device = device if device is not None else torch.device("cpu")
         self.files = writer.install(engine)
         self.inflight: dict | None = None  # step, tag, client_state, write, started
@@ -118,7 +120,8 @@ class Checkpointer:
             queued = {p for p, _ in jobs or []}
             foreground = sorted({str(p) for p in (self.root / tag).rglob("*") if p.is_file()} - queued
                                 - {str(self.root / tag / MARKER)})
-        write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background)
+        write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background,
+                                max_bytes_per_s=self.max_bytes_per_s)
         self.inflight = {"step": step, "tag": tag, "client_state": client_state, "write": write, "started": started}
         if self.background:
             log.info(f"checkpoint: {tag} copied to host memory in {time.perf_counter() - started:.2f} s; "

@@ -63,10 +63,29 @@ def host_copy(obj, memo: dict | None = None):
     return out
 
 
-def write_durably(obj, path: str | Path, zipfile: bool = True) -> int:
-    """torch.save `obj` to `path` and fsync it; returns its size in bytes."""
+class _Throttled:
+    """A file whose writes average at most `bytes_per_s` (sleeps after each write until the average is met)."""
+
+    def __init__(self, f, bytes_per_s: float):
+        self.f, self.rate, self.sent, self.t0 = f, bytes_per_s, 0, time.monotonic()
+
+    def write(self, data) -> int:
+        n = self.f.write(data)
+        self.sent += n
+        ahead = self.sent / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(ahead)
+        return n
+
+    def __getattr__(self, name):  # flush, seek, tell, fileno: the file's own
+        return getattr(self.f, name)
+
+
+def write_durably(obj, path: str | Path, zipfile: bool = True, max_bytes_per_s: float | None = None) -> int:
+    """torch.save `obj` to `path` and fsync it (at most `max_bytes_per_s` when given); returns its size in bytes."""
     with open_write(str(path)) as f:
-        torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
+        torch.save(obj, _Throttled(f, max_bytes_per_s) if max_bytes_per_s else f,
+                   _use_new_zipfile_serialization=zipfile)
         fsync_file(f)
         return f.tell()
 
@@ -127,8 +146,9 @@ class TagWrite:
     if it failed."""
 
     def __init__(self, jobs: list[tuple[str, object]], foreground_files: list[str], tag_dir: Path,
-                 background: bool):
+                 background: bool, max_bytes_per_s: float | None = None):
         self.jobs, self.foreground_files, self.tag_dir = jobs, foreground_files, tag_dir
+        self.max_bytes_per_s = max_bytes_per_s
         self.error: BaseException | None = None
         self.bytes = 0
         self.seconds = 0.0
@@ -144,7 +164,7 @@ class TagWrite:
         try:
             while self.jobs:
                 path, state = self.jobs.pop(0)  # drop each copy once written: host memory goes back file by file
-                self.bytes += write_durably(state, path)
+                self.bytes += write_durably(state, path, max_bytes_per_s=self.max_bytes_per_s)
                 del state
             for p in self.foreground_files:  # written by DeepSpeed or by us before the thread started
                 try:

@@ -199,6 +199,9 @@ class CheckpointConfig(_Section):
     # true: a save copies the state to host memory and training goes on while a background thread writes it
     # (complete.json once every rank's files are fsynced); false: training waits for the disk. See docs/cluster.md.
     async_save: bool = True
+    # async only: cap each rank's background write rate (MiB/s), so that checkpoint writes on a shared file system
+    # leave bandwidth to the data loaders of other jobs; None = as fast as the disk goes
+    async_max_mib_per_s: Optional[PositiveFloat] = None
 
 
 class EvaluationConfig(_Section):

@@ -228,7 +228,8 @@ def _run(recipe, device, quiet: bool, lease) -> int:
         redirect.enter_context(logging_redirect_tqdm([logging.getLogger("recipes")]))
 
     saver = checkpoint.Checkpointer(eng.engine, ckpt_dir, recipe.checkpoint.keep_last,
-                                    background=recipe.checkpoint.async_save, device=device) if ckpt_dir else None
+                                    background=recipe.checkpoint.async_save, device=device,
+                                    max_mib_per_s=recipe.checkpoint.async_max_mib_per_s) if ckpt_dir else None
     eval_pending = None  # a step whose checkpoint the evaluation waits for (an async save completes later)
 
     def save_now():
