@@ -6,7 +6,10 @@ saves taking turns in the same processes on the same model (so machine noise hit
 
   sync stall  = time the training thread is blocked in save() (write + fsync of every file + complete.json)
   async stall = time blocked in save() (the host copy) + the extra time of the steps that ran while the background
-                write was in flight (over the median normal step: the writer shares the CPU) + any wait in finish()
+                write was in flight (the writer shares the CPU) + any wait for the write at the end of the window
+
+Both are measured the same way: the wall time of [save + the next `gap` steps + waiting for the save to complete]
+minus `gap` median normal steps.
 
 Default model: about 110M parameters (hidden 1536, 3 layers, vocab 8192, seq 64), fp32 Adam: ~1.3 GB per save.
 
@@ -75,19 +78,25 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     for _ in range(saves):
         for mode, saver in savers.items():
             timed_step()
+            # The window: the save, then `gap` steps (polling, as the loop does), then waiting for the save if it is
+            # still in flight. Its excess over `gap` normal steps is the stall, whatever caused it (blocking, or
+            # steps slowed by the writer); noise in the steps cancels instead of adding up.
             t0 = time.perf_counter()
             saver.save(step, {"step": step, "consumed_samples": step})
             blocked = time.perf_counter() - t0
             during = []
-            while saver.inflight is not None and len(during) < gap:
-                during.append(timed_step())
+            for _ in range(gap):
+                in_flight = saver.inflight is not None
+                t = timed_step()
                 saver.poll()
-            t0 = time.perf_counter()
+                if in_flight:
+                    during.append(t)
+            t1 = time.perf_counter()
             saver.finish()
-            waited = time.perf_counter() - t0
-            steps_after = [timed_step() for _ in range(gap - len(during))]
-            normal += steps_after
-            rows[mode].append({"blocked_s": blocked, "during_steps_s": during, "finish_wait_s": waited})
+            end = time.perf_counter()
+            rows[mode].append({"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
+                               "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap})
+        normal += [timed_step() for _ in range(2)]
     files = [p for p in (out / "async").rglob("*.pt")]
     return {"rank": torch.distributed.get_rank(), "params": count_parameters(recipe.model),
             "normal_steps_s": normal, "saves": rows, "rank_bytes": sum(p.stat().st_size for p in files) // ranks}
@@ -115,10 +124,12 @@ def summarize(per_rank: list[dict]) -> dict:
         stalls, blocked, slower, waited = [], [], [], []
         for i in range(len(per_rank[0]["saves"][mode])):
             saves = [r["saves"][mode][i] for r in per_rank]
+            gap = saves[0]["gap"]
             b = max(s["blocked_s"] for s in saves)
-            d = max(sum(max(0.0, t - normal) for t in s["during_steps_s"]) for s in saves)
+            d = max(s["steps_s"] - gap * normal for s in saves)
             w = max(s["finish_wait_s"] for s in saves)
-            blocked.append(b), slower.append(d), waited.append(w), stalls.append(b + d + w)
+            blocked.append(b), slower.append(d), waited.append(w)
+            stalls.append(max(s["window_s"] for s in saves) - gap * normal)
         out[mode] = {"stall_s": statistics.median(stalls), "blocked_in_save_s": statistics.median(blocked),
                      "slower_steps_s": statistics.median(slower), "finish_wait_s": statistics.median(waited),
                      "stalls_s": stalls}
@@ -183,8 +194,8 @@ def main(argv=None) -> int:
     for mode in ("sync", "async"):
         m = s[mode]
         print(f"{mode:5} save stall       {m['stall_s']:.3f} s per save (median of {len(m['stalls_s'])}: blocked in "
-              f"save {m['blocked_in_save_s']:.3f} s + slower steps while writing {m['slower_steps_s']:.3f} s + "
-              f"waiting at the next save {m['finish_wait_s']:.3f} s)")
+              f"save {m['blocked_in_save_s']:.3f} s + slower steps {m['slower_steps_s']:+.3f} s + "
+              f"waiting for the write {m['finish_wait_s']:.3f} s)")
     print(f"async / sync stall     {s['async_over_sync']:.1%} (goal < 25%); host memory for the async copy: "
           f"{s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB per rank while a save is in flight")
     return 0
