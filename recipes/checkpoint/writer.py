@@ -148,7 +148,8 @@ class TagWrite:
     process and not a thread: torch.save holds the GIL while it checksums and writes records, so a writer thread
     slowed the training steps 2.5x here; a forked writer did not measurably. The child only writes files and leaves
     with os._exit (no logging, no process group, no atexit handlers of the parent), and dies with its parent
-    (PR_SET_PDEATHSIG): a run that is killed leaves no writer behind, and its tag no complete.json."""
+    (PR_SET_PDEATHSIG): a run that is killed leaves no writer behind, and its tag no complete.json. It runs at nice
+    19: on a node without an idle core the writer takes what the training leaves."""
 
     def __init__(self, jobs: list[tuple[str, object]], foreground_files: list[str], tag_dir: Path,
                  background: bool, max_bytes_per_s: float | None = None):
@@ -169,6 +170,7 @@ class TagWrite:
             try:
                 os.close(read_end)
                 _die_with_parent(parent)
+                os.nice(19)  # where cores are short, the training steps go first; the write waits
                 report = self._write(jobs)
                 os.write(write_end, json.dumps(report).encode())
                 code = 0
