@@ -279,12 +279,17 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
         # log lines (saves, skips) above the bar instead of glued to its end
         redirect.enter_context(logging_redirect_tqdm([logging.getLogger("recipes")]))
 
+    saver = checkpoint.Checkpointer(eng.engine, ckpt_dir, recipe.checkpoint.keep_last,
+                                    background=recipe.checkpoint.async_save, device=device,
+                                    max_mib_per_s=recipe.checkpoint.async_max_mib_per_s) if ckpt_dir else None
+    eval_pending = None  # a step whose checkpoint the evaluation waits for (an async save completes later)
+
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
         if lease:
             lease.check()
         heartbeat.beat(step, "save")
-        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last)
+        saver.save(step, cs)
 
     while step < total_steps:
         stage = stage_at(plan, step) if plan else None
@@ -349,12 +354,19 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
 
         heartbeat.beat(step, "sync")
         stopping = stop.agreed(device)
+        if saver:
+            saver.poll()  # an async save from an earlier step: complete once every rank's files are durable
         periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
         evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
         if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
             save_now()
+            if stopping or step == total_steps:
+                saver.finish()  # a stop or the end waits for the disk: the run leaves a complete checkpoint
         if evaluate:
-            evaluation.start(step)
+            eval_pending = step
+        if eval_pending is not None and saver and saver.completed == eval_pending:
+            evaluation.start(eval_pending)
+            eval_pending = None
         if stopping:
             evaluation.cancel()
             logger.info(f"stopped by signal after step {step}; resume with the same command")
