@@ -73,7 +73,8 @@ def test_killed_rank_is_restarted_and_resumes_bit_exactly(corpus, tmp_path):
     assert rec["resumed_from_step"] in (2, 4)
     # last_step: the heartbeats' highest step (a new step is written at once): rank 1 died before training step 5
     assert rec["last_step"] == 4 and rec["steps_lost"] == 4 - rec["resumed_from_step"]
-    assert "restart 1 of 2" in r.stderr and "restarting run" in r.stderr and f"from step {rec['resumed_from_step']}" in r.stderr, r.stderr
+    assert "restart 1 of 2" in r.stderr and "restarting run" in r.stderr, r.stderr
+    assert f"from step {rec['resumed_from_step']}" in r.stderr, r.stderr
     assert "finished: all 2 ranks exited 0 (after 1 restart(s))" in r.stderr
     # The attempts' logs are kept apart: the kill is in attempt-1/, the finished attempt at the top.
     assert "exit=137" in (run_dir / "launch" / "attempt-1" / "localhost.log").read_text()
