@@ -51,7 +51,42 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                    help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
+    p.add_argument("--storage-option", dest="storage_options", action="append", default=[], type=_storage_option,
+                   metavar="NAME=VALUE", help="an fsspec option for URL inputs/outputs (s3://, gs://), e.g. "
+                   "endpoint_url=http://minio:9000 for an S3-compatible store; repeatable. Credentials are never "
+                   "options: they come from the provider's chain (env, ~/.aws, instance role)")
+    p.add_argument("--staging-dir", default=None,
+                   help="local directory for shards of a URL output before their upload (default: the temp dir)")
+    p.add_argument("--upload-part-size", type=_size_arg, default="64Mi",
+                   help="multipart upload part size for a URL output (S3: 5Mi..5Gi; default 64Mi)")
     p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--steps", default=None, help="YAML step list of filters and dedup run before tokenizing "
+                                                  "(as `curate`; see docs/curation.md)")
+    p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
+                   help="with --steps and --slice: run one curation pass (filter: filter and tokenize); all slices "
+                        "finish a stage before any starts the next (`slurm` and launch/prep.sh chain them)")
+
+
+def _storage_option(text: str):
+    """NAME=VALUE -> (name, value); true/false/null/numbers become JSON values, anything else stays a string."""
+    import json
+
+    from data_prep.objstore import check_options
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--storage-option wants NAME=VALUE (e.g. endpoint_url=http://host:9000), "
+                                         f"got {text.split('=')[0]!r}...")
+    try:
+        check_options({name: None})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    try:
+        parsed = json.loads(value)
+        value = parsed if isinstance(parsed, (bool, int, float)) or parsed is None else value
+    except ValueError:
+        pass
+    return name, value
 
 
 def parse_slice(text: str):
@@ -65,18 +100,20 @@ def parse_slice(text: str):
 
 
 def cmd_tokenize(a) -> int:
+    from data_prep.curate import CurationFailed
     from data_prep.pipeline import RunFailed, run
 
     try:
         m = run(_settings_from(a))
-    except RunFailed as e:
+    except (RunFailed, CurationFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if m is None:
         return 0
     t = m["totals"]
     print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens, "
-          f"rejected {sum(t['rejected'].values()):,} {t['rejected'] or ''}")
+          f"rejected {sum(t['rejected'].values()):,} {t['rejected'] or ''}"
+          + (f", removed by steps {t['removed']}" if "removed" in t else ""))
     return 0
 
 
@@ -150,24 +187,48 @@ def _settings_from(a):
                     eod_id=a.eod_id, max_doc_tokens=a.max_doc_tokens, long_docs=a.long_docs, fast_path=a.fast_path,
                     max_record_size=a.max_record_size,
                     verify_fraction=a.verify_fraction, quiet=a.quiet, slice_index=a.slice[0],
-                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address)
+                    slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address,
+                    storage_options=dict(a.storage_options), staging_dir=a.staging_dir,
+                    upload_part_size=a.upload_part_size,
+                    steps=a.steps, stage=a.stage)
 
 
 def cmd_slurm(a) -> int:
     from data_prep.executors.slurm import render
-    from data_prep.pipeline import incomplete_slices
 
-    targs = a.tokenize_args[1:] if a.tokenize_args[:1] == ["--"] else a.tokenize_args
-    if not targs:
-        print("error: give the tokenize arguments after --", file=sys.stderr)
+    args = a.command_args[1:] if a.command_args[:1] == ["--"] else a.command_args
+    command = args[0] if args[:1] in (["tokenize"], ["curate"]) else "tokenize"  # bare arguments: tokenize's
+    args = args[1:] if args[:1] == [command] else args
+    if not args:
+        print("error: give the tokenize (or curate) arguments after --", file=sys.stderr)
         return 2
-    t = _tokenize_parser().parse_args(targs)
-    only = incomplete_slices(_settings_from(t), a.tasks) if a.only_incomplete else None
-    if only == []:
-        print("every unit is complete: nothing to submit (run the finalize script or tokenize --merge-only)")
+    for flag in ("--slice", "--stage", "--merge-only"):
+        if any(x == flag or x.startswith(flag + "=") for x in args):
+            print(f"error: {flag} is set per array task by `slurm`: remove it from the {command} arguments",
+                  file=sys.stderr)
+            return 2
+    if command == "curate":
+        from data_prep.curate import incomplete_slices
+
+        parsed = _curate_parser().parse_args(args)
+        settings = _curate_settings_from(parsed)
+    else:
+        from data_prep.pipeline import incomplete_slices
+
+        parsed = _tokenize_parser().parse_args(args)
+        settings = _settings_from(parsed)
+    stages = ()
+    if parsed.steps:  # the dedup passes are global: one array per pass, each after the previous
+        from data_prep.executors.slurm import CURATION_STAGES
+        from data_prep.steps.step_list import step_list
+
+        stages = CURATION_STAGES if step_list(parsed.steps).dedup_steps else ("filter",)
+    only = incomplete_slices(settings, a.tasks) if a.only_incomplete else None
+    if only is not None and not any(only.values() if isinstance(only, dict) else only):
+        print(f"every unit is complete: nothing to submit (run the finalize script or {command} --merge-only)")
         return 0
-    paths = render(targs, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
-                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only)
+    paths = render(args, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
+                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only, command=command, stages=stages)
     for p in paths:
         print(f"# {p}")
         if a.dry_run:
@@ -220,6 +281,73 @@ def cmd_plan(a) -> int:
     cal = calibrate(sample, tok, io.parse_size(a.sample_size))
     print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
+    if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
+        from data_prep.tools.plan_curation import calibrate_curation, curation_lines
+
+        ccal = calibrate_curation(sample, a.steps, io.parse_size(a.curation_sample_size))
+        print("\n".join(curation_lines(io.parse_size(a.corpus_size), ccal, a.nodes, a.cores_per_node,
+                                       tokenize_mb_per_s=cal["mb_per_s_per_core"],
+                                       bytes_per_token=cal["bytes_per_token"])))
+    return 0
+
+
+# --- curate: filter and dedup steps (data_prep/curate.py) ------------------------------------------------------------
+
+
+def _add_curate_args(sub) -> None:
+    p = sub.add_parser("curate", help="filter and dedup steps from a YAML step list -> kept documents as jsonl, "
+                                      "removal log, curation.json")
+    _add_curate_options(p)
+    p.set_defaults(fn=cmd_curate)
+
+
+def _curate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_prep curate")
+    _add_curate_options(p)
+    return p
+
+
+def _add_curate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", help="files, directories or quoted globs (as tokenize)")
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("--steps", required=True, help="YAML step list (quality, exact_dedup, minhash_dedup)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--shard-size", type=_size_arg, default="256M", help="input bytes per work unit")
+    p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
+    p.add_argument("--executor", choices=("local", "ray"), default="local")
+    p.add_argument("--ray-address", default=None)
+    p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
+                   help="this node's share: units (hash, filter) or buckets (buckets) with index %% N == I")
+    p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
+                   help="with --slice: run one pass; all slices finish a stage before any starts the next")
+    p.add_argument("--merge-only", action="store_true", help="write curation.json if every unit is complete")
+    p.add_argument("-q", "--quiet", action="store_true")
+
+
+def _curate_settings_from(a):
+    from data_prep.curate import CurateSettings
+
+    return CurateSettings(inputs=a.inputs, output_dir=a.output, steps=a.steps, text_field=a.text_field,
+                          workers=a.workers, shard_size=a.shard_size, max_record_size=a.max_record_size,
+                          executor=a.executor, ray_address=a.ray_address, quiet=a.quiet, slice_index=a.slice[0],
+                          slice_count=a.slice[1], stage=a.stage, merge_only=a.merge_only)
+
+
+def cmd_curate(a) -> int:
+    from data_prep.curate import CurationFailed, run
+
+    try:
+        m = run(_curate_settings_from(a))
+    except CurationFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if m is None:
+        return 0
+    t = m["totals"]
+    removed = ", ".join(f"{step} {sum(r.values()):,} {r}" for step, r in t["removed"].items()) or "none"
+    print(f"{a.output}: {len(m['files'])} files, {t['input_records']:,} records, kept {t['documents']:,} "
+          f"({t['kept_fraction']:.1%}); removed: {removed}; rejected {sum(t['rejected'].values()):,}")
     return 0
 
 
@@ -326,9 +454,13 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", default="H100")
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--days", type=float, default=30.0)
+    p.add_argument("--steps", default=None, help="curation step list to price (YAML); default: quality + "
+                                                  "exact_dedup + minhash_dedup at their defaults; 'none' to skip")
+    p.add_argument("--curation-sample-size", default="4M", help="text of the sample the curation passes run on")
     p.set_defaults(fn=cmd_plan)
 
-    p = sub.add_parser("slurm", help="write (and submit) a Slurm job array running tokenize slices")
+    p = sub.add_parser("slurm", help="write (and submit) Slurm job arrays running tokenize or curate slices (with "
+                                     "curation steps: one array per pass, chained afterok)")
     p.add_argument("--tasks", type=int, required=True, help="number of slices = array tasks")
     p.add_argument("--scripts-dir", default="runs/prep_slurm")
     p.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize (scontrol show config)")
@@ -336,10 +468,14 @@ def main(argv=None) -> int:
     p.add_argument("--cpus-per-task", type=int, default=8)
     p.add_argument("--time", default="24:00:00")
     p.add_argument("--partition")
-    p.add_argument("--only-incomplete", action="store_true", help="submit only slices with incomplete units")
+    p.add_argument("--only-incomplete", action="store_true",
+                   help="submit only slices with incomplete units (with curation steps: per pass)")
     p.add_argument("--dry-run", action="store_true", help="write and print the scripts; submit nothing")
-    p.add_argument("tokenize_args", nargs=argparse.REMAINDER, help="-- then the tokenize arguments")
+    p.add_argument("command_args", nargs=argparse.REMAINDER,
+                   help="-- then the tokenize arguments, or -- curate and the curate arguments")
     p.set_defaults(fn=cmd_slurm)
+
+    _add_curate_args(sub)
 
     a = ap.parse_args(argv)
     from data_prep.steps.tokenizers import TokenizerError

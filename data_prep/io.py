@@ -1,8 +1,9 @@
 """File access for data_prep: every open, size, time stamp and atomic write of inputs and outputs goes through here.
 
-Local POSIX paths today. The functions take path strings and return plain file objects, so an fsspec-backed version
-(s3://, gs://: ``fsspec.open``, ``fs.size``, ``fs.modified``, ``fs.put`` of a finished temporary file) can replace
-their bodies without touching the readers, the planner or the writers.
+Paths are local POSIX paths or URLs (``s3://``, ``gs://``, ``file://``, anything fsspec knows): the functions take
+path strings and return file objects, so the readers, the planner and the writers do not care where a file lives.
+URLs go through fsspec (objstore.py): reads are ranged GETs, and outputs are written locally first and then
+uploaded whole (``publish``), because an object store has no rename.
 
 Atomic writes: the data goes to a temporary name next to the target, is fsynced, renamed over the target, and the
 directory is fsynced, so a crash leaves the old file or the new one, never a torn one, and the rename itself survives
@@ -16,6 +17,9 @@ import hashlib
 import os
 import socket
 from typing import BinaryIO, Union
+
+from data_prep import objstore
+from data_prep.objstore import configure, is_url, join, list_tree, refresh_listing  # noqa: F401  (the io API)
 
 SIZE_UNITS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 
@@ -40,13 +44,28 @@ def parse_size(text: Union[str, int]) -> int:
 # --- reading -----------------------------------------------------------------------------------------------------
 
 
-def open_read(path: str, buffering: int = -1) -> BinaryIO:
-    """A binary file object for reading ``path``."""
+def abspath(path: str) -> str:
+    """An absolute local path, or the URL unchanged (``file://`` URLs become local paths)."""
+    path = objstore.local_path(path)
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def exists(path: str) -> bool:
+    return objstore.exists(path) if is_url(path) else os.path.exists(path)
+
+
+def open_read(path: str, buffering: int = -1, block_size: int = 0) -> BinaryIO:
+    """A binary file object for reading ``path``. URLs: ranged GETs of ``block_size`` bytes (0: the default read
+    block), read ahead sequentially, so reading one byte range never downloads the whole object."""
+    if is_url(path):
+        return objstore.open_read(path, block_size)
     return open(path, "rb", buffering=buffering)
 
 
 def size(path: str) -> int:
     """Bytes of a file, or of all files under a directory (a saved dataset)."""
+    if is_url(path):
+        return objstore.size(path)
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     return os.path.getsize(path)
@@ -54,6 +73,8 @@ def size(path: str) -> int:
 
 def mtime_ns(path: str) -> int:
     """Modification time of a file, or the newest of the files under a directory."""
+    if is_url(path):
+        return objstore.mtime_ns(path)
     if os.path.isdir(path):
         return max((os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(path) for f in fs), default=0)
     return os.stat(path).st_mtime_ns
@@ -115,6 +136,9 @@ def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync
     ``mode``: DATA_MODE (0644) for outputs; SECRET_MODE (0600) for anything holding credentials."""
     if isinstance(data, str):
         data = data.encode()
+    if is_url(path):  # one PUT: the object appears whole or not at all
+        objstore.write_bytes(path, data)
+        return
     tmp = tmp_name(path, shared)
     try:
         with open_write(tmp, mode) as f:
@@ -135,6 +159,16 @@ def commit(tmp: str, path: str, fsync: bool = True) -> None:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+def publish(local: str, dest: str, fsync: bool = True) -> None:
+    """Move a finished local file to ``dest``: a rename for a local ``dest``, an upload (multipart above the part
+    size) and the removal of the local copy for a URL. The object is visible only once its upload completed."""
+    if is_url(dest):
+        objstore.upload(local, dest)
+        os.remove(local)
+    elif local != dest:
+        commit(local, dest, fsync)
+
+
 def replace_unless_identical(tmp: str, path: str) -> bool:
     """Move a finished ``tmp`` over ``path``, unless ``path`` already holds the same bytes: then keep it (and its
     mtime, which work-unit keys include, so a rerun that regenerates the same file resumes instead of redoing)."""
@@ -147,6 +181,9 @@ def replace_unless_identical(tmp: str, path: str) -> bool:
 
 def remove(path: str) -> None:
     """Remove a file if it is there."""
+    if is_url(path):
+        objstore.remove(path)
+        return
     try:
         os.remove(path)
     except FileNotFoundError:
@@ -155,6 +192,8 @@ def remove(path: str) -> None:
 
 def remove_stale_tmp(out_dir: str) -> None:
     """Remove shared temporary files left by killed writers of this host (other hosts' files are left alone)."""
+    if is_url(out_dir):  # nothing is written to an object store under a temporary name
+        return
     host = socket.gethostname()
     for name in os.listdir(out_dir):
         head, sep, pid = name.rpartition(".")
@@ -170,6 +209,9 @@ def remove_stale_tmp(out_dir: str) -> None:
 
 def check_writable(out_dir: str) -> None:
     """Create ``out_dir`` if needed and prove a file can be written there; PermissionError says what to do."""
+    if is_url(out_dir):
+        objstore.check_writable(out_dir)
+        return
     try:
         os.makedirs(out_dir, exist_ok=True)
         # one probe per writer: array tasks and hostfile slices check the same directory at once, and a shared name

@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
+import tempfile
 from typing import List, Optional
 
 import numpy as np
 
 import data_prep.write.manifest as mf
-from data_prep import io
+from data_prep import curate, io
 from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
@@ -27,6 +29,7 @@ from data_prep.steps import tokenize
 from data_prep.steps.fast_path import FastEncoder
 from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
 from data_prep.write.rejects import merge_reject_logs
+from data_prep.write.removals import merge_removal_logs
 from data_prep.write.shards import expected_idx_bytes, read_header
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,7 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
         return None
     if st["documents"] == 0:
         return st
-    prefix = os.path.join(out_dir, unit.name)
+    prefix = io.join(out_dir, unit.name)
     try:
         if io.size(prefix + ".bin") != st["bytes"] or io.size(prefix + ".idx") != st["idx_bytes"]:
             return None
@@ -61,7 +64,24 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
 def run(settings: Settings) -> Optional[dict]:
     """Tokenize (this slice of) the units; returns the manifest once all units are complete, else None (a slice
     whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed."""
-    settings.output_dir = os.path.abspath(settings.output_dir)
+    io.configure(settings.storage_options, settings.upload_part_size)
+    settings.output_dir = io.abspath(settings.output_dir)
+    if not io.is_url(settings.output_dir):
+        return _run(settings)
+    # A URL output: shards are written to a private local staging dir and uploaded from there; removed at the end,
+    # so nothing a run started outlives it (--staging-dir picks the disk it is made on).
+    parent = settings.staging_dir
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    settings.staging_dir = tempfile.mkdtemp(prefix="data_prep-staging-", dir=parent)
+    try:
+        return _run(settings)
+    finally:
+        shutil.rmtree(settings.staging_dir, ignore_errors=True)
+        settings.staging_dir = parent
+
+
+def _run(settings: Settings) -> Optional[dict]:
     settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
     if settings.long_docs not in ("split", "reject"):
         raise ValueError("--long-docs must be split or reject")
@@ -75,14 +95,20 @@ def run(settings: Settings) -> Optional[dict]:
     io.check_writable(settings.output_dir)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     out_settings = settings.output_affecting(info.sha256)
+    ctx = _curation(settings, units, out_settings)
+    if settings.stage not in curate.STAGES:
+        raise ValueError(f"--stage must be one of {', '.join(curate.STAGES)}, got {settings.stage!r}")
+    if settings.stage != "all" and ctx is None:
+        raise ValueError(f"--stage {settings.stage} needs --steps (the stages are the curation passes)")
     fp = fingerprint(out_settings)
-    manifest_path = os.path.join(settings.output_dir, mf.MANIFEST)
+    manifest_path = io.join(settings.output_dir, mf.MANIFEST)
     io.remove_stale_tmp(settings.output_dir)
-    io.atomic_write(os.path.join(settings.output_dir, "plan.json"), shared=True, data=mf.dumps(
+    io.atomic_write(io.join(settings.output_dir, "plan.json"), shared=True, data=mf.dumps(
         {"fingerprint": fp, "settings": out_settings,
          "units": [{"name": u.name, "key": u.key(), "inputs": [p.as_dict() for p in u.pieces]} for u in units]}))
 
     mine = select_slice(units, settings.slice_index, settings.slice_count)
+    _list_outputs(settings.output_dir)
     done = {}
     todo = []
     for u in mine:
@@ -91,8 +117,15 @@ def run(settings: Settings) -> Optional[dict]:
             done[u.name] = st
         elif not settings.merge_only:
             todo.append(u)
+    if settings.stage in ("hash", "buckets"):  # one dedup pass of this slice (a Slurm array task, a prep.sh stage)
+        if not settings.merge_only:
+            curate.prepare(ctx, units, settings, settings.stage)
+        return None
     if todo:
         io.remove(manifest_path)  # nothing may look complete while units are redone
+    if ctx is not None and (todo or settings.merge_only) and not curate.prepare(ctx, units, settings,
+                                                                                 settings.stage):
+        return None  # dedup passes of other slices still to finish
     probe = FastEncoder(tok, enabled=settings.fast_path)
     tokenize.preload(settings, tok, probe)
     where = f" (slice {settings.slice_index}/{settings.slice_count})" if settings.slice_count > 1 else ""
@@ -104,17 +137,46 @@ def run(settings: Settings) -> Optional[dict]:
     if failed:
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)
         if settings.slice_count == 1:
-            io.atomic_write(os.path.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
+            io.atomic_write(io.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
         raise RunFailed(f"{len(failed)} unit(s) failed; other units are complete; rerun the same command to retry "
                         f"them:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
-                  require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet)
+                  require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet,
+                  work_dir=settings.work_dir())
 
 
-def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False) -> Optional[dict]:
+def _curation(settings: Settings, units: List[Unit], out_settings: dict):
+    """With --steps: the curation context for the tokenize tasks, recorded in the output-affecting settings."""
+    if not settings.steps:
+        return None
+    if io.is_url(settings.output_dir):
+        # The dedup passes exchange hash buckets and removal lists through the output directory with renames.
+        raise ValueError(f"--steps with the output {settings.output_dir}: the curation passes need a POSIX output "
+                         "directory (a shared file system across nodes); curate into one (inputs may be URLs), then "
+                         "tokenize or upload its output")
+    from data_prep.steps.step_list import step_list
+
+    steps = step_list(settings.steps)
+    ctx = curate.context(settings.output_dir, steps, units, settings.text_field, settings.shard_size,
+                         settings.max_record_size)
+    out_settings["curation"] = {"steps": steps.as_dict(), "fingerprint": ctx.fp}
+    settings.curation = ctx
+    return ctx
+
+
+def _list_outputs(out_dir: str) -> None:
+    """A URL output is listed once (paged) before its completion markers are checked, so a check costs no request
+    per unit for what is absent and no HEAD per shard file; other nodes' markers written since are seen."""
+    if io.is_url(out_dir):
+        io.refresh_listing(out_dir)
+
+
+def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False,
+           work_dir="") -> Optional[dict]:
     """Write manifest.json when every unit is complete (whichever slice or node gets here last does it).
 
     With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any)."""
+    _list_outputs(out_dir)  # workers (other processes, other nodes) wrote since: see their markers and logs
     missing = []
     for u in units:
         if u.name not in done:
@@ -123,7 +185,7 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
                 missing.append(u)
             else:
                 done[u.name] = st
-    failed_path = os.path.join(out_dir, mf.FAILED)
+    failed_path = io.join(out_dir, mf.FAILED)
     if missing:
         if not require_all:
             if not quiet:
@@ -142,8 +204,10 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
     io.remove(failed_path)
     stats = [done[u.name] for u in units]
     manifest = mf.build_manifest(out_dir, stats, info.manifest_dict(), dtype, out_settings)
-    merge_reject_logs(out_dir, [u.name for u in units])
-    io.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
+    merge_reject_logs(out_dir, [u.name for u in units], work_dir)
+    if any("removed" in st for st in stats):
+        merge_removal_logs(out_dir, [u.name for u in units], work_dir)
+    io.atomic_write(io.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest
 
 
@@ -171,10 +235,19 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
     return failed
 
 
-def incomplete_slices(settings: Settings, tasks: int) -> List[int]:
-    """Slices (of ``tasks``) that still have a unit without a valid completion marker."""
+def incomplete_slices(settings: Settings, tasks: int):
+    """Slices (of ``tasks``) that still have a unit without a valid completion marker; with --steps, a dict: stage
+    (hash, buckets, filter) -> its slices with work left."""
     info = load_tokenizer(settings.tokenizer, settings.eod_id).info
-    fp = fingerprint(settings.output_affecting(info.sha256))
+    io.configure(settings.storage_options, settings.upload_part_size)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
-    out = os.path.abspath(settings.output_dir)
-    return sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})
+    out = io.abspath(settings.output_dir)
+    settings.output_dir = out
+    out_settings = settings.output_affecting(info.sha256)
+    ctx = _curation(settings, units, out_settings)
+    fp = fingerprint(out_settings)
+    _list_outputs(out)
+    todo = sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})
+    if ctx is None:
+        return todo
+    return {**curate.incomplete_dedup_slices(ctx, units, tasks), "filter": todo}

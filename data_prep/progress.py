@@ -40,8 +40,8 @@ class Progress:
     so far, capped at its input size (text outgrows compressed input, so without the cap a .zst corpus would show
     100% at a quarter of the way; with it, the error is bounded by the units in flight)."""
 
-    def __init__(self, unit_bytes: dict, quiet: bool = False):
-        self.quiet = quiet
+    def __init__(self, unit_bytes: dict, quiet: bool = False, desc: str = "tokenize"):
+        self.quiet, self.desc = quiet, desc
         self.unit_bytes = dict(unit_bytes)  # unit index -> input bytes
         self.total = sum(self.unit_bytes.values())
         self.start = time.monotonic()
@@ -53,7 +53,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.total, unit="B", unit_scale=True, file=sys.stderr,
-                            desc="tokenize", dynamic_ncols=True, mininterval=0.5)
+                            desc=desc, dynamic_ncols=True, mininterval=0.5)
 
     def __enter__(self):
         return self
@@ -62,7 +62,7 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             el = max(time.monotonic() - self.start, 1e-9)
-            print(f"tokenize: {self.docs:,} docs, {self.tokens:,} tokens in {el:.1f}s: {self.docs / el:,.0f} docs/s, "
+            print(f"{self.desc}: {self.docs:,} docs, {self.tokens:,} tokens in {el:.1f}s: {self.docs / el:,.0f} docs/s, "
                   f"{self.tokens / el:,.0f} tokens/s, {self.chars / el / 1e6:.2f} MB/s (text)", file=sys.stderr)
 
     @property

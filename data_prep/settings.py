@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 import orjson
 
@@ -36,6 +36,24 @@ class Settings:
     batch_chars: int = 1 << 20  # a batch also ends at this much text: memory stays flat whatever the documents
     quiet: bool = False
     max_record_size: int = DEFAULT_MAX_RECORD  # bytes of one record; a longer one is rejected, never held whole
+    # object storage (URL inputs/outputs): fsspec options such as endpoint_url (never credentials: objstore.py),
+    # the local directory shards are written to before their upload, and the multipart upload part size
+    storage_options: Dict[str, object] = field(default_factory=dict)
+    staging_dir: Optional[str] = None
+    upload_part_size: int = 64 << 20
+
+    def work_dir(self) -> str:
+        """Where this run's workers write shard files: the output directory itself, or for a URL output the local
+        staging directory they are uploaded from."""
+        return self.staging_dir if "://" in self.output_dir and self.staging_dir else self.output_dir
+
+    # curation (data_prep/curate.py): a YAML step list of filters and dedup run before tokenizing (--steps); the
+    # pipeline sets ``curation`` to the tasks' context (steps.curate.CurateContext) and records it in the fingerprint
+    steps: Optional[str] = None
+    curation: Optional[object] = None
+    # with --steps and --slice: run one pass (hash | buckets | filter = the filter pass inside tokenize), as curate's
+    # --stage; "all" runs whatever this slice can (data_prep/curate.py)
+    stage: str = "all"
 
     def output_affecting(self, tok_sha: str) -> dict:
         """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""

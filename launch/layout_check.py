@@ -3,8 +3,9 @@
     python launch/layout_check.py [--facts] RECIPE WORLD_SIZE [section.key=value ...]
 
 Prints `TP=.. x PP=.. x DP=..` and exits 0, or exits 3 with the problem and the fix (which counts would work).
---facts prints instead what preflight checks on every node: `device=cuda|cpu`, `checkpoint_dir=DIR`, and one
-`data_path=PATH` per manifest / blend prefix.
+--facts prints instead what preflight checks on every node: `device=cuda|cpu`, `checkpoint_dir=DIR`, one
+`data_path=PATH` per manifest / blend prefix, and the recipe's `supervision` settings for train.sh (`max_restarts=N`,
+`restart_backoff_seconds=S`, `restart_backoff_max_seconds=S`, `hang_timeout_seconds=S` (0 = off), `straggler_pct=P`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def facts(recipe_path: str, overrides: list[str]) -> list[str]:
     lines = [f"device={recipe.cluster.device}", f"checkpoint_dir={recipe.checkpoint.dir or ''}"]
     lines += [f"data_path={m}" for m in recipe.data.manifests]
     lines += [f"data_path={prefix}" for _, prefix in recipe.data.blend]
+    sv = recipe.supervision  # what train.sh does on a failure or a hang (its --max-restarts overrides)
+    lines += [f"max_restarts={sv.max_restarts}", f"restart_backoff_seconds={sv.restart_backoff_seconds:g}",
+              f"restart_backoff_max_seconds={sv.restart_backoff_max_seconds:g}",
+              f"hang_timeout_seconds={sv.hang_timeout_seconds or 0:g}", f"straggler_pct={sv.straggler_pct:g}"]
     return lines
 
 

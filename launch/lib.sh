@@ -289,9 +289,26 @@ report_first_failure() {
     | awk -v since="$since" '$1 >= since' | sort -n | head -n1)
   [ -n "$first" ] || return 1
   read -r _ frank fhost fexit <<<"$first"
+  FAIL_RANK=$frank FAIL_HOST=$fhost FAIL_EXIT=$fexit  # for train.sh's restart record and spare rule
   [ "$fexit" -gt 128 ] && why=" (killed by signal $((fexit - 128)))"
   say "FAILED: rank $frank on host $fhost exited with code $fexit$why first;$tail_text"
   say "last output of rank $frank ($dir/$fhost.log):"
   grep -hF "[$fhost rank $frank]" "$dir/$fhost.log" 2>/dev/null | tail -n 15 | sed 's/^/    /' >&2
   return 0
+}
+
+# --spares K (train.sh): the last K hosts of the selection wait outside the world (HOSTS, SLOTS, DEVICES, WORLD_SIZE
+# shrink; SPARE_HOSTS, SPARE_SLOTS, SPARE_DEVICES hold them) until a host that failed twice needs replacing.
+split_spares() {
+  SPARE_HOSTS=() SPARE_SLOTS=() SPARE_DEVICES=()
+  [ "${SPARES_N:-0}" -gt 0 ] || return 0
+  [ "$BACKEND" != local ] || die "--spares needs hosts to swap in: use a hostfile with --backend torchrun-ssh or deepspeed" 2
+  local n=${#HOSTS[@]} keep
+  [ "$SPARES_N" -lt "$n" ] || die "--spares $SPARES_N leaves no host to train on: the selection has $n host(s) (${HOSTS[*]})" 2
+  keep=$((n - SPARES_N))
+  SPARE_HOSTS=("${HOSTS[@]:keep}") SPARE_SLOTS=("${SLOTS[@]:keep}") SPARE_DEVICES=("${DEVICES[@]:keep}")
+  HOSTS=("${HOSTS[@]:0:keep}") SLOTS=("${SLOTS[@]:0:keep}") DEVICES=("${DEVICES[@]:0:keep}")
+  WORLD_SIZE=0
+  local s
+  for s in "${SLOTS[@]}"; do WORLD_SIZE=$((WORLD_SIZE + s)); done
 }

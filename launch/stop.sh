@@ -3,6 +3,7 @@
 # left after a grace period. For a Slurm run, scancel.
 #   launch/stop.sh [RUN_DIR | RUN_ID]     (default: the newest run under runs/launch/)
 #   launch/stop.sh --local RUN_ID         (what runs on each node)
+#   launch/stop.sh --signal-local SIG RUN_ID PID...   (on a node: signal those processes of the run; stack dumps)
 # Grace between SIGTERM (the ranks save a checkpoint and exit) and SIGKILL: LAUNCH_STOP_GRACE if set, else the
 # recipe's checkpoint.stop_grace_seconds (kept by train.sh in RUN_DIR/stop_grace), else 10 s.
 set -uo pipefail
@@ -24,12 +25,22 @@ stop_local() {  # every process on this node started for run $1, except this scr
   echo "$(hostname): stopped run $id"
 }
 
+if [ "${1:-}" = --signal-local ]; then  # --signal-local SIG RUN_ID PID...: the hang watchdog's stack-dump request
+  [[ ${2:-} =~ ^[A-Z0-9]+$ ]] && [ -n "${3:-}" ] || die "usage: stop.sh --signal-local SIG RUN_ID PID..." 2
+  sig=$2 id=$3
+  shift 3
+  for pid in "$@"; do  # only processes of this run: a pid from a heartbeat file may have been reused since
+    [[ $pid =~ ^[0-9]+$ ]] && grep -qsxzF "LAUNCH_RUN_ID=$id" "/proc/$pid/environ" &&
+      kill "-$sig" "$pid" 2>/dev/null && echo "$(hostname): SIG$sig to pid $pid of run $id"
+  done
+  exit 0
+fi
 if [ "${1:-}" = --local ]; then
   [ -n "${2:-}" ] || die "usage: stop.sh --local RUN_ID" 2
   stop_local "$2"
   exit 0
 fi
-case "${1:-}" in -h|--help) sed -n '2,7p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,8p' "$0"; exit 0 ;; esac
 
 target=${1:-}
 if [ -z "$target" ]; then

@@ -20,6 +20,7 @@ COMMANDS = {  # command -> (module, one line for --help)
     "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
     "bench-plain": ("recipes.tools.bench_plain", "megatron-core layers vs a plain PyTorch model of the same shape"),
     "measure-zero": ("recipes.tools.measure_zero", "measure real ZeRO 0-3 model-state memory per rank"),
+    "measure-save-stall": ("recipes.tools.measure_save_stall", "training stall per checkpoint save, sync vs async"),
     "report": ("recipes.tools.report", "rebuild a run's report.md and plots from its metrics"),
     "evaluate": ("recipes.tools.evaluate", "lm-evaluation-harness on an export or a checkpoint (local tasks)"),
 }

@@ -257,7 +257,8 @@ def read_parquet(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD)
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(piece.path)
+        # a URL: a file object doing ranged GETs (the footer, then only the row groups of this piece)
+        pf = pq.ParquetFile(io.open_read(piece.path) if io.is_url(piece.path) else piece.path)
     except Exception as e:
         raise InputError(piece.path, f"not a readable parquet file ({e})") from e
     md = pf.metadata

@@ -17,7 +17,7 @@ from typing import List, Sequence, Tuple
 
 import orjson
 
-from data_prep import io
+from data_prep import io, objstore
 from data_prep.read.formats import Piece, is_hf_dataset_dir, kind_of
 
 SPLITTABLE = ("jsonl",)  # uncompressed, one record per line: can be cut at any newline
@@ -62,6 +62,10 @@ def list_inputs(specs: Sequence[str]) -> List[Piece]:
     """Files, directories (recursive) and globs -> whole-input pieces, sorted by absolute path, de-duplicated."""
     found = {}
     for spec in specs:
+        spec = io.abspath(spec) if spec.startswith("file://") else spec
+        if io.is_url(spec):
+            found.update(_list_remote(spec))
+            continue
         paths = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
         if not paths or not all(os.path.exists(p) for p in paths):
             raise PlanError(f"input not found: {spec!r} (give files, directories or quoted globs)")
@@ -93,9 +97,35 @@ def list_inputs(specs: Sequence[str]) -> List[Piece]:
     return [Piece(path, kind) for path, kind in sorted(found.items())]
 
 
+def _list_remote(spec: str) -> dict:
+    """URL -> kind for an object, a prefix (every object under it, one paged listing) or a glob of objects."""
+    if glob.has_magic(spec):
+        urls = objstore.glob(spec)
+    elif not spec.endswith("/") and objstore.info(spec) is not None:  # "prefix/": no HEAD, a listing
+        urls = [spec]
+    else:
+        urls = objstore.list_tree(spec)
+    if not urls:
+        raise PlanError(f"input not found: {spec!r} (no object at or under it; check the URL and the endpoint)")
+    found = {}
+    for url in urls:
+        name = objstore.basename(url)
+        if name in ("dataset_info.json", "dataset_dict.json", "state.json"):
+            raise PlanError(f"{url}: a dataset written by save_to_disk is read from a local directory only; copy it "
+                            "locally or export it as parquet/jsonl")
+        kind = kind_of(name)
+        if kind and not name.startswith(".") and not any(part.startswith(".") for part in url.split("/")[3:]):
+            found[url] = kind
+        elif url == spec:
+            raise PlanError(f"{url}: unknown input type; expected .jsonl/.json (optionally .gz/.zst), .parquet or "
+                            ".txt")
+    return found
+
+
 def _next_line_start(path: str, offset: int, size: int) -> int:
-    """The first byte after the first newline at or after ``offset`` (or the file size)."""
-    with io.open_read(path) as f:
+    """The first byte after the first newline at or after ``offset`` (or the file size). On object storage: small
+    ranged GETs from ``offset``, a little past the boundary, not a read of the object."""
+    with io.open_read(path, block_size=objstore.PROBE_BLOCK) as f:
         f.seek(offset)
         while True:
             block = f.read(1 << 16)
@@ -124,7 +154,8 @@ def _parquet_row_groups(path: str) -> Tuple[Tuple[int, int], ...]:
     import pyarrow.parquet as pq
 
     try:
-        md = pq.ParquetFile(path).metadata
+        with io.open_read(path, block_size=objstore.PROBE_BLOCK) as f:  # the footer only: ranged GETs at the end
+            md = pq.ParquetFile(f).metadata
     except Exception:
         return ()
     return tuple((md.row_group(i).num_rows,

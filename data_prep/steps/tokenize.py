@@ -25,6 +25,7 @@ from data_prep.settings import Settings
 from data_prep.steps.fast_path import FastEncoder, FastPathMismatch
 from data_prep.steps.tokenizers import Tokenizer, TokenizerInfo, load_tokenizer, optimal_dtype
 from data_prep.write.rejects import RejectLog
+from data_prep.write.removals import RemovalLog
 from data_prep.write.shards import ShardWriter
 
 # This process's tokenizer info and encoder: {"info", "enc_key", "enc", "enc_checked"}.
@@ -71,14 +72,24 @@ def _encoder(settings: Settings, sample: List[str]) -> FastEncoder:
 class _UnitRun:
     def __init__(self, unit: Unit, settings: Settings, fp: str):
         self.unit, self.s, self.fp = unit, settings, fp
-        self.prefix = os.path.join(settings.output_dir, unit.name)
+        # written here, then (for a URL output) uploaded: an object store has no rename to make a file appear whole
+        self.work = settings.work_dir()
+        os.makedirs(self.work, exist_ok=True)  # a staging dir on a Ray node other than the driver's
+        self.prefix = os.path.join(self.work, unit.name)
         self.records = 0
         self.seen_docs = 0
-        self.rejects = RejectLog(settings.output_dir, unit.name)
+        self.rejects = RejectLog(self.work, unit.name)
         self.writer: Optional[ShardWriter] = None
         self.enc: Optional[FastEncoder] = None
         self.last_report = time.monotonic()
         self.pending = [0, 0, 0]  # docs, tokens, chars since the last progress report
+        # curation (--steps): filters and dedup decide per document before it is tokenized
+        self.gate = self.removals = None
+        if settings.curation is not None:
+            from data_prep.steps.curate import DocGate
+
+            self.gate = DocGate(settings.curation, unit.index)
+            self.removals = RemovalLog(self.work, unit.name)
 
     def reject(self, piece: Piece, pos: int, reason: str) -> None:
         self.rejects.add(piece.path, position_kind(piece), pos, reason)
@@ -137,6 +148,19 @@ class _UnitRun:
             progress.report(self.unit.index, *p)
             self.pending, self.last_report = [0, 0, 0], now
 
+    def _publish(self) -> None:
+        """Upload the unit's files from the staging dir to a URL output (data first; the caller writes the stats
+        marker after, so a marker never points at a partial upload); remove stale ones of an earlier run."""
+        if self.work == self.s.output_dir:
+            return
+        out = self.s.output_dir
+        for suffix in (".bin", ".idx", ".rejects.jsonl", ".removed.jsonl"):
+            local, dest = self.prefix + suffix, io.join(out, self.unit.name + suffix)
+            if os.path.exists(local):
+                io.publish(local, dest)
+            else:
+                io.remove(dest)
+
     def run(self) -> dict:
         s = self.s
         # The dtype needs the vocabulary size; the encoder is made lazily, so read it from the tokenizer's info.
@@ -149,6 +173,11 @@ class _UnitRun:
                     if text is None:
                         self.reject(piece, pos, reason)
                         continue
+                    if self.gate is not None:
+                        why = self.gate.check(text, self.records - 1)  # ordinal: every record, as the hash pass
+                        if why is not None:
+                            self.removals.remove(piece.path, position_kind(piece), pos, *why)
+                            continue
                     batch.append((piece, pos, text))
                     chars += len(text)
                     if len(batch) >= s.batch_docs or chars >= s.batch_chars:
@@ -165,11 +194,16 @@ class _UnitRun:
                 for suffix in (".bin", ".idx"):
                     io.remove(self.prefix + suffix)
             self.rejects.commit()
+            if self.removals is not None:
+                self.removals.commit()
+            self._publish()
         except BaseException:
             # a full disk (ENOSPC) in the middle of finalize included: no temporary file is left behind, and
             # without its stats marker nothing this unit wrote is trusted by a rerun
             self.writer.abort()
             self.rejects.abort()
+            if self.removals is not None:
+                self.removals.abort()
             raise
         rejected = self.rejects.counts
         stats = {
@@ -182,7 +216,11 @@ class _UnitRun:
             "inputs": [{"path": p.path, "kind": p.kind, "start": p.start, "end": p.end} for p in self.unit.pieces],
             "rejected": dict(sorted(rejected.items())),
         }
-        if self.records != shard["documents"] + sum(rejected.values()):
+        removed = 0
+        if self.removals is not None:
+            stats["removed"] = self.removals.summary()
+            removed = sum(self.removals.counts.values())
+        if self.records != shard["documents"] + sum(rejected.values()) + removed:
             raise AssertionError(f"{self.unit.name}: records do not balance")
         io.atomic_write(mf.stats_path(s.output_dir, self.unit.name), mf.dumps(stats))
         return stats
@@ -192,6 +230,7 @@ def tokenize_unit(unit: Unit, settings: Settings, fp: str) -> dict:
     """Run one unit: {"ok": True, "stats": ...}, or {"ok": False, "unit", "path", "error"} when an input cannot be
     read (recorded in the unit's error file, not raised, so other units carry on). Anything else raises."""
     err_path = mf.error_path(settings.output_dir, unit.name)
+    io.configure(settings.storage_options, settings.upload_part_size)  # a Ray worker starts without the driver's
     try:
         stats = _UnitRun(unit, settings, fp).run()
     except (InputError, MemoryError) as e:

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import List
 
 import data_prep.write.manifest as mf
+from data_prep.write.removals import add_removed
 from data_prep import io
 from data_prep.write.shards import ShardWriter, append_shard
 
@@ -42,22 +43,27 @@ def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = Fal
         name = f"merged_{i:06d}"
         w = ShardWriter(os.path.join(out_dir, name), first["dtype"])
         rejected: Counter = Counter()
+        removed: dict = {}  # curation (--steps) removals, carried so the merged manifest still balances
         inputs, records = [], 0
         for d, sh in group:
             append_shard(w, os.path.join(d, sh["prefix"]))
             rejected.update(sh.get("rejected", {}))
+            add_removed(removed, sh.get("removed", {}))
             inputs += sh.get("inputs", [])
             records += sh.get("input_records", sh["documents"] + sum(sh.get("rejected", {}).values()))
         st = w.finalize()
         stats.append({"prefix": name, **st, "input_records": records, "inputs": inputs,
                       "rejected": dict(sorted(rejected.items())),
-                      "merged_from": [os.path.join(d, sh["prefix"]) for d, sh in group]})
+                      "merged_from": [os.path.join(d, sh["prefix"]) for d, sh in group],
+                      **({"removed": {k: dict(sorted(v.items())) for k, v in sorted(removed.items())}}
+                         if removed else {})})
     # units that produced no shard still count (their records were all rejected)
     for d, m in manifests:
         for e in m.get("empty_units", []):
             stats.append({"prefix": None, "documents": 0, "sequences": 0, "tokens": 0, "bytes": 0, "idx_bytes": 0,
                           "sha256_bin": None, "sha256_idx": None, "input_records": e["input_records"],
-                          "inputs": e["inputs"], "rejected": e["rejected"]})
+                          "inputs": e["inputs"], "rejected": e["rejected"],
+                          **({"removed": e["removed"]} if "removed" in e else {})})
     manifest = mf.build_manifest(out_dir, stats, first["tokenizer"], first["dtype"],
                                  {**first.get("settings", {}), "merged_from": [d for d, _ in manifests],
                                   "merge_target_bytes": target_bytes})

@@ -8,6 +8,7 @@ and the reason), made visible with the unit's shard; the finished run concatenat
 from __future__ import annotations
 
 import os
+import tempfile
 from collections import Counter
 from typing import List
 
@@ -19,7 +20,7 @@ REJECTS = "rejects.jsonl"
 
 
 def rejects_path(out_dir: str, unit_name: str) -> str:
-    return os.path.join(out_dir, unit_name + ".rejects.jsonl")
+    return io.join(out_dir, unit_name + ".rejects.jsonl")
 
 
 class RejectLog:
@@ -57,16 +58,23 @@ class RejectLog:
         io.remove(self.tmp)
 
 
-def merge_reject_logs(out_dir: str, unit_names: List[str]) -> None:
-    """Concatenate the units' logs, in unit order, into rejects.jsonl (written atomically)."""
-    path = os.path.join(out_dir, REJECTS)
-    tmp = io.tmp_name(path, shared=True)
+def merge_reject_logs(out_dir: str, unit_names: List[str], work_dir: str = "") -> None:
+    """Concatenate the units' logs, in unit order, into rejects.jsonl."""
+    concat_unit_logs(out_dir, unit_names, rejects_path, REJECTS, work_dir)
+
+
+def concat_unit_logs(out_dir: str, unit_names: List[str], unit_path, final_name: str, work_dir: str = "") -> None:
+    """Concatenate per-unit logs (``unit_path(out_dir, name)``), in unit order, into ``final_name`` (written
+    atomically; for a URL ``out_dir`` assembled in the local ``work_dir`` and uploaded)."""
+    path = io.join(out_dir, final_name)
+    local = os.path.join(work_dir or tempfile.gettempdir(), final_name) if io.is_url(out_dir) else path
+    tmp = io.tmp_name(local, shared=True)
     with io.open_write(tmp) as out:
         for name in unit_names:
-            p = rejects_path(out_dir, name)
-            if os.path.exists(p):
+            p = unit_path(out_dir, name)
+            if io.exists(p):
                 with io.open_read(p) as f:
                     for block in iter(lambda: f.read(1 << 20), b""):
                         out.write(block)
         io.fsync_file(out)
-    io.commit(tmp, path)
+    io.publish(tmp, path)

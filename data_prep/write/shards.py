@@ -147,7 +147,7 @@ class ShardWriter:
 
 def read_header(idx_path: str) -> dict:
     """Header fields of an .idx; raises ValueError naming the file when it is not a valid MMIDIDX index."""
-    with io.open_read(idx_path) as f:
+    with io.open_read(idx_path, block_size=4096) as f:  # on object storage: a ranged GET of the header only
         head = f.read(HEADER_BYTES)
     if len(head) < HEADER_BYTES or head[:9] != INDEX_HEADER:
         raise ValueError(f"{idx_path}: not an MMIDIDX index (bad or short header)")

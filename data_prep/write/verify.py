@@ -85,8 +85,9 @@ def verify(out_dir: str, checksums: bool = True) -> List[str]:
     if m.get("format") != "megatron-mmidx":
         problems.append(f"{out_dir}/manifest.json: format {m.get('format')!r} is not megatron-mmidx")
     t = m["totals"]
-    if t["input_records"] != t["documents"] + sum(t["rejected"].values()):
-        problems.append("manifest does not balance: input_records != documents + rejected")
+    removed = sum(sum(r.values()) for r in t.get("removed", {}).values())  # curation (--steps) removals
+    if t["input_records"] != t["documents"] + sum(t["rejected"].values()) + removed:
+        problems.append("manifest does not balance: input_records != documents + rejected + removed")
     for shard in m["shards"]:
         problems += verify_shard(out_dir, shard, m["dtype"], m["tokenizer"]["vocab_size"], checksums)
     return problems

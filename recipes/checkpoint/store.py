@@ -3,8 +3,8 @@
 Layout on disk (DeepSpeed's own, plus two small files of ours per tag):
   <dir>/global_step<N>/...             DeepSpeed model / optimizer / scheduler / loss-scale states
   <dir>/global_step<N>/rng_rank<R>.pt  each rank's RNG states
-  <dir>/global_step<N>/complete.json   written by rank 0 only after every rank finished saving: step, consumed
-                                       samples and the list of files with their sizes
+  <dir>/global_step<N>/complete.json   written by rank 0 only after every rank's files are fsynced (sync or
+                                       async save, see Checkpointer): step, consumed samples, files and sizes
   <dir>/latest                         DeepSpeed's pointer (users' habit), written by us after complete.json; resume
                                        still checks markers itself (a damaged newest tag is skipped)
 
@@ -20,13 +20,14 @@ import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from data_prep.io import atomic_write
-from recipes.checkpoint import safe_load
+from recipes.checkpoint import safe_load, writer
 
 log = logging.getLogger(__name__)
 MARKER = "complete.json"
@@ -70,33 +71,121 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class Checkpointer:
+    """The saves of one run (collective: every rank makes the same calls in the same order).
+
+    sync (`background=False`): `save` returns once every rank's files are fsynced and complete.json is written.
+    async: `save` returns once this rank's state is copied to host memory; a background thread writes and fsyncs the
+    files while training goes on. The ranks agree that the save is durable at a later step boundary (`poll`, one
+    small all-reduce per step while a save is in flight: no rank waits for another's disk) or, at the latest, when
+    the next save, a stop or the end of training calls `finish` (which waits). Only then does rank 0 write
+    complete.json, `latest` and prune to keep_last: a crash before that leaves the previous complete checkpoint the
+    newest one. At most one save is in flight (host memory for one copy of this rank's checkpoint files).
+    """
+
+    def __init__(self, engine, ckpt_dir: str, keep_last: int, background: bool, device=None,
+                 max_mib_per_s: float | None = None):
+        self.engine, self.root, self.keep_last, self.background = engine, Path(ckpt_dir), keep_last, background
+        self.max_bytes_per_s = max_mib_per_s * 2**20 if max_mib_per_s else None
+        self.device = device if device is not None else torch.device("cpu")
+        self.files = writer.install(engine)
+        self.inflight: dict | None = None  # step, tag, client_state, write, started
+        self.completed: int | None = None  # step of the newest save this run made complete
+
+    def save(self, step: int, client_state: dict) -> str:
+        """Start (async) or make (sync) the checkpoint of `step`. Returns the tag."""
+        self.finish()  # at most one in flight
+        tag = tag_for(step)
+        if _rank() == 0:
+            # Re-saving a tag (e.g. after resuming from an older one): its old marker must not vouch for files that
+            # are being rewritten, should this save be interrupted.
+            (self.root / tag / MARKER).unlink(missing_ok=True)
+        _barrier()
+        started = time.perf_counter()
+        if self.background:
+            self.files.collect()
+        # `latest` is ours to write, after the marker: it never names a partial save.
+        try:
+            self.engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
+            self.files.save(_rng_state(), str(self.root / tag / f"rng_rank{_rank()}.pt"))
+            jobs, written = self.files.take()
+        except (OSError, RuntimeError) as e:
+            self.files.take()
+            full = _disk_full_message(self.root, tag, e)
+            if full:
+                raise RuntimeError(full) from e
+            raise
+        foreground = written
+        if _rank() == 0:  # files DeepSpeed writes itself (zero_to_fp32.py), not through the checkpoint engine
+            queued = {p for p, _ in jobs or []}
+            foreground = sorted({str(p) for p in (self.root / tag).rglob("*") if p.is_file()} - queued
+                                - {str(self.root / tag / MARKER)})
+        write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background,
+                                max_bytes_per_s=self.max_bytes_per_s)
+        self.inflight = {"step": step, "tag": tag, "client_state": client_state, "write": write, "started": started}
+        if self.background:
+            log.info(f"checkpoint: {tag} copied to host memory in {time.perf_counter() - started:.2f} s; "
+                     "writing in the background")
+        else:
+            self.finish()
+        return tag
+
+    def poll(self) -> int | None:
+        """Collective, at a step boundary: if every rank's in-flight save is durable, complete it. Never waits for a
+        disk. Returns the step completed now, or None."""
+        if self.inflight is None:
+            return None
+        return self._agree(wait=False)
+
+    def finish(self) -> int | None:
+        """Collective: wait for this rank's in-flight save, agree with the others, complete it. Returns its step."""
+        if self.inflight is None:
+            return None
+        return self._agree(wait=True)
+
+    def _agree(self, wait: bool) -> int | None:
+        write = self.inflight["write"]
+        if wait:
+            write.wait()
+        flags = torch.tensor([0.0 if write.done() else 1.0, 1.0 if write.error else 0.0], device=self.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        pending, failed = bool(flags[0].item()), bool(flags[1].item())
+        tag = self.inflight["tag"]
+        if failed:
+            self.inflight = None
+            if write.error is not None:
+                full = _disk_full_message(self.root, tag, write.error)
+                raise RuntimeError(full or f"checkpoint: writing {self.root / tag} failed: "
+                                   f"{type(write.error).__name__}: {write.error}") from write.error
+            raise RuntimeError(f"checkpoint: another rank failed to write {self.root / tag} (see its error); the "
+                               f"partial {tag} has no {MARKER} and is never loaded")
+        if pending:
+            return None
+        step, client_state = self.inflight["step"], self.inflight["client_state"]
+        elapsed = time.perf_counter() - self.inflight["started"]
+        self.inflight = None
+        if _rank() == 0:
+            self._mark_complete(tag, step, client_state, elapsed, write.bytes)
+        if not self.background:
+            _barrier()  # sync: every rank returns from save() with the marker written
+        self.completed = step
+        return step
+
+    def _mark_complete(self, tag: str, step: int, client_state: dict, elapsed: float, own_bytes: int) -> None:
+        files = mark_complete(self.root, tag, step, client_state, self.keep_last)
+        log.info(f"checkpoint: {'async' if self.background else 'sync'} save of {tag}: "
+                 f"{sum(files.values()) / 2**20:.1f} MiB, {elapsed:.1f} s from save to {MARKER}")
+
+
 def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -> str:
-    """Collective: every rank calls it. Returns the tag."""
-    tag = tag_for(step)
-    root = Path(ckpt_dir)
-    if _rank() == 0:
-        # Re-saving a tag (e.g. after resuming from an older one): its old marker must not vouch for files that are
-        # being rewritten, should this save be interrupted.
-        (root / tag / MARKER).unlink(missing_ok=True)
-    _barrier()
-    # `latest` is ours to write, after the marker: it never names a partial save.
-    try:
-        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
-        torch.save(_rng_state(), root / tag / f"rng_rank{_rank()}.pt")
-    except (OSError, RuntimeError) as e:
-        full = _disk_full_message(root, tag, e)
-        if full:
-            raise RuntimeError(full) from e
-        raise
-    _barrier()  # every rank's files are written before the marker
-    if _rank() == 0:
-        mark_complete(root, tag, step, client_state, keep_last)
-    _barrier()
-    return tag
+    """Collective: every rank calls it. A synchronous save (complete.json written when it returns); the tag."""
+    return Checkpointer(engine, ckpt_dir, keep_last, background=False).save(step, client_state)
 
 
-def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last: int) -> None:
-    """After every file of `tag` is written: complete.json (files and sizes), then `latest`, then prune old tags."""
+def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last: int) -> dict:
+    """After every file of `tag` is durable: complete.json (files and sizes), then `latest`, then prune old tags.
+    Returns the files and their sizes."""
     files = {str(p.relative_to(root / tag)): p.stat().st_size
              for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
     marker = {"step": step, "client_state": client_state, "files": files}
@@ -104,6 +193,7 @@ def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last
     atomic_write(str(root / "latest"), tag)
     _prune(root, keep_last)
     log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
+    return files
 
 
 def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:

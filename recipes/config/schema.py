@@ -196,6 +196,12 @@ class CheckpointConfig(_Section):
     # launch/stop.sh and launch/train.sh wait this long after SIGTERM (the ranks save a checkpoint and exit) before
     # they SIGKILL what is left: longer than a save of this model takes, or a pre-emption save is cut short
     stop_grace_seconds: PositiveInt = 60
+    # true: a save copies the state to host memory and training goes on while a background thread writes it
+    # (complete.json once every rank's files are fsynced); false: training waits for the disk. See docs/cluster.md.
+    async_save: bool = True
+    # async only: cap each rank's background write rate (MiB/s), so that checkpoint writes on a shared file system
+    # leave bandwidth to the data loaders of other jobs; None = as fast as the disk goes
+    async_max_mib_per_s: Optional[PositiveFloat] = None
 
 
 class EvaluationConfig(_Section):
@@ -236,6 +242,22 @@ class ClusterConfig(_Section):
         return self.nodes * self.gpus_per_node
 
 
+class SupervisionConfig(_Section):
+    """What launch/train.sh does when a run fails or hangs (docs/cluster.md, "Running a long job unattended")."""
+
+    # Whole-job restarts from the newest complete checkpoint after a failure; launch/train.sh --max-restarts overrides
+    max_restarts: int = Field(default=0, ge=0)
+    # Wait before restart k: restart_backoff_seconds * 2**(k-1), at most restart_backoff_max_seconds (a flapping
+    # node or file system gets time to come back; a restart storm does not hammer the scheduler or storage)
+    restart_backoff_seconds: float = Field(default=10.0, ge=0)
+    restart_backoff_max_seconds: float = Field(default=300.0, ge=0)
+    # No rank changing step or phase for this long = a hang: stacks dumped, job stopped (and restarted). Larger than
+    # the slowest save, evaluation and start-up phase. None = no hang watchdog.
+    hang_timeout_seconds: Optional[PositiveFloat] = None
+    # The slowest rank is named in the log when its step time is this many percent above the median
+    straggler_pct: PositiveFloat = 20.0
+
+
 class Recipe(_Section):
     name: str = "recipe"
     model: ModelConfig
@@ -246,6 +268,7 @@ class Recipe(_Section):
     logging: LoggingConfig = LoggingConfig()
     cluster: ClusterConfig = ClusterConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    supervision: SupervisionConfig = SupervisionConfig()
 
     @model_validator(mode="after")
     def _stages_fit_the_run(self):

@@ -112,6 +112,9 @@ def main(args: list[str] | None = None) -> int:
     ns = ap.parse_args(args)
     if not ns.local:  # a rank: before the slow start-up, so a pre-emption during it still saves and exits cleanly
         signals.install()
+        from recipes.train.heartbeat import install_stack_dump
+
+        install_stack_dump()  # the launcher's hang watchdog sends SIGUSR2 for every rank's stack
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
     try:
         recipe = load_recipe(ns.config, ns.overrides)

@@ -25,6 +25,8 @@ from recipes.train.data import MicroBatches, build_datasets
 from recipes.train.stages import build_stage_datasets
 from recipes.train.evaluation import BackgroundEval
 from recipes.train import signals
+from recipes.train.faults import Fault
+from recipes.train.heartbeat import Heartbeat
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
@@ -111,6 +113,50 @@ class StopRequest:
         return bool(t.item())
 
 
+# ------------------------------------------------------------------------------------------------------ stragglers
+class StepTimes:
+    """Per-rank step times, gathered across ranks at the log interval only (one float per rank: no collective per
+    step for this): p50/p90/max over ranks for the metrics, and the slowest rank named when it lags the median by
+    more than supervision.straggler_pct."""
+
+    def __init__(self, straggler_pct: float, world: int):
+        self.pct, self.world, self.times, self.hosts = straggler_pct, world, [], None
+        if world > 1:  # once at start: which host each rank is on, for the log line
+            import os
+            import socket
+
+            self.hosts = [None] * world
+            torch.distributed.all_gather_object(self.hosts, os.environ.get("LAUNCH_HOST", socket.gethostname()))
+
+    def add(self, seconds: float) -> None:
+        self.times.append(seconds)
+
+    def gather(self, device) -> dict:
+        """Collective (every rank, same steps). Returns the metrics fields; logs a straggler on rank 0."""
+        mine = sum(self.times) / max(len(self.times), 1)
+        self.times = []
+        if self.world == 1:
+            return {}
+        t = torch.tensor([mine], dtype=torch.float64, device=device)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        torch.distributed.all_gather(out, t)  # (gloo has no all_gather_into_tensor)
+        per_rank = [float(x) for x in out]
+        ranked = sorted(per_rank)
+        p50, p90 = _nearest_rank(ranked, 0.5), _nearest_rank(ranked, 0.9)
+        slowest = max(range(self.world), key=per_rank.__getitem__)
+        fields = {"step_time_p50_s": p50, "step_time_p90_s": p90, "step_time_max_s": ranked[-1],
+                  "slowest_rank": slowest}
+        if torch.distributed.get_rank() == 0 and p50 > 0 and ranked[-1] > p50 * (1 + self.pct / 100):
+            logger.warning(f"straggler: rank {slowest} on host {self.hosts[slowest]} takes {ranked[-1]:.3f} s per "
+                           f"step, {100 * (ranked[-1] / p50 - 1):.0f}% above the median {p50:.3f} s "
+                           f"(supervision.straggler_pct = {self.pct:g})")
+        return fields
+
+
+def _nearest_rank(ranked: list[float], q: float) -> float:
+    return ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))]
+
+
 # ---------------------------------------------------------------------------------------------------------- steps
 def train_step(eng, micro_batches) -> float:
     """One optimizer step over this rank's micro-batches; returns the mean loss over the global batch."""
@@ -157,18 +203,19 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
 # ------------------------------------------------------------------------------------------------------------ run
 def run(recipe, quiet: bool = False) -> int:
     """Train `recipe` on this rank. Returns the exit code (0 done or stopped cleanly)."""
+    heartbeat = Heartbeat.from_env()  # before the rendezvous: a rank stuck there shows as phase "start"
     device = init_distributed(recipe)
     lease = None
     if torch.distributed.get_rank() == 0 and recipe.checkpoint.dir:
         lease = Lease(recipe.checkpoint.dir).acquire()  # one run per checkpoint.dir, before anything is written
     try:
-        return _run(recipe, device, quiet, lease)
+        return _run(recipe, device, quiet, lease, heartbeat)
     finally:
         if lease:
             lease.release()
 
 
-def _run(recipe, device, quiet: bool, lease) -> int:
+def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
     t = recipe.training
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     layout = Layout.from_recipe(recipe, world)
@@ -188,6 +235,9 @@ def _run(recipe, device, quiet: bool, lease) -> int:
         write_recipe(recipe, Path(ckpt_dir))
     say = log.say
 
+    heartbeat.beat(0, "setup")
+    fault = Fault.from_env()  # tests only (recipes.train.faults)
+    step_times = StepTimes(recipe.supervision.straggler_pct, world)
     total_steps = t.steps(recipe.model.seq_length)
     grad_accum = layout.grad_accum_steps(t.global_batch)
     say(f"layout: {layout.describe()}, {grad_accum} micro-batches per step, {total_steps} steps, device {device}")
@@ -206,7 +256,9 @@ def _run(recipe, device, quiet: bool, lease) -> int:
     train_batches = batches(train_ds)
     valid_batches = batches(valid_ds) if valid_ds else None
 
+    heartbeat.beat(0, "engine-setup")
     eng = initialize(recipe, layout, device, total_steps)
+    heartbeat.beat(0, "resume")
     state = checkpoint.resume(eng.engine, ckpt_dir) if recipe.checkpoint.auto_resume else None
     step = state["step"] if state else 0
     consumed = state["consumed_samples"] if state else 0
@@ -227,11 +279,17 @@ def _run(recipe, device, quiet: bool, lease) -> int:
         # log lines (saves, skips) above the bar instead of glued to its end
         redirect.enter_context(logging_redirect_tqdm([logging.getLogger("recipes")]))
 
+    saver = checkpoint.Checkpointer(eng.engine, ckpt_dir, recipe.checkpoint.keep_last,
+                                    background=recipe.checkpoint.async_save, device=device,
+                                    max_mib_per_s=recipe.checkpoint.async_max_mib_per_s) if ckpt_dir else None
+    eval_pending = None  # a step whose checkpoint the evaluation waits for (an async save completes later)
+
     def save_now():
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
         if lease:
             lease.check()
-        checkpoint.save(eng.engine, ckpt_dir, step, cs, recipe.checkpoint.keep_last)
+        heartbeat.beat(step, "save")
+        saver.save(step, cs)
 
     while step < total_steps:
         stage = stage_at(plan, step) if plan else None
@@ -240,10 +298,17 @@ def _run(recipe, device, quiet: bool, lease) -> int:
                 f"{stage.end})")
         lr = eng.optimizer.param_groups[0]["lr"]
         eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
+        heartbeat.beat(step, "data")
+        if fault:
+            fault.maybe_fire(rank, step + 1)
         start = time.perf_counter()
-        loss = train_step(eng, train_batches.step(consumed))
+        mbs = train_batches.step(consumed)
+        heartbeat.beat(step, "forward-backward")
+        loss = train_step(eng, mbs)
         elapsed = time.perf_counter() - start
         step += 1
+        heartbeat.beat(step, "log", elapsed)
+        step_times.add(elapsed)
         consumed += t.global_batch
 
         grad_norm = eng.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0 without fp16)
@@ -264,6 +329,8 @@ def _run(recipe, device, quiet: bool, lease) -> int:
         }
         if stage is not None:  # the report draws the stage boundaries from this
             record["stage"] = stage.name
+        if step % t.log_interval == 0:  # every rank, the same steps: a collective
+            record.update(step_times.gather(device))
         if step % t.log_interval == 0 or skipped:
             log.write(record, step)
         if progress is not None:
@@ -280,22 +347,32 @@ def _run(recipe, device, quiet: bool, lease) -> int:
                     "use bf16 instead of fp16, or resume from an earlier checkpoint")
 
         if valid_batches is not None and eval_iters and step % t.eval_interval == 0:
+            heartbeat.beat(step, "eval")
             val = eval_loss(eng, valid_batches, eval_iters, t.global_batch)
             log.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}, step)
             say(f"step {step}: validation loss {val:.4f}, perplexity {math.exp(min(val, 50.0)):.2f}")
 
+        heartbeat.beat(step, "sync")
         stopping = stop.agreed(device)
+        if saver:
+            saver.poll()  # an async save from an earlier step: complete once every rank's files are durable
         periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
         evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
         if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
             save_now()
+            if stopping or step == total_steps:
+                saver.finish()  # a stop or the end waits for the disk: the run leaves a complete checkpoint
         if evaluate:
-            evaluation.start(step)
+            eval_pending = step
+        if eval_pending is not None and saver and saver.completed == eval_pending:
+            evaluation.start(eval_pending)
+            eval_pending = None
         if stopping:
             evaluation.cancel()
             logger.info(f"stopped by signal after step {step}; resume with the same command")
             break
 
+    heartbeat.beat(step, "done")
     if progress is not None:
         progress.close()
     redirect.close()

@@ -2,13 +2,14 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.support.data_prep import REPO, read_all_docs, run_cli, tree_bytes, write_jsonl
+from tests.support.data_prep import REPO, read_all_docs, run_cli, tree_bytes, write_duplicated_corpus, write_jsonl
 
 import data_prep.write.manifest as mf
 from data_prep import io
@@ -135,6 +136,34 @@ def test_hostfile_executor_over_real_ssh(tmp_path, corpus, sp_model, reference, 
     assert sorted(os.listdir(tmp_path / "logs2")) == ["prep_0_prep1.log", "prep_1_prep2.log"]
 
 
+@pytest.mark.ssh
+def test_prep_sh_runs_curation_stage_by_stage_over_ssh_equal_local(tmp_path, sshd):
+    inp, steps = write_duplicated_corpus(tmp_path / "in")
+    cargs = [inp, "--steps", steps, "--shard-size", "20000"]
+    run_cli("curate", *cargs, "-o", tmp_path / "ref", "-j", 1, "-q")
+    out = tmp_path / "out"
+    env = dict(os.environ, LAUNCH_SSH_CONFIG=str(sshd), LAUNCH_SSH_TIMEOUT="20", OMP_NUM_THREADS="1")
+
+    def prep(hosts, logs):
+        (tmp_path / "hosts").write_text(hosts)
+        # run from the repository under test: `python -m` puts the working directory first on sys.path, so the
+        # nodes import this tree (ssh passes no PYTHONPATH; the venv's editable install may point elsewhere)
+        return subprocess.run(["bash", f"{REPO}/launch/prep.sh", "--hostfile", str(tmp_path / "hosts"), "--log-dir",
+                               str(tmp_path / logs), "--", "curate", *cargs, "-o", str(out)], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=240)
+
+    # a dead node fails the hash stage: no later stage starts anywhere, and the run says so
+    r = prep("prep1 slots=1\nprepdead slots=1\n", "logs1")
+    assert r.returncode == 1 and "prepdead" in r.stderr and "stage hash failed" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path / "logs1")) == ["prep_hash_0_prep1.log", "prep_hash_1_prepdead.log"]
+    assert list((out / "dedup").glob("hash_*.json")) and not list((out / "dedup").glob("bucket_*.json"))
+    r = prep("prep1 slots=1\nprep2 slots=2\n", "logs2")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path / "logs2")) == [f"prep_{s}_{i}_prep{i + 1}.log" for s in
+                                                      ("buckets", "filter", "hash") for i in (0, 1)]
+    assert tree_bytes(out) == tree_bytes(tmp_path / "ref")
+
+
 def _tiny_shards(d, n, rng):
     stats, all_docs = [], []
     for i in range(n):
@@ -213,6 +242,12 @@ def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_
     out = r.stdout
     assert "bytes/token" in out and "PB on disk" in out and "100 node(s)" in out
     assert "Chinchilla-optimal" in out and "% of this corpus" in out
+    # the curation stages, measured on the same sample: throughput per core, kept fraction, node-hours
+    for stage in ("dedup hash pass", "dedup bucket pass", "dedup cluster pass", "filter pass"):
+        assert re.search(stage + r" +\d+\.\d+ MB/s per core +[\d,]+ core-hours", out), out
+    kept = re.search(r"kept on the sample: ([\d.]+)% of documents", out)
+    assert kept and 0 < float(kept.group(1)) <= 100
+    assert re.search(r"100 node\(s\): curation [\d,.]+ h \([\d,]+ node-hours\) \+ tokenize", out)
 
 
 @pytest.mark.multiproc
@@ -222,3 +257,23 @@ def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_m
                      executor="ray", quiet=True))
     assert m is not None
     assert tree_bytes(out) == reference
+
+
+@pytest.mark.multiproc
+def test_curate_on_ray_equals_local(tmp_path, corpus):
+    """Filter + exact + MinHash dedup on a local Ray instance: the same files as one local worker."""
+    from data_prep.curate import CurateSettings
+    from data_prep.curate import run as curate
+
+    (tmp_path / "dups").mkdir()
+    texts = [json.loads(line)["text"] for line in open(corpus / "big.jsonl")]
+    write_jsonl(tmp_path / "dups" / "copies.jsonl", [{"text": t} for t in texts[:6]])  # exact copies, another unit
+    steps = {"steps": [{"quality": {"min_words": 20, "min_stop_words": 0, "min_punctuation_line_fraction": None}},
+                       {"exact_dedup": {}}, {"minhash_dedup": {"threshold": 0.7}}], "buckets": 4}
+    outs = {}
+    for kind, workers in (("local", 1), ("ray", 2)):
+        outs[kind] = tmp_path / kind
+        m = curate(CurateSettings(inputs=[str(corpus), str(tmp_path / "dups")], output_dir=str(outs[kind]),
+                                  steps=steps, workers=workers, executor=kind, shard_size=30_000, quiet=True))
+        assert m["totals"]["removed"]["exact_dedup"]["duplicate"] >= 1
+    assert tree_bytes(outs["ray"]) == tree_bytes(outs["local"])

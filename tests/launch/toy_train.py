@@ -7,6 +7,8 @@ Rank 0 writes the losses as JSON to $TOY_OUT. $TOY_STEP_SLEEP slows each step (f
 With $TOY_CKPT set, SIGTERM is a pre-emption (like recipes.train.loop.StopRequest): the ranks agree to stop after
 the current step and rank 0 saves $TOY_CKPT/step_N/ (model.pt, then $TOY_SAVE_SECONDS of a slow file system, then
 complete.json, the marker recipes/checkpoint/store.py trusts) before every rank exits 0 (for the stop-grace test).
+Like the real loop it writes heartbeats, dumps its stack on SIGUSR2 and honours RECIPES_TEST_FAULT (for the restart
+and hang-watchdog tests: recipes/train/heartbeat.py, recipes/train/faults.py).
 """
 import argparse
 import json
@@ -19,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from recipes.config.loading import load_recipe
+from recipes.train.faults import Fault
+from recipes.train.heartbeat import Heartbeat, install_stack_dump
 
 
 def main():
@@ -26,6 +30,9 @@ def main():
     ap.add_argument("--config", required=True)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args, overrides = ap.parse_known_args()
+    install_stack_dump()
+    heartbeat = Heartbeat.from_env()
+    fault = Fault.from_env()
     recipe = load_recipe(args.config, overrides)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -47,6 +54,10 @@ def main():
     if os.environ.get("TOY_CKPT"):
         signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     for step in range(steps):
+        heartbeat.beat(step, "data")
+        if fault:
+            fault.maybe_fire(rank, step + 1)
+        heartbeat.beat(step, "forward-backward")
         xs = x[step, rank * per_rank:(rank + 1) * per_rank]
         ys = y[step, rank * per_rank:(rank + 1) * per_rank]
         loss = torch.nn.functional.mse_loss(model(xs), ys, reduction="sum") / batch
@@ -58,6 +69,7 @@ def main():
         dist.all_reduce(total)
         opt.step()
         losses.append(total.item())
+        heartbeat.beat(step + 1, "log")
         print(f"step {step} loss {total.item():.8f} world {world} host {os.environ.get('LAUNCH_HOST', '?')}",
               flush=True)
         time.sleep(float(os.environ.get("TOY_STEP_SLEEP", "0")))
@@ -73,6 +85,7 @@ def main():
                     with open(os.path.join(d, "complete.json"), "w") as f:
                         json.dump({"step": step + 1}, f)
                 break
+    heartbeat.beat(len(losses), "done")
     if rank == 0 and os.environ.get("TOY_OUT"):
         with open(os.environ["TOY_OUT"], "w") as f:
             json.dump({"world_size": world, "losses": losses, "name": recipe.name}, f)

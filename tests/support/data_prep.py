@@ -70,3 +70,34 @@ def tree_bytes(d):
             p = os.path.join(root, name)
             out[os.path.relpath(p, d)] = open(p, "rb").read()
     return out
+
+
+# A step list with both dedup kinds, and few buckets so that slices of 2 each own some (as YAML: JSON is YAML).
+DEDUP_STEP_LIST = {"steps": [{"exact_dedup": {}}, {"minhash_dedup": {"threshold": 0.8}}], "buckets": 4}
+
+
+def write_duplicated_corpus(d, files=4, per_file=5, seed=11):
+    """``files`` jsonl files (one work unit each at --shard-size 20000) of unrelated 200-word documents, where each
+    file after the first also holds an exact copy and a one-word edit (Jaccard ~0.95) of documents of the file
+    before it: duplicates across units, for the curation passes to find. Returns (input dir, steps.yaml path)."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = ["".join(rng.choice(letters, int(rng.integers(3, 9)))) for _ in range(400)]
+    os.makedirs(d, exist_ok=True)
+    prev = []
+    for f in range(files):
+        docs = [" ".join(rng.choice(vocab, 200)) for _ in range(per_file)]
+        if prev:
+            words = prev[1].split()
+            words[100] = f"edited{f}"
+            docs += [prev[0], " ".join(words)]
+        write_jsonl(os.path.join(d, f"part{f}.jsonl"), [{"text": t} for t in docs])
+        prev = docs
+    steps = os.path.join(d, "..", os.path.basename(d) + "_steps.yaml")
+    with open(steps, "w") as fh:
+        json.dump(DEDUP_STEP_LIST, fh)
+    return str(d), os.path.abspath(steps)

@@ -1,5 +1,7 @@
 """Exact resume: SIGKILL mid-run, then auto-resume reproduces the uninterrupted run's losses bit for bit; a damaged
-checkpoint is never loaded (the run falls back to the previous complete one and says so)."""
+checkpoint is never loaded (the run falls back to the previous complete one and says so). Saves are async (the
+recipe default, checkpoint.async_save) unless a test says otherwise; a crash or a stop while an async save is being
+written is tested with the background write slowed down (checkpoint.async_max_mib_per_s) so it is surely in flight."""
 from __future__ import annotations
 
 import os
@@ -38,8 +40,10 @@ def _wait_for_step(metrics_path, step: int, proc, timeout: float = 240) -> None:
 
 
 def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_path):
+    """Killed with sync saves, resumed with async ones: the same losses as the uninterrupted (async) run."""
     kill_after = 5
-    cmd = pretrain_cmd(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
+    cmd = pretrain_cmd(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT,
+                       "checkpoint.async_save=false")
     proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -76,6 +80,70 @@ def test_checkpoint_missing_a_file_is_skipped(uninterrupted, corpus, tmp_path):
     ref, got = losses(uninterrupted), losses(tmp_path)
     assert sorted(got) == [STEPS - 1, STEPS]
     assert [got[s] for s in got] == [ref[s] for s in got]
+
+
+SLOW_WRITE = ["checkpoint.async_save=true", "checkpoint.async_max_mib_per_s=0.1"]  # ~8 s per save and rank
+
+
+def _wait_for(cond, proc, what: str, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        assert proc.poll() is None, f"run ended before {what}"
+        time.sleep(0.02)
+    raise AssertionError(f"never saw {what}")
+
+
+def test_sigkill_during_an_async_save_resumes_from_the_previous_complete_one(uninterrupted, corpus, tmp_path):
+    """SIGKILL every rank while the step-4 save is being written in the background: step 4 has files but no
+    complete.json, `latest` names step 2, and the rerun skips step 4, resumes from step 2 and matches bit for bit."""
+    cmd = pretrain_cmd(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT, *SLOW_WRITE)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    step4 = tmp_path / "global_step4"
+    try:
+        # step 2's save is complete (step 4's save waited for it) and step 4's is under way
+        _wait_for(lambda: (tmp_path / "global_step2" / "complete.json").is_file() and step4.is_dir()
+                  and any(step4.glob("*.pt")), proc, "the step-4 save start")
+        _wait_for(lambda: '"step": 5,' in (tmp_path / "logs" / "metrics.jsonl").read_text(), proc, "step 5")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # launcher, every rank and their writer threads
+        proc.wait()
+    assert not (step4 / "complete.json").exists(), "the step-4 save finished before the kill: nothing was tested"
+    assert (tmp_path / "latest").read_text().strip() == "global_step2"
+    assert max(losses(tmp_path)) >= 5  # training went on while step 4 was being written
+
+    resumed = pretrain(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
+    out = resumed.stdout + resumed.stderr
+    assert f"skipping {step4}: no complete.json" in out and f"resumed from {tmp_path / 'global_step2'}" in out, out
+    ref, got = losses(uninterrupted), losses(tmp_path)
+    assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
+    assert sorted(p.name for p in tmp_path.glob("global_step*")) == ["global_step6", "global_step8"]  # keep_last=2
+
+
+def test_preemption_waits_for_the_async_save_in_flight(uninterrupted, corpus, tmp_path):
+    """SIGTERM while the step-2 save is still being written: the stop waits for it, saves the stop step too (both
+    complete), exits 0, and the rerun resumes from the stop step bit for bit."""
+    args = (*on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
+    proc = subprocess.Popen(pretrain_cmd(N, *args, *SLOW_WRITE), cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
+    in_flight = not (tmp_path / "global_step2" / "complete.json").exists()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert in_flight, "the step-2 save finished before the signal: nothing was tested"
+    assert proc.returncode == 0, stderr[-3000:]
+    stopped = max(losses(tmp_path))
+    assert stopped < STEPS and "stopped by signal" in stdout + stderr, stdout + stderr
+    assert (tmp_path / "global_step2" / "complete.json").is_file()
+    assert (tmp_path / f"global_step{stopped}" / "complete.json").is_file()
+    assert (tmp_path / "latest").read_text().strip() == f"global_step{stopped}"
+
+    out = pretrain(N, *args)
+    assert f"resumed from {tmp_path / f'global_step{stopped}'}" in out.stdout + out.stderr
+    ref, got = losses(uninterrupted), losses(tmp_path)
+    assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM], ids=["SIGTERM"])

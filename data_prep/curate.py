@@ -1,0 +1,271 @@
+"""curate: inputs -> work units -> filter and dedup steps (a YAML step list) -> kept documents, removal log, manifest.
+
+The driver, beside pipeline.py (tokenize) and built the same way: plan the units, skip what has a valid completion
+marker, run the rest on an executor (executors/: local pool, Ray; slices for Slurm/hostfile), one pass at a time:
+
+1. hash pass, per unit (only with dedup steps): keys into hash-partitioned buckets (steps/curate.py, steps/dedup.py);
+2. bucket pass, per bucket: the owner of each bucket picks keepers (smallest ref) and confirms MinHash pairs;
+3. cluster pass (MinHash only, one task): union-find over the confirmed pairs;
+4. filter pass, per unit: the steps in order; kept documents written as jsonl (``--format jsonl``) or, through
+   ``tokenize --steps``, tokenized directly (pipeline.py calls ``prepare`` below, then its tokenize step consults the
+   same DocGate).
+
+Every marker carries a fingerprint of the settings, the step list and every unit's input key: dedup is global, so a
+changed input anywhere redoes the passes, and an unchanged rerun skips everything that is complete. The output is the
+same bytes whatever the worker count or engine (ordering by ref, never by arrival).
+
+Slices (``--slice I/N``, one per node or Slurm array task) run one pass at a time with ``--stage hash|buckets|filter``:
+the hash and filter stages take the units of the slice, the bucket stage the buckets of the slice; the cluster pass
+and the manifest are done by whichever run of the filter stage finds every marker in place (or ``--stage filter
+--merge-only``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Union
+
+import orjson
+
+import data_prep.write.manifest as mf
+from data_prep import io
+from data_prep.executors.base import WorkerDied, make_executor, select_slice
+from data_prep.progress import Progress
+from data_prep.read.units import Unit, list_inputs, plan_units
+from data_prep.settings import DEFAULT_MAX_RECORD
+from data_prep.steps import curate as cu
+from data_prep.steps.step_list import StepList, step_list
+from data_prep.write.rejects import REJECTS, merge_reject_logs
+from data_prep.write.removals import REMOVED, add_removed, merge_removal_logs, removed_count
+
+log = logging.getLogger(__name__)
+
+CURATION_MANIFEST = "curation.json"
+STAGES = ("all", "hash", "buckets", "filter")
+
+
+class CurationFailed(Exception):
+    def __init__(self, message: str, failed: List[dict]):
+        super().__init__(message)
+        self.failed = failed
+
+
+@dataclass
+class CurateSettings:
+    inputs: List[str]
+    output_dir: str
+    steps: Union[str, dict, StepList]
+    text_field: str = "text"
+    workers: int = 1
+    shard_size: int = 256 << 20
+    max_record_size: int = DEFAULT_MAX_RECORD
+    executor: str = "local"
+    ray_address: Optional[str] = None
+    quiet: bool = False
+    slice_index: int = 0
+    slice_count: int = 1
+    stage: str = "all"
+    merge_only: bool = False
+
+
+def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field: str, shard_size: int,
+            max_record_size: int, extra: Optional[dict] = None) -> cu.CurateContext:
+    """The tasks' context; its fingerprint covers everything that changes what the passes write."""
+    desc = {"steps": steps.as_dict(), "text_field": text_field, "shard_size": shard_size,
+            "max_record_size": max_record_size, "units": [u.key() for u in units]}
+    fp = hashlib.sha256(orjson.dumps(desc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return cu.CurateContext(output_dir=output_dir, steps=steps, fp=fp, units=len(units), text_field=text_field,
+                            max_record_size=max_record_size, extra=extra or {})
+
+
+def _run_tasks(kind: str, workers: int, ray_address, task: Callable, items: list, quiet: bool, desc: str,
+               sizes: Optional[dict] = None) -> List[dict]:
+    """Run ``task`` on ``items`` on the chosen executor; the failed ones, sorted by name."""
+    failed = []
+
+    def on_result(item, res) -> None:
+        bar.unit_done(item.index)
+        if isinstance(res, WorkerDied):
+            res = {"ok": False, "unit": item.name, "path": "", "error": res.why}
+        if not res["ok"]:
+            failed.append({k: res[k] for k in ("unit", "path", "error")})
+            bar.write(f"FAILED {res['unit']}: {res['path']}: {res['error']}")
+
+    if not items:
+        return []
+    executor = make_executor(kind, workers, ray_address)
+    with Progress(sizes or {i.index: i.nbytes for i in items}, quiet=quiet, desc=desc) as bar:
+        executor.run(task, items, on_result, bar)
+    return sorted(failed, key=lambda f: f["unit"])
+
+
+def _raise_failed(failed: List[dict], what: str) -> None:
+    lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed[:50])
+    raise CurationFailed(f"{len(failed)} {what} failed; the others are complete; rerun the same command to retry "
+                         f"them:\n{lines}", failed)
+
+
+def prepare(ctx: cu.CurateContext, units: List[Unit], settings, stage: str = "all") -> bool:
+    """The dedup passes (hash, buckets, cluster) for this slice, skipping complete work. True when every pass is
+    complete for the whole plan, so the filter pass can run; False when other slices still have work to do."""
+    if not ctx.steps.dedup_steps:
+        return True
+    os.makedirs(ctx.dedup_dir, exist_ok=True)
+    run = functools.partial(_run_tasks, settings.executor, settings.workers, settings.ray_address)
+    sl = (settings.slice_index, settings.slice_count)
+    if stage in ("all", "hash") and not settings.merge_only:
+        todo = [u for u in select_slice(units, *sl) if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None]
+        failed = run(functools.partial(cu.hash_unit, ctx=ctx), todo, settings.quiet, "dedup: hash")
+        if failed:
+            _raise_failed(failed, "unit(s)")
+    missing = [u.name for u in units if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None]
+    if missing:
+        _waiting(settings, stage, "hash", f"{len(missing)} unit(s) have no hash pass yet (first: {missing[0]})")
+        return False
+    buckets = [cu.Bucket(b) for b in range(ctx.steps.buckets)]
+    if stage in ("all", "buckets") and not settings.merge_only:
+        todo = [b for b in select_slice(buckets, *sl) if cu.marker_ok(cu.bucket_marker(ctx, b.index), ctx.fp) is None]
+        failed = run(functools.partial(cu.bucket_task, ctx=ctx), todo, settings.quiet, "dedup: buckets")
+        if failed:
+            _raise_failed(failed, "bucket(s)")
+    missing = [b.name for b in buckets if cu.marker_ok(cu.bucket_marker(ctx, b.index), ctx.fp) is None]
+    if missing:
+        _waiting(settings, stage, "buckets", f"{len(missing)} bucket(s) are not done yet (first: {missing[0]})")
+        return False
+    if cu.marker_ok(cu.cluster_marker(ctx), ctx.fp) is None:
+        cu.cluster_pass(ctx)
+    return True
+
+
+def _waiting(settings, stage: str, missing_stage: str, what: str) -> None:
+    """Work of ``missing_stage`` is missing after this run did its share. Normal for a slice whose peers are still at
+    the same stage; an error when nothing will come to do it: a whole run, --merge-only, or a --stage that was
+    started before every slice finished the earlier stage (a Slurm chain or prep.sh never does that)."""
+    if settings.merge_only:
+        raise CurationFailed(f"dedup: {what}; run the --stage {missing_stage} of every slice first (or the whole "
+                             "command without --merge-only)", [])
+    if stage == "all" and settings.slice_count == 1:
+        raise CurationFailed(f"dedup: {what}; rerun the same command", [])
+    if stage != "all" and STAGES.index(missing_stage) < STAGES.index(stage):
+        raise CurationFailed(f"dedup: {what}: --stage {stage} needs --stage {missing_stage} of every slice "
+                             "complete first", [])
+    if not settings.quiet:
+        log.info(f"data_prep curate: {what}; other slices (or the earlier --stage) must finish first")
+
+
+def run(settings: CurateSettings) -> Optional[dict]:
+    """Curate (this slice of) the units; returns curation.json's content once every unit is complete, else None."""
+    if settings.stage not in STAGES:
+        raise ValueError(f"--stage must be one of {', '.join(STAGES)}, got {settings.stage!r}")
+    steps = step_list(settings.steps)
+    out = settings.output_dir = os.path.abspath(settings.output_dir)
+    io.check_writable(out)
+    io.remove_stale_tmp(out)
+    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    if not settings.quiet:
+        log.info(f"data_prep curate: {len(units)} units, steps: {', '.join(s.name for s in steps.steps)}; "
+                 f"{settings.workers} worker(s) on {settings.executor}")
+    if not prepare(ctx, units, settings, settings.stage):
+        return None
+    if settings.stage in ("hash", "buckets"):
+        return None
+    done = {}
+    todo = []
+    for u in select_slice(units, settings.slice_index, settings.slice_count):
+        st = unit_complete(ctx, u)
+        if st is not None:
+            done[u.name] = st
+        elif not settings.merge_only:
+            todo.append(u)
+    manifest_path = os.path.join(out, CURATION_MANIFEST)
+    if todo:
+        io.remove(manifest_path)
+    failed = _run_tasks(settings.executor, settings.workers, settings.ray_address,
+                        functools.partial(cu.filter_unit, ctx=ctx), todo, settings.quiet, "filter")
+    if failed:
+        _raise_failed(failed, "unit(s)")
+    missing = []
+    for u in units:
+        if u.name not in done:
+            st = unit_complete(ctx, u)
+            if st is None:
+                missing.append(u.name)
+            else:
+                done[u.name] = st
+    if missing:
+        if settings.merge_only or settings.slice_count == 1:
+            raise CurationFailed(f"{len(missing)} unit(s) are not complete (first: {missing[0]}); rerun curate "
+                                 "(same arguments) to do them", [])
+        return None
+    manifest = build_manifest(ctx, [done[u.name] for u in units])
+    merge_removal_logs(out, [u.name for u in units])
+    merge_reject_logs(out, [u.name for u in units])
+    io.atomic_write(manifest_path, mf.dumps(manifest), shared=True)
+    return manifest
+
+
+def incomplete_dedup_slices(ctx: cu.CurateContext, units: Sequence[Unit], tasks: int) -> dict:
+    """For a Slurm resubmission: the slices (of ``tasks``) with work left in the hash and in the bucket stage."""
+    if not ctx.steps.dedup_steps:
+        return {"hash": [], "buckets": []}
+    return {"hash": sorted({u.index % tasks for u in units
+                            if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None}),
+            "buckets": sorted({b % tasks for b in range(ctx.steps.buckets)
+                               if cu.marker_ok(cu.bucket_marker(ctx, b), ctx.fp) is None})}
+
+
+def incomplete_slices(settings: CurateSettings, tasks: int) -> dict:
+    """Stage -> the slices (of ``tasks``) with work left in it (``slurm --only-incomplete`` of ``curate``)."""
+    steps = step_list(settings.steps)
+    out = os.path.abspath(settings.output_dir)
+    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    todo = incomplete_dedup_slices(ctx, units, tasks)
+    todo["filter"] = sorted({u.index % tasks for u in units if unit_complete(ctx, u) is None})
+    return todo
+
+
+def unit_complete(ctx: cu.CurateContext, unit: Unit) -> Optional[dict]:
+    st = cu.marker_ok(cu.stats_path(ctx.output_dir, unit.name), ctx.fp)
+    if st is None or st.get("key") != unit.key():
+        return None
+    try:
+        if io.size(cu.curated_path(ctx.output_dir, unit.name)) != st["bytes"]:
+            return None
+    except OSError:
+        return None
+    return st
+
+
+def build_manifest(ctx: cu.CurateContext, stats: List[dict]) -> dict:
+    records = docs = 0
+    rejected: Counter = Counter()
+    removed: dict = {}
+    for s in stats:
+        records += s["input_records"]
+        docs += s["documents"]
+        rejected.update(s["rejected"])
+        add_removed(removed, s["removed"])
+    removed = {k: dict(sorted(v.items())) for k, v in sorted(removed.items())}
+    manifest = {
+        "format": "jsonl",
+        "version": 1,
+        "steps": ctx.steps.as_dict(),
+        "settings": {"text_field": ctx.text_field, "max_record_size": ctx.max_record_size},
+        "files": [{k: s[k] for k in ("file", "bytes", "input_records", "documents", "inputs", "rejected", "removed")}
+                  for s in stats],
+        "totals": {"input_records": records, "documents": docs, "bytes": sum(s["bytes"] for s in stats),
+                   "rejected": dict(sorted(rejected.items())), "removed": removed,
+                   "kept_fraction": docs / max(records - sum(rejected.values()), 1)},
+        "removal_log": REMOVED,
+        "reject_log": REJECTS,
+    }
+    if records != docs + sum(rejected.values()) + removed_count(removed):
+        raise AssertionError("curation manifest does not balance")
+    return manifest

@@ -1,0 +1,310 @@
+"""Object storage through fsspec: ``s3://`` (s3fs), ``gs://`` (gcsfs, if installed) and any other fsspec protocol.
+
+Used by io.py only; everything else goes through io. What an object store changes, and how this handles it:
+- no rename: outputs are written to a local staging file and uploaded whole (``upload``: one PUT, or a multipart
+  upload above ``upload_part_size``); an object becomes visible only when its upload completes, never half-written;
+- reads are ranged GETs of ``read_block`` bytes read ahead sequentially (``open_read``): a byte range or a parquet
+  row group of a multi-GB object costs that range, not the object;
+- listings are paged (S3 ListObjectsV2: 1,000 keys a page) and done once per run: ``list_tree`` keeps only
+  (size, modification time) per object, and ``size``/``mtime_ns``/``exists`` answer from it without a request per
+  file. A prefix listed this way is known whole: an object missing from it does not exist (no HEAD to ask again);
+  writes through this module update what is known.
+- credentials come from the provider's own chain (for S3: botocore's env vars, ~/.aws, instance roles); options
+  given here (``configure``) may set endpoints and the like, never keys, so no secret is ever on a command line.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import posixpath
+import socket
+import time
+from datetime import datetime
+from typing import BinaryIO, Dict, List, Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK = 8 << 20  # bytes per ranged GET when streaming a unit (s3fs's own default is 50 MB)
+PROBE_BLOCK = 64 << 10  # bytes per ranged GET when looking for a newline near a unit boundary
+UPLOAD_PART = 64 << 20  # multipart upload part size: S3 allows 5 MiB..5 GiB and 10,000 parts (s3fs grows it past that)
+
+# Option names that would carry a credential: refused, so secrets never reach argv, plan.json or a log.
+SECRET_OPTIONS = ("key", "secret", "token", "password", "session_token", "aws_access_key_id",
+                  "aws_secret_access_key", "aws_session_token", "client_secret", "credentials", "passphrase")
+
+_options: Dict[str, object] = {}
+_part_size = UPLOAD_PART
+_known: Dict[str, Tuple[int, int, str]] = {}  # URL -> (size, mtime_ns, ETag), from listings and our own writes
+_listed: set = set()  # prefixes (URL + "/") whose whole listing is in _known
+
+
+def is_url(path: str) -> bool:
+    """True for a URL fsspec reads remotely (``s3://``, ``gs://``...); plain paths and ``file://`` are local."""
+    scheme, sep, _ = str(path).partition("://")
+    return bool(sep) and scheme.isidentifier() and scheme not in ("file", "local")
+
+
+def local_path(path: str) -> str:
+    """``file:///x`` -> ``/x``; anything else unchanged."""
+    for prefix in ("file://", "local://"):
+        if str(path).startswith(prefix):
+            return path[len(prefix):]
+    return path
+
+
+def join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name if is_url(base) else os.path.join(base, name)
+
+
+def check_options(options: Dict[str, object]) -> None:
+    """Refuse credentials as options: they belong in the provider's chain (env, ~/.aws, instance role)."""
+    for name in options:
+        if name.lower() in SECRET_OPTIONS or any(w in name.lower() for w in ("secret", "password", "token")):
+            raise ValueError(f"--storage-option {name}=...: credentials are not taken as options (they would be on "
+                             "the command line and in the run's settings); use the provider's own chain instead: "
+                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE, ~/.aws/credentials or an "
+                             "instance role for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS")
+
+
+def configure(options: Optional[Dict[str, object]] = None, part_size: int = UPLOAD_PART) -> None:
+    """Options for every remote filesystem of this process (e.g. ``endpoint_url`` of an S3-compatible store), and
+    the multipart part size. Called by the driver and by each worker with the run's settings."""
+    global _options, _part_size
+    options = dict(options or {})
+    check_options(options)
+    if options != _options:
+        _known.clear()
+        _listed.clear()
+    _options, _part_size = options, part_size
+
+
+def filesystem(url: str):
+    """(fsspec filesystem, path without protocol); fsspec caches the instance, so its connection pool is reused."""
+    import fsspec.core
+
+    try:
+        return fsspec.core.url_to_fs(url, **_options)
+    except ImportError as e:  # e.g. gs:// without gcsfs
+        raise ValueError(f"{url}: no filesystem for this URL ({e}); install its fsspec package (s3fs, gcsfs...)") \
+            from None
+
+
+def _mtime_ns(info: dict) -> int:
+    """A modification time from an fsspec info dict (S3 LastModified, gcs updated, local mtime), in ns; 0 if none."""
+    for k in ("LastModified", "mtime", "updated", "last_modified", "modified"):
+        v = info.get(k)
+        if v is None:
+            continue
+        if isinstance(v, datetime):
+            return int(v.timestamp() * 1e9)
+        if isinstance(v, (int, float)):
+            return int(v * 1e9)
+        try:
+            return int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp() * 1e9)
+        except ValueError:
+            continue
+    return 0
+
+
+def _url(fs, path: str) -> str:
+    return fs.unstrip_protocol(path)
+
+
+def _remember(url: str, info: dict) -> None:
+    _known[url] = (int(info.get("size") or 0), _mtime_ns(info), str(info.get("ETag") or ""))
+
+
+def _under_listed(url: str) -> bool:
+    return any(url.startswith(p) for p in _listed)
+
+
+def list_tree(url: str, progress_every: float = 2.0) -> List[str]:
+    """Every object under ``url`` (a prefix), sorted, listed once with paged requests; only (size, time) is kept per
+    object, for ``size``/``mtime_ns``. Long listings log their progress (objects, rate) at most every
+    ``progress_every`` seconds, checked at each page."""
+    fs, root = filesystem(url)
+    t0 = last = time.monotonic()
+    found: List[str] = []
+
+    def note(info: dict) -> None:
+        if info.get("type", "file") == "file":
+            u = _url(fs, info["name"])
+            _remember(u, info)
+            found.append(u)
+
+    def page_done() -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= progress_every:
+            last = now
+            log.info(f"listing {url}: {len(found):,} objects, {len(found) / max(now - t0, 1e-9):,.0f}/s")
+
+    _walk_objects(fs, root, note, page_done)
+    _listed.add(url.rstrip("/") + "/")
+    if time.monotonic() - t0 >= progress_every:
+        log.info(f"listed {url}: {len(found):,} objects in {time.monotonic() - t0:.1f} s")
+    return sorted(found)
+
+
+def _walk_objects(fs, root: str, note, page_done) -> None:
+    """Call ``note(info)`` for each object under ``root`` and ``page_done()`` after each page. s3fs: one flat
+    ListObjectsV2 request per 1,000 keys, each page handled as it arrives (nothing but our (size, time) is kept);
+    other filesystems: fsspec's ``find`` (one listing, whole)."""
+    if hasattr(fs, "_list_pages") and hasattr(fs, "split_path") and not getattr(fs, "version_aware", False):
+        import fsspec.asyn
+
+        bucket, key, _ = fs.split_path(root)
+        prefix = key.rstrip("/") + "/" if key else ""
+
+        async def page_through():
+            # s3fs has no public per-page iterator; its paginator runs on its own event loop, as fs.find does
+            async for page in fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, **fs.req_kw):
+                for c in page.get("Contents", []):
+                    note({"name": f"{bucket}/{c['Key']}", "size": c["Size"], "LastModified": c["LastModified"],
+                          "ETag": c.get("ETag"), "type": "file"})
+                page_done()
+
+        fsspec.asyn.sync(fs.loop, page_through)
+        return
+    for info in fs.find(root, detail=True).values():
+        note(info)
+    page_done()
+
+
+def refresh_listing(url: str) -> None:
+    """List an output prefix again (whole, paged), so completion checks see what other nodes wrote meanwhile."""
+    prefix = url.rstrip("/") + "/"
+    for u in [u for u in _known if u.startswith(prefix)]:
+        del _known[u]
+    _listed.discard(prefix)
+    list_tree(url)
+
+
+def info(url: str) -> Optional[Tuple[int, int]]:
+    """(size, mtime_ns) of an object, or None when it does not exist."""
+    if url in _known:
+        return _known[url][:2]
+    if _under_listed(url):
+        return None
+    fs, path = filesystem(url)
+    try:
+        i = fs.info(path)
+    except FileNotFoundError:
+        return None
+    if i.get("type") == "directory":
+        return None
+    _remember(url, i)
+    return _known[url][:2]
+
+
+def exists(url: str) -> bool:
+    if info(url) is not None:
+        return True
+    if _under_listed(url):
+        return False
+    fs, path = filesystem(url)
+    return fs.exists(path)  # a prefix ("directory") of objects
+
+
+def size(url: str) -> int:
+    i = info(url)
+    if i is None:
+        raise FileNotFoundError(f"{url}: no such object")
+    return i[0]
+
+
+def mtime_ns(url: str) -> int:
+    i = info(url)
+    if i is None:
+        raise FileNotFoundError(f"{url}: no such object")
+    return i[1]
+
+
+def open_read(url: str, block_size: int = 0) -> BinaryIO:
+    if url not in _known and _under_listed(url):
+        raise FileNotFoundError(f"{url}: no such object")
+    fs, path = filesystem(url)
+    kw = {"block_size": block_size or READ_BLOCK, "cache_type": "readahead"}
+    if url not in _known:
+        f = fs.open(path, "rb", **kw)
+    else:
+        # what the listing said: no HEAD per open (a unit opens its object once, planning once per boundary); s3fs
+        # checks each range's ETag against it, so an object rewritten mid-run fails the read instead of mixing
+        n, _, etag = _known[url]
+        try:
+            f = fs.open(path, "rb", size=n, **kw)
+        except TypeError:  # a filesystem whose files take no size
+            f = fs.open(path, "rb", **kw)
+        if hasattr(type(f), "details"):
+            f.details = {"name": path, "size": n, "type": "file", **({"ETag": etag} if etag else {})}
+    # a BufferedReader on top: the readers use readline(limit), which fsspec's file objects do not take
+    return io.BufferedReader(f, buffer_size=min(block_size or READ_BLOCK, 1 << 20))
+
+
+def glob(pattern: str) -> List[str]:
+    fs, path = filesystem(pattern)
+    out = []
+    for p, i in fs.glob(path, detail=True).items():
+        if i.get("type", "file") == "file":
+            u = _url(fs, p)
+            _remember(u, i)
+            out.append(u)
+    return sorted(out)
+
+
+def _forget(url: str) -> None:
+    _known.pop(url, None)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    fs, path = filesystem(url)
+    fs.pipe_file(path, data)
+    _forget(url)
+    if _under_listed(url):
+        _known[url] = (len(data), time.time_ns(), "")
+
+
+def upload(local: str, url: str) -> None:
+    """Upload a finished local file: one PUT below 2 parts, else a multipart upload of ``_part_size`` parts that S3
+    assembles only on completion (a killed upload leaves no object, only parts a bucket lifecycle rule expires)."""
+    fs, path = filesystem(url)
+    n = os.path.getsize(local)
+    if hasattr(fs, "split_path"):  # s3fs: its put_file takes the part size
+        fs.put_file(local, path, chunksize=_part_size)
+    else:
+        fs.put_file(local, path)
+    _forget(url)
+    if _under_listed(url):
+        _known[url] = (n, time.time_ns(), "")
+
+
+def remove(url: str) -> None:
+    if url not in _known and _under_listed(url):
+        return
+    fs, path = filesystem(url)
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
+    _forget(url)
+
+
+def check_writable(url: str) -> None:
+    """Prove an object can be written under ``url`` (and removed); PermissionError names the URL and what to check
+    (no credential is ever part of the message: botocore's errors name the operation, not the keys)."""
+    probe = join(url, f".write_probe.{socket.gethostname()}.{os.getpid()}")
+    try:
+        write_bytes(probe, b"ok")
+        remove(probe)
+    except (OSError, ValueError) as e:
+        endpoint = _options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
+            os.environ.get("AWS_ENDPOINT_URL") or "the provider's default"
+        raise PermissionError(f"output {url} is not writable ({type(e).__name__}: {e}); check the bucket exists, "
+                              f"the credentials in your provider chain may write there, and the endpoint "
+                              f"({endpoint}); or choose another --output") from e
+
+
+def basename(url: str) -> str:
+    return posixpath.basename(url.rstrip("/"))

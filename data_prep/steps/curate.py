@@ -1,0 +1,336 @@
+"""The curation tasks an executor runs: hash pass (per unit), bucket pass (per bucket), filter pass (per unit).
+
+Files of the dedup passes live in ``<output>/dedup/`` (deterministic content: the same whatever the worker count or
+engine); each task writes its data files atomically and then its marker (``hash_NNNNNN.json``, ``bucket_NNNNN.json``),
+the completion marker a rerun checks, as the tokenize step does with ``shard_NNNNNN.stats.json``.
+
+``DocGate`` is the filter pass's decision for one unit: the steps in order, a document removed by a step not seen by
+the later ones. The jsonl output mode (``filter_unit``) and the tokenize step (steps/tokenize.py) both use it.
+"""
+
+from __future__ import annotations
+
+import io as pyio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import orjson
+
+from data_prep import io, progress
+from data_prep.read.formats import InputError, position_kind, read_piece
+from data_prep.read.units import Unit
+from data_prep.settings import DEFAULT_MAX_RECORD
+from data_prep.steps import dedup as dd
+from data_prep.steps.filters import QualityFilter
+from data_prep.steps.step_list import StepList
+from data_prep.write.rejects import RejectLog
+from data_prep.write.removals import RemovalLog
+
+DEDUP_DIR = "dedup"
+REASONS = {"quality": None, "exact_dedup": "duplicate", "minhash_dedup": "near_duplicate"}
+
+
+@dataclass
+class CurateContext:
+    """What every curation task needs (picklable: it travels to pool workers and Ray tasks)."""
+
+    output_dir: str
+    steps: StepList
+    fp: str
+    units: int  # number of work units in the plan
+    text_field: str = "text"
+    max_record_size: int = DEFAULT_MAX_RECORD
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def dedup_dir(self) -> str:
+        return os.path.join(self.output_dir, DEDUP_DIR)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A bucket-pass task, shaped like a Unit for the executors (``index``, ``name``)."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"bucket_{self.index:05d}"
+
+    @property
+    def nbytes(self) -> int:
+        return 1
+
+
+def _path(ctx: CurateContext, *parts: str) -> str:
+    return os.path.join(ctx.dedup_dir, ".".join(parts))
+
+
+def hash_marker(ctx: CurateContext, unit_index: int) -> str:
+    return _path(ctx, f"hash_{unit_index:06d}", "json")
+
+
+def bucket_marker(ctx: CurateContext, b: int) -> str:
+    return _path(ctx, f"bucket_{b:05d}", "json")
+
+
+def cluster_marker(ctx: CurateContext) -> str:
+    return _path(ctx, "cluster", "json")
+
+
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    buf = pyio.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    io.atomic_write(path, buf.getvalue(), shared=True)  # slices may race on the cluster file
+
+
+def _load_npy(path: str, mmap: bool = True) -> np.ndarray:
+    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+def marker_ok(path: str, fp: str) -> Optional[dict]:
+    try:
+        with io.open_read(path) as f:
+            m = orjson.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return m if m.get("fingerprint") == fp else None
+
+
+def _records(unit: Unit, ctx: CurateContext):
+    """(piece, position, ordinal, text, reject reason) of every record of the unit, in order."""
+    ordinal = 0
+    for piece in unit.pieces:
+        for pos, text, reason in read_piece(piece, ctx.text_field, ctx.max_record_size):
+            yield piece, pos, ordinal, text, reason
+            ordinal += 1
+
+
+class _Reporter:
+    def __init__(self, index: int):
+        self.index, self.last, self.pending = index, time.monotonic(), [0, 0, 0]
+
+    def add(self, chars: int) -> None:
+        self.pending[0] += 1
+        self.pending[2] += chars
+        now = time.monotonic()
+        if progress.watched() and now - self.last > 0.5:
+            progress.report(self.index, *self.pending)
+            self.pending, self.last = [0, 0, 0], now
+
+    def flush(self) -> None:
+        progress.report(self.index, *self.pending)
+
+
+def _failure(unit, e: Exception) -> dict:
+    path, why = (e.path, e.why) if isinstance(e, InputError) else (
+        ", ".join(p.path for p in unit.pieces), "out of memory in this unit (lower --workers or --shard-size)")
+    return {"ok": False, "unit": unit.name, "path": path, "error": why}
+
+
+# --- pass 1: hashes -----------------------------------------------------------------------------------------------
+
+
+def hash_unit(unit: Unit, ctx: CurateContext) -> dict:
+    """Keys of every document that reaches each dedup step (filters before it applied), bucketed; then the marker."""
+    steps = ctx.steps.steps
+    last = max(i for i, s in enumerate(steps) if s.is_dedup)
+    filters = {i: QualityFilter(s.cfg) for i, s in enumerate(steps[:last]) if s.kind == "quality"}
+    hashers = {i: (dd.ExactHasher(s.cfg) if s.kind == "exact_dedup" else dd.MinHasher(s.cfg))
+               for i, s in enumerate(steps) if s.is_dedup}
+    keys: Dict[int, list] = {i: [] for i in hashers}
+    sigs: Dict[int, list] = {i: [] for i in hashers if steps[i].kind == "minhash_dedup"}
+    sig_refs: Dict[int, list] = {i: [] for i in sigs}
+    rep = _Reporter(unit.index)
+    try:
+        for _, _, ordinal, text, _ in _records(unit, ctx):
+            if text is None:
+                continue
+            ref = dd.make_ref(unit.index, ordinal)
+            # Dedup steps ignore what earlier dedup steps removed: exact copies share every MinHash band, and the
+            # smallest ref of a group is never a copy removed earlier, so the keepers are those of running them in turn
+            for i in range(last + 1):
+                if i in filters:
+                    if filters[i].check(text) is not None:
+                        break
+                elif i in hashers:
+                    h = hashers[i]
+                    if i in sigs:
+                        sig = h.signature(text)
+                        sigs[i].append(sig)
+                        sig_refs[i].append(ref)
+                        keys[i] += [(a, b, ref) for a, b in h.band_keys(sig)]
+                    else:
+                        keys[i] += [(a, b, ref) for a, b in h.keys(text)]
+            rep.add(len(text))
+    except (InputError, MemoryError) as e:
+        return _failure(unit, e)
+    rep.flush()
+    os.makedirs(ctx.dedup_dir, exist_ok=True)
+    counts = {}
+    for i, k in keys.items():
+        name = steps[i].name
+        arr, offsets = dd.bucket_sorted(k, ctx.steps.buckets)
+        _save_npy(_path(ctx, name, f"keys_{unit.index:06d}", "npy"), arr)
+        _save_npy(_path(ctx, name, f"offsets_{unit.index:06d}", "npy"), offsets)
+        if i in sigs:
+            num_perm = steps[i].cfg.num_perm
+            sa = np.stack(sigs[i]) if sigs[i] else np.zeros((0, num_perm), np.uint32)
+            _save_npy(_path(ctx, name, f"sigs_{unit.index:06d}", "npy"), sa)
+            _save_npy(_path(ctx, name, f"sigrefs_{unit.index:06d}", "npy"), np.array(sig_refs[i], dtype=np.uint64))
+        counts[name] = len(sig_refs[i]) if i in sigs else len(k)
+    io.atomic_write(hash_marker(ctx, unit.index),
+                    orjson.dumps({"fingerprint": ctx.fp, "unit": unit.name, "key": unit.key(), "documents": counts}))
+    return {"ok": True}
+
+
+# --- pass 2: buckets ----------------------------------------------------------------------------------------------
+
+
+class _Signatures:
+    """Signature lookup by ref across the units' signature files (memory-mapped, opened on first use)."""
+
+    def __init__(self, ctx: CurateContext, step: str):
+        self.ctx, self.step, self.open = ctx, step, {}
+
+    def __call__(self, ref: int) -> np.ndarray:
+        u = dd.ref_unit(ref)
+        if u not in self.open:
+            self.open[u] = (_load_npy(_path(self.ctx, self.step, f"sigrefs_{u:06d}", "npy")),
+                            _load_npy(_path(self.ctx, self.step, f"sigs_{u:06d}", "npy")))
+        refs, sigs = self.open[u]
+        return np.asarray(sigs[int(np.searchsorted(refs, np.uint64(ref)))])
+
+
+def bucket_task(bucket: Bucket, ctx: CurateContext) -> dict:
+    """This bucket's slice of every unit's keys -> exact (removed, keeper) pairs / MinHash confirmed edges."""
+    b = bucket.index
+    out = {}
+    for step in ctx.steps.dedup_steps:
+        parts = []
+        for u in range(ctx.units):
+            offsets = _load_npy(_path(ctx, step.name, f"offsets_{u:06d}", "npy"), mmap=False)
+            if offsets[b + 1] > offsets[b]:
+                keys = _load_npy(_path(ctx, step.name, f"keys_{u:06d}", "npy"))
+                parts.append(np.array(keys[offsets[b]:offsets[b + 1]]))
+        arr = dd.sort_entries(np.concatenate(parts)) if parts else np.zeros(0, dd.KEY_DTYPE)
+        if step.kind == "exact_dedup":
+            res = dd.exact_removed(arr)
+            _save_npy(_path(ctx, step.name, f"removed_{b:05d}", "npy"), res)
+        else:
+            res = dd.minhash_edges(arr, _Signatures(ctx, step.name), step.cfg.threshold)
+            _save_npy(_path(ctx, step.name, f"edges_{b:05d}", "npy"), res)
+        out[step.name] = len(res)
+    progress.report(b, 1, 0, 1)
+    io.atomic_write(bucket_marker(ctx, b), orjson.dumps({"fingerprint": ctx.fp, "bucket": b, "pairs": out}))
+    return {"ok": True}
+
+
+# --- pass 3: clusters (MinHash) -----------------------------------------------------------------------------------
+
+
+def cluster_pass(ctx: CurateContext) -> None:
+    """Union-find over every bucket's confirmed edges (duplicates only): each cluster keeps its smallest ref."""
+    for step in ctx.steps.dedup_steps:
+        if step.kind != "minhash_dedup":
+            continue
+        edges = [np.array(_load_npy(_path(ctx, step.name, f"edges_{b:05d}", "npy"), mmap=False))
+                 for b in range(ctx.steps.buckets)]
+        allx = np.concatenate(edges) if edges else np.zeros(0, dd.PAIR_DTYPE)
+        _save_npy(_path(ctx, step.name, "removed", "npy"), dd.clusters_removed(allx))
+    io.atomic_write(cluster_marker(ctx), orjson.dumps({"fingerprint": ctx.fp}))
+
+
+# --- pass 4: the filter decision per document ---------------------------------------------------------------------
+
+
+class DocGate:
+    """``check(text, ordinal)`` -> None (keep) or (step name, reason, duplicate_of or None), steps in order."""
+
+    def __init__(self, ctx: CurateContext, unit_index: int):
+        self.checks: List[Tuple[str, object]] = []
+        for step in ctx.steps.steps:
+            if step.kind == "quality":
+                self.checks.append((step.name, QualityFilter(step.cfg)))
+                continue
+            if step.kind == "exact_dedup":
+                pairs = [dd.unit_slice(_load_npy(_path(ctx, step.name, f"removed_{b:05d}", "npy")), unit_index)
+                         for b in range(ctx.steps.buckets)]
+                pairs = [np.array(p) for p in pairs if len(p)]
+            else:
+                p = dd.unit_slice(_load_npy(_path(ctx, step.name, "removed", "npy")), unit_index)
+                pairs = [np.array(p)] if len(p) else []
+            removed = {dd.ref_ordinal(r): k for p in pairs for r, k in zip(p["ref"].tolist(), p["keeper"].tolist())}
+            self.checks.append((step.name, (REASONS[step.kind], removed)))
+
+    def check(self, text: str, ordinal: int) -> Optional[Tuple[str, str, Optional[str]]]:
+        for name, how in self.checks:
+            if isinstance(how, QualityFilter):
+                why = how.check(text)
+                if why is not None:
+                    return name, why, None
+            else:
+                reason, removed = how
+                keeper = removed.get(ordinal)
+                if keeper is not None:
+                    return name, reason, dd.ref_name(keeper)
+        return None
+
+
+def curated_path(out_dir: str, unit_name: str) -> str:
+    return os.path.join(out_dir, unit_name + ".jsonl")
+
+
+def stats_path(out_dir: str, unit_name: str) -> str:
+    return os.path.join(out_dir, unit_name + ".curated.json")
+
+
+def filter_unit(unit: Unit, ctx: CurateContext) -> dict:
+    """The jsonl output mode: kept documents to ``shard_NNNNNN.jsonl`` ({"text": ...} per line), removals and
+    rejects logged, then ``shard_NNNNNN.curated.json`` (the unit's counts; its completion marker)."""
+    out = ctx.output_dir
+    gate = DocGate(ctx, unit.index)
+    removals, rejects = RemovalLog(out, unit.name), RejectLog(out, unit.name)
+    path = curated_path(out, unit.name)
+    tmp = path + ".tmp"
+    f = io.open_write(tmp)
+    records = kept = 0
+    rep = _Reporter(unit.index)
+    try:
+        for piece, pos, ordinal, text, reason in _records(unit, ctx):
+            records += 1
+            if text is None:
+                rejects.add(piece.path, position_kind(piece), pos, reason)
+                continue
+            why = gate.check(text, ordinal)
+            if why is not None:
+                removals.remove(piece.path, position_kind(piece), pos, *why)
+            else:
+                f.write(orjson.dumps({"text": text}) + b"\n")
+                kept += 1
+            rep.add(len(text))
+        io.fsync_file(f)
+        f.close()
+        io.commit(tmp, path)
+        removals.commit()
+        rejects.commit()
+    except BaseException as e:
+        f.close()
+        io.remove(tmp)
+        removals.abort()
+        rejects.abort()
+        if isinstance(e, (InputError, MemoryError)):
+            return _failure(unit, e)
+        raise
+    rep.flush()
+    stats = {"unit": unit.name, "key": unit.key(), "fingerprint": ctx.fp, "file": os.path.basename(path),
+             "bytes": io.size(path), "input_records": records, "documents": kept,
+             "inputs": [p.as_dict() for p in unit.pieces],
+             "rejected": dict(sorted(rejects.counts.items())), "removed": removals.summary()}
+    if records != kept + sum(rejects.counts.values()) + sum(removals.counts.values()):
+        raise AssertionError(f"{unit.name}: records do not balance")
+    io.atomic_write(stats_path(out, unit.name), orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    return {"ok": True, "stats": stats}

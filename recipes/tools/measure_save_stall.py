@@ -1,0 +1,205 @@
+"""`python -m recipes measure-save-stall`: how long a checkpoint save stalls training, sync vs async, side by side.
+
+Each rank (local processes over gloo, CPU) builds the recipe's engine through `recipes.train.engine.initialize` (the
+training path), trains on random tokens and saves through `recipes.checkpoint.store.Checkpointer`, sync and async
+saves taking turns in the same processes on the same model (so machine noise hits both alike). Per save:
+
+  sync stall  = time the training thread is blocked in save() (write + fsync of every file + complete.json)
+  async stall = time blocked in save() (the host copy) + the extra time of the steps that ran while the background
+                write was in flight (the writer shares the CPU) + any wait for the write at the end of the window
+
+Both are measured the same way: the wall time of [save + the next `gap` steps + waiting for the save to complete]
+minus `gap` median normal steps.
+
+Default model: about 110M parameters (hidden 1536, 3 layers, vocab 8192, seq 64), fp32 Adam: ~1.3 GB per save.
+
+    python -m recipes measure-save-stall                     # 1 rank, 3 saves of each kind, checkpoints in a temp dir
+    python -m recipes measure-save-stall --ranks 2 --dir /shared/scratch model.num_layers=6
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from recipes.parallel.rendezvous import free_port
+
+warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "configs/runs/tiny-cpu.yaml")
+MODEL_110M = ["model.hidden_size=1536", "model.ffn_hidden_size=4096", "model.num_layers=3",
+              "model.num_attention_heads=12", "model.num_query_groups=4", "model.vocab_size=8192",
+              "model.seq_length=64"]
+
+
+def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path) -> dict:
+    import torch
+
+    from recipes.checkpoint.store import Checkpointer
+    from recipes.config.loading import load_recipe
+    from recipes.model.shape import count_parameters
+    from recipes.parallel.layout import Layout
+    from recipes.tools.bench_train import synthetic_steps
+    from recipes.train.engine import init_distributed, init_parallel_state, initialize
+    from recipes.train.loop import train_step
+
+    recipe = load_recipe(recipe_path, overrides + ["parallel.tp=1", "parallel.pp=1", f"parallel.dp={ranks}",
+                                                   "parallel.micro_batch=1", f"training.global_batch={ranks}"])
+    device = init_distributed(recipe)
+    layout = Layout.from_recipe(recipe, ranks)
+    init_parallel_state(layout)
+    gap = 4  # steps between saves: room for an async write to finish
+    total = 3 + (2 * saves) * (gap + 1) + 8
+    eng = initialize(recipe, layout, device, total_steps=total)
+    mbs = synthetic_steps(recipe, layout, device, 1)[0]
+    savers = {mode: Checkpointer(eng.engine, str(out / mode), keep_last=1, background=mode == "async",
+                                 device=device) for mode in ("sync", "async")}
+    step = 0
+
+    def timed_step() -> float:
+        nonlocal step
+        t0 = time.perf_counter()
+        train_step(eng, mbs)
+        step += 1
+        return time.perf_counter() - t0
+
+    for _ in range(3):  # warm-up: Adam's moments exist from the first step on
+        timed_step()
+    normal = [timed_step() for _ in range(gap)]
+    rows = {"sync": [], "async": []}
+    for _ in range(saves):
+        for mode, saver in savers.items():
+            timed_step()
+            # The window: the save, then `gap` steps (polling, as the loop does), then waiting for the save if it is
+            # still in flight. Its excess over `gap` normal steps is the stall, whatever caused it (blocking, or
+            # steps slowed by the writer); noise in the steps cancels instead of adding up.
+            t0 = time.perf_counter()
+            saver.save(step, {"step": step, "consumed_samples": step})
+            blocked = time.perf_counter() - t0
+            during = []
+            for _ in range(gap):
+                in_flight = saver.inflight is not None
+                t = timed_step()
+                saver.poll()
+                if in_flight:
+                    during.append(t)
+            t1 = time.perf_counter()
+            saver.finish()
+            end = time.perf_counter()
+            rows[mode].append({"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
+                               "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap})
+        normal += [timed_step() for _ in range(2)]
+    files = [p for p in (out / "async").rglob("*.pt")]
+    return {"rank": torch.distributed.get_rank(), "params": count_parameters(recipe.model),
+            "normal_steps_s": normal, "saves": rows, "rank_bytes": sum(p.stat().st_size for p in files) // ranks}
+
+
+def _fs_of(path: Path) -> str:
+    """'<fs type> on <device>' of the file system holding `path` (from /proc/mounts)."""
+    best = ("", "?", "?")
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            dev, mnt, fs = line.split()[:3]
+            if str(path.resolve()).startswith(mnt) and len(mnt) >= len(best[0]):
+                best = (mnt, fs, dev)
+    except OSError:
+        pass
+    return f"{best[1]} on {best[2]}"
+
+
+def summarize(per_rank: list[dict]) -> dict:
+    """Per-save stall of each mode (the slowest rank's, as the ranks wait for each other), medians over saves."""
+    normal = statistics.median(t for r in per_rank for t in r["normal_steps_s"])
+    out = {"params": per_rank[0]["params"], "ranks": len(per_rank), "normal_step_s": normal,
+           "checkpoint_bytes_per_rank": max(r["rank_bytes"] for r in per_rank)}
+    for mode in ("sync", "async"):
+        stalls, blocked, slower, waited = [], [], [], []
+        for i in range(len(per_rank[0]["saves"][mode])):
+            saves = [r["saves"][mode][i] for r in per_rank]
+            gap = saves[0]["gap"]
+            b = max(s["blocked_s"] for s in saves)
+            d = max(s["steps_s"] - gap * normal for s in saves)
+            w = max(s["finish_wait_s"] for s in saves)
+            blocked.append(b), slower.append(d), waited.append(w)
+            stalls.append(max(s["window_s"] for s in saves) - gap * normal)
+        out[mode] = {"stall_s": statistics.median(stalls), "blocked_in_save_s": statistics.median(blocked),
+                     "slower_steps_s": statistics.median(slower), "finish_wait_s": statistics.median(waited),
+                     "stalls_s": stalls}
+    out["async_over_sync"] = out["async"]["stall_s"] / out["sync"]["stall_s"]
+    return out
+
+
+def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path, timeout: int = 1800) -> list[dict]:
+    port = free_port()
+    procs = []
+    for rank in range(ranks):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                   PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+        cmd = [sys.executable, "-m", "recipes", "measure-save-stall", "--config", recipe, *overrides, "--worker",
+               "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out)]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"measure-save-stall worker failed ({p.returncode}):\n{stderr[-4000:]}")
+            results.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for p in procs:  # nothing outlives the measurement
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes measure-save-stall", description=__doc__.split("\n")[0])
+    ap.add_argument("overrides", nargs="*", help="recipe overrides (after the default ~110M model's)")
+    ap.add_argument("--config", default=RECIPE)
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--saves", type=int, default=3, help="saves of each kind")
+    ap.add_argument("--dir", help="where the checkpoints go (default: a temporary directory, removed after)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_intermixed_args(argv)
+    overrides = MODEL_110M + args.overrides
+    if args.worker:
+        print(json.dumps(_worker(args.config, overrides, args.ranks, args.saves, Path(args.dir))), flush=True)
+        return 0
+
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="save-stall-") as tmp:
+        print(f"measuring {args.saves} sync and {args.saves} async saves on {args.ranks} rank(s) in {tmp} "
+              f"({_fs_of(Path(tmp))}) ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        s = summarize(measure(args.config, overrides, args.ranks, args.saves, Path(tmp)))
+        s["seconds"] = time.perf_counter() - started
+        s["disk"] = _fs_of(Path(tmp))
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    print(f"model {s['params'] / 1e6:.1f}M parameters, {s['ranks']} rank(s), "
+          f"{s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB of checkpoint files per rank per save, disk {s['disk']}")
+    print(f"normal step            {s['normal_step_s']:.3f} s (median)")
+    for mode in ("sync", "async"):
+        m = s[mode]
+        print(f"{mode:5} save stall       {m['stall_s']:.3f} s per save (median of {len(m['stalls_s'])}: blocked in "
+              f"save {m['blocked_in_save_s']:.3f} s + slower steps {m['slower_steps_s']:+.3f} s + "
+              f"waiting for the write {m['finish_wait_s']:.3f} s)")
+    print(f"async / sync stall     {s['async_over_sync']:.1%} (goal < 25%); host memory for the async copy: "
+          f"{s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB per rank while a save is in flight")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

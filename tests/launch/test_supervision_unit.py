@@ -1,0 +1,114 @@
+"""The pieces of unattended runs, in process: which ranks the hang watchdog names, the heartbeat file a rank keeps,
+the test-only fault spec, the restart record, the recipe's supervision facts, and the options train.sh refuses."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+
+import pytest
+
+from recipes.train.faults import Fault
+from recipes.train.heartbeat import WRITE_INTERVAL_S, Heartbeat
+from tests.support.launch import REPO, TOY, run_launch
+
+pytestmark = pytest.mark.unit
+
+_spec = importlib.util.spec_from_file_location("launch_watchdog", REPO / "launch" / "watchdog.py")
+watchdog = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(watchdog)
+
+
+def beat(rank, step, phase, host="n1"):
+    return {"rank": rank, "host": host, "pid": 100 + rank, "step": step, "phase": phase}
+
+
+def test_behind_is_the_lowest_step_then_the_earliest_phase():
+    beats = {0: beat(0, 7, "forward-backward"), 1: beat(1, 6, "save", "n2"), 2: beat(2, 6, "data", "n2"),
+             3: beat(3, 7, "sync")}
+    v = watchdog.verdict(beats, 4, 30)
+    assert v["behind"] == [2] and v["culprit_host"] == "n2"
+    assert "  behind: rank 2 on host n2 (step 6, phase data)" in v["report"]
+
+
+def test_every_rank_stuck_alike_blames_no_host_and_missing_ranks_come_first():
+    same = {r: beat(r, 3, "forward-backward", f"n{r}") for r in range(2)}
+    v = watchdog.verdict(same, 2, 10)
+    assert v["behind"] == [0, 1] and v["culprit_host"] is None and "stack dumps show which" in v["why"]
+    ranks, why = watchdog.behind({0: beat(0, 3, "data")}, 3)
+    assert ranks == [1, 2] and "never wrote a heartbeat" in why
+
+
+def test_watch_reports_a_hang_only_after_the_timeout_without_progress(tmp_path):
+    hb = tmp_path / "hb"
+    hb.mkdir()
+    (hb / "rank-0.json").write_text(json.dumps(beat(0, 1, "data")))
+    (hb / "rank-1.json").write_text(json.dumps(beat(1, 1, "forward-backward")))
+    out = tmp_path / "hang.json"
+    t0 = time.monotonic()
+    assert watchdog.watch(str(hb), 2, 0.6, str(out), 0.05) == 3
+    assert time.monotonic() - t0 >= 0.6
+    assert json.loads(out.read_text())["behind"] == [0]
+    # Start-up alone never counts as a hang (the distributed time-outs cover it).
+    for r in (0, 1):
+        (hb / f"rank-{r}.json").write_text(json.dumps(beat(r, 0, "resume")))
+    assert watchdog.watch(str(hb), 2, 0.3, str(tmp_path / "no.json"), 0.05, for_s=1.5) is None
+
+
+def test_heartbeat_file_is_replaced_whole_and_at_most_every_interval(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LAUNCH_HOST", "nodeX")
+    hb = Heartbeat(tmp_path)
+    for step in range(1000):  # a fast loop: beats cost an assignment, the thread writes
+        hb.beat(step, "data")
+        hb.beat(step, "forward-backward")
+    hb.beat(1000, "log", 0.25)
+    time.sleep(WRITE_INTERVAL_S * 3)
+    rec = json.loads((tmp_path / "rank-3.json").read_text())
+    assert (rec["rank"], rec["host"], rec["step"], rec["phase"], rec["step_time_s"]) == (3, "nodeX", 1000, "log", 0.25)
+    assert [p.name for p in tmp_path.iterdir()] == ["rank-3.json"]  # no temporary file left behind
+    Heartbeat(None).beat(1, "data")  # no launcher: nothing to write, no error
+
+
+def test_fault_spec_is_strict_and_targets_one_rank_step_host_and_attempt(monkeypatch):
+    monkeypatch.setenv("RECIPES_TEST_FAULT", "kill rank=2 step=5 host=node2 attempt=1")
+    f = Fault.from_env()
+    assert (f.kind, f.rank, f.step, f.host, f.attempt) == ("kill", 2, 5, "node2", "1")
+    monkeypatch.setenv("LAUNCH_HOST", "node1")
+    f.maybe_fire(2, 5)  # another host: nothing happens (a kill would end this test process)
+    for bad in ("explode rank=1 step=2", "hang rank=1", "hang rank=1 step=2 stray"):
+        monkeypatch.setenv("RECIPES_TEST_FAULT", bad)
+        with pytest.raises(ValueError, match="RECIPES_TEST_FAULT"):
+            Fault.from_env()
+    monkeypatch.delenv("RECIPES_TEST_FAULT")
+    assert Fault.from_env() is None
+
+
+def test_restart_record_keeps_numbers_and_nulls(tmp_path):
+    f = tmp_path / "restarts.jsonl"
+    watchdog.main(["record", str(f), "restart=1", "why=exit code 137", "steps_lost=", "backoff_s=0.5"])
+    assert json.loads(f.read_text()) == {"restart": 1, "why": "exit code 137", "steps_lost": None, "backoff_s": 0.5}
+
+
+def test_supervision_facts_and_refusals(tmp_path):
+    r = run_launch("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "slurm", "--max-restarts", 2,
+                   "--dry-run", "--log-dir", tmp_path / "s")
+    assert r.returncode == 2 and "under Slurm the job requeues itself" in r.stderr, r.stderr
+    r = run_launch("train.sh", TOY, "--backend", "local", "--num-gpus", 2, "--spares", 1, "--dry-run")
+    assert r.returncode == 2 and "--spares needs hosts to swap in" in r.stderr, r.stderr
+    r = run_launch("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh", "--spares", 2,
+                   "--dry-run", "--master-port", 23456)
+    assert r.returncode == 2 and "--spares 2 leaves no host to train on" in r.stderr, r.stderr
+    # One spare of two hosts: the world is the first host only (2 ranks), the plan never names the spare.
+    r = run_launch("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh", "--spares", 1,
+                   "--dry-run", "--master-port", 23456, "--log-dir", tmp_path / "d")
+    assert r.returncode == 0, r.stderr
+    assert "world_size=2" in r.stdout and "gpuB" not in r.stdout
+    r = run_launch("train.sh", TOY, "--max-restarts", "many", "--dry-run")
+    assert r.returncode == 2 and "--max-restarts 'many'" in r.stderr
+
+
+def _hostfile(tmp_path):
+    p = tmp_path / "hostfile"
+    p.write_text("gpuA slots=2\ngpuB slots=2\n")
+    return p
