@@ -1,4 +1,4 @@
-"""Re-lay a ZeRO-1/2 training checkpoint to any TP x PP x DP in one process, one tensor at a time.
+"""Re-lay a ZeRO-1/2 training checkpoint to any TP x PP x DP without an engine, one tensor at a time.
 
 No engine and no process per target rank: the target's DeepSpeed files are computed, not saved by ranks. For each
 target stage and TP rank, the writer lays out the optimizer's flat param groups exactly as DeepSpeed's ZeRO-1/2
@@ -9,21 +9,29 @@ by tensor: a tensor is read from the source (memory-mapped files, only the sourc
 over the source TP ranks: recipes.checkpoint.shards), re-padded and cut for the target TP rank, copied in and released.
 `engine.load_checkpoint` at the target layout then loads these files as its own (same keys, same flat layout).
 
-Memory: one full tensor (x3: master, exp_avg, exp_avg_sq) plus the target's own per-rank pieces: one DP rank's
-optimizer partition (x3) while its file is built, and one layer's TP shards for the per-layer weight files. PP = 1
+Tied embeddings: a pipeline keeps the word embedding (DeepSpeed's `tied_modules.embed`) on its first and last stage,
+each copy in that stage's flat groups; both are written from the one canonical tensor (see `_stage_params`).
+
+Work items are the target's (stage, TP rank) pairs; a pool of worker processes writes them side by side (`workers`).
+Memory per worker: one full tensor (x3: master, exp_avg, exp_avg_sq) plus its item's own pieces: one DP rank's
+optimizer partition (x3) while its file is built, and one layer's TP shard for the per-layer weight files. PP = 1
 targets keep DeepSpeed's single module file per TP rank (the whole TP shard of the model): that is the format, not
 this writer. Files are read with recipes.checkpoint.safe_load (weights_only + allow-list, memory-mapped).
 
-Supported: sources ZeRO-1/2 (any TP x PP x DP), targets ZeRO-1/2, untied embeddings; the rest goes through the
-engine writer (recipes.train.state_writer; `python -m recipes reshape` picks).
+Supported: sources ZeRO-1/2 (any TP x PP x DP), targets ZeRO-1/2; the rest goes through the engine writer
+(recipes.train.state_writer; `python -m recipes reshape` picks).
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
+import multiprocessing
+import os
+import resource
 import time
 from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +40,7 @@ import torch
 from recipes.checkpoint import safe_load, store
 from recipes.checkpoint.read import CheckpointError, SourceLayout, _optim_name, detect_layout
 from recipes.checkpoint.recipe_file import write_recipe
-from recipes.checkpoint.shards import is_vocab, merge_tp, pad_vocab, split_dim, split_tp, strip_vocab
+from recipes.checkpoint.shards import canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp, strip_vocab
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +54,6 @@ def unsupported(source: SourceLayout, recipe, target_zero: int) -> str | None:
         return f"the source is ZeRO-{source.zero_stage} (streaming reads ZeRO-1/2 partitions)"
     if target_zero not in (1, 2):
         return f"the target is ZeRO-{target_zero} (streaming writes ZeRO-1/2)"
-    if recipe.model.tied_embeddings:
-        return "tied embeddings (a pipeline keeps a second copy on the last stage)"
     return None
 
 
@@ -61,7 +67,9 @@ class Source:
         self.swiglu = model_cfg.activation == "swiglu"
         self._files: dict[str, dict] = {}
         lay = self.lay
-        # name -> (stage, group, offset in the flat group, local shape); groups are laid out alike on every TP rank
+        # canonical name -> (stage, group, offset in the flat group, local shape); groups are laid out alike on every
+        # TP rank. A tied embedding's second copy (the last stage's, `tied_modules.embed.*`) is not indexed: the
+        # pipeline all-reduces the two copies' gradients, so they are the same tensor (the readers take the first).
         self.index: dict[str, tuple] = {}
         self.order: list[str] = []  # model.parameters() order over all stages
         self.part: dict[tuple[int, int], int] = {}  # (stage, group) -> DP partition size
@@ -73,9 +81,11 @@ class Source:
             stage_names = []
             for g, od in enumerate(shapes):
                 off = 0
-                for name, shape in od.items():
-                    self.index[name] = (stage, g, off, tuple(shape))
-                    stage_names.append(name)
+                for raw, shape in od.items():
+                    name = canonical_name(raw)
+                    if name not in self.index:
+                        self.index[name] = (stage, g, off, tuple(shape))
+                        stage_names.append(name)
                     off += math.prod(shape)
                 align = 2 * lay.dp  # DeepSpeed's nccl_start_alignment_factor x DP
                 self.part[(stage, g)] = math.ceil(off / align) * align // lay.dp
@@ -160,7 +170,8 @@ def _layer_rank(module_keys: dict[int, list[str]]):
 @dataclass
 class Group:
     decay: bool
-    names: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # as the target's files name them
+    canon: list[str] = field(default_factory=list)  # canonical names (what is read from the source)
     offsets: list[int] = field(default_factory=list)
     shapes: list[tuple] = field(default_factory=list)
     numel: int = 0
@@ -175,6 +186,9 @@ class _OneTensorCache:
 
     def __init__(self, source: Source):
         self.source, self.name, self.values = source, None, None
+
+    def clear(self) -> None:
+        self.name, self.values = None, None
 
     def get(self, name: str, kinds: tuple[str, ...] = _KINDS) -> dict:
         if name != self.name:
@@ -198,100 +212,211 @@ def _local_shape(name: str, full: list[int], tp: int, padded_vocab: int) -> tupl
     return tuple(shape)
 
 
-def relayout(tag_dir: Path, out: Path, recipe, layout, quiet: bool = False) -> dict:
-    """Write the checkpoint at `tag_dir` into `out` (a checkpoint.dir) at `layout` for `recipe` (the target recipe).
-    Returns figures: seconds, bytes written, files."""
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+@dataclass
+class Plan:
+    """Everything a work item needs besides the open source files (picklable: it travels to the worker processes)."""
 
+    tag_dir: Path
+    out_tag: Path
+    model_cfg: object
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    padded: int
+    swiglu: bool
+    dtype: str
+    stage_layers: list[list[int]]
+    stage_groups: list[list[Group]]
+    model_states: dict  # source mp rank 0's model-states entries (without module / param_shapes) + client state
+    ds_config: dict
+    version: str | None
+    wd: float
+
+
+def _layer(name: str) -> int:
+    return int(name.split(".", 1)[0])
+
+
+def _stage_params(src: Source, layers: list[int], stage: int, pp: int, tied: bool) -> list[tuple[str, str]]:
+    """(name in the target's files, canonical name) of one target stage, in its `model.parameters()` order.
+
+    A tied embedding in a pipeline (PP > 1) lives in DeepSpeed's `tied_modules.embed` on the first stage and again
+    on the last (its head); `tied_modules` is registered before the layers, so its parameters come first on both
+    stages. Both copies are the canonical tensor: the pipeline all-reduces their gradients, so they stay identical
+    (the last stage's copy of a learned position embedding is never used and follows the first stage's)."""
+    names = [n for n in src.order if _layer(n) in layers]
+    if not tied or pp == 1 or 0 < stage < pp - 1:
+        return [(n, n) for n in names]
+    embed = [n for n in src.order if _layer(n) == 0]
+    rest = [n for n in names if _layer(n) != 0]
+    return [(f"tied_modules.embed.{n.split('.', 1)[1]}", n) for n in embed] + [(n, n) for n in rest]
+
+
+def _plan(src: Source, tag_dir: Path, out_tag: Path, recipe, layout) -> Plan:
     from recipes.parallel.ds_config import build_ds_config
     from recipes.parallel.partition import stage_boundaries
 
-    t0 = time.time()
     cfg = recipe.model
-    src = Source(tag_dir, cfg)
-    tp, pp, dp, zero = layout.tp, layout.pp, layout.dp, layout.zero_stage
+    tp, pp = layout.tp, layout.pp
     padded = cfg.padded_vocab_size(tp)
-    swiglu = cfg.activation == "swiglu"
-    dtype = _DTYPES[recipe.training.precision]
+    parts = stage_boundaries(cfg, tp, pp, recipe.parallel.pipeline_partition) if pp > 1 else [0, 1 << 30]
+    stage_layers, stage_groups = [], []
+    for stage in range(pp):
+        layers = [L for L in sorted(src.module_keys) if parts[stage] <= L < parts[stage + 1]]
+        groups = [Group(decay=True), Group(decay=False)]
+        for name, canon in _stage_params(src, layers, stage, pp, cfg.tied_embeddings):
+            shape = _local_shape(canon, src.full_shape(canon), tp, padded)
+            grp = groups[0 if len(shape) >= 2 else 1]
+            grp.names.append(name)
+            grp.canon.append(canon)
+            grp.offsets.append(grp.numel)
+            grp.shapes.append(shape)
+            grp.numel += math.prod(shape)
+        stage_layers.append(layers)
+        stage_groups.append([g for g in groups if g.names])  # DeepSpeed drops an empty param group
     marker = json.loads((tag_dir / store.MARKER).read_text())
-    client_state = marker.get("client_state", {})
+    opt = recipe.training.optimizer
+    return Plan(tag_dir=tag_dir, out_tag=out_tag, model_cfg=cfg, tp=tp, pp=pp, dp=layout.dp,
+                zero=layout.zero_stage, padded=padded, swiglu=cfg.activation == "swiglu",
+                dtype=recipe.training.precision, stage_layers=stage_layers, stage_groups=stage_groups,
+                model_states={**src.model_states, "client_state": marker.get("client_state", {})},
+                ds_config=build_ds_config(recipe, layout), version=src.model_states.get("ds_version"),
+                wd=opt.weight_decay if opt.type == "adamw" else 0.0)
+
+
+def default_workers(items: int) -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), items))
+
+
+def relayout(tag_dir: Path, out: Path, recipe, layout, quiet: bool = False, workers: int | None = None) -> dict:
+    """Write the checkpoint at `tag_dir` into `out` (a checkpoint.dir) at `layout` for `recipe` (the target recipe).
+
+    The work items are the target's (pipeline stage, TP rank) pairs: each writes its layer files, its model-states
+    file and its DP ranks' optimizer files, and touches no other item's files, so `workers` processes (default: one
+    per core, at most one per item) write them side by side; every process holds at most one full tensor and one
+    DP rank's partition. The files do not depend on the number of workers. Returns figures: seconds, bytes written,
+    files, workers, and the largest peak RSS of a worker (bytes)."""
+    t0 = time.time()
+    src = Source(tag_dir, recipe.model)
+    client_state = json.loads((tag_dir / store.MARKER).read_text()).get("client_state", {})
     step = int(client_state.get("step", 0))
     tag = store.tag_for(step)
     out_tag = out / tag
     out_tag.mkdir(parents=True, exist_ok=True)
-    parts = stage_boundaries(cfg, tp, pp, recipe.parallel.pipeline_partition) if pp > 1 else [0, 1 << 30]
-    opt = recipe.training.optimizer
-    wd = opt.weight_decay if opt.type == "adamw" else 0.0
-    ds_config = build_ds_config(recipe, layout)
-    version = src.model_states.get("ds_version")
-    cache = _OneTensorCache(src)
-    written = 0
-    n_files = 0
+    plan = _plan(src, tag_dir, out_tag, recipe, layout)
+    items = [(stage, t) for stage in range(plan.pp) for t in range(plan.tp)]
+    workers = default_workers(len(items)) if workers is None else max(1, min(workers, len(items)))
+    totals = {"bytes": 0, "files": 0, "peak_rss": 0}
 
-    def save(obj, name):
-        nonlocal written, n_files
-        torch.save(obj, out_tag / name)
-        written += (out_tag / name).stat().st_size
-        n_files += 1
-
-    for stage in range(pp):
-        layers = [L for L in sorted(src.module_keys) if parts[stage] <= L < parts[stage + 1]]
-        names = [n for n in src.order if int(n.split(".", 1)[0]) in layers]
-        groups = [Group(decay=True), Group(decay=False)]
-        for n in names:
-            shape = _local_shape(n, src.full_shape(n), tp, padded)
-            grp = groups[0 if len(shape) >= 2 else 1]
-            grp.names.append(n)
-            grp.offsets.append(grp.numel)
-            grp.shapes.append(shape)
-            grp.numel += math.prod(shape)
-        groups = [g for g in groups if g.names]  # DeepSpeed drops an empty param group
-
-        # 1. weights: one file per layer and TP rank (pipeline), or one module per TP rank (PP = 1)
-        modules = [OrderedDict() for _ in range(tp)]
-        for L in layers:
-            per_tp = [OrderedDict() for _ in range(tp)]
-            for key in src.module_keys[L]:
-                for t in range(tp):
-                    per_tp[t][key] = None  # `_extra_state` entries (and the parameters, filled below)
-                if key in src.index:
-                    full = pad_vocab(key, cache.get(key, ("fp32",))["fp32"], padded)
-                    for t in range(tp):
-                        per_tp[t][key] = split_tp(key, full, tp, t, swiglu).to(dtype).clone()
-            for t in range(tp):
-                if pp > 1:
-                    save(OrderedDict((k.split(".", 1)[1], v) for k, v in per_tp[t].items()),
-                         f"layer_{L:02d}-model_{t:02d}-model_states.pt")
-                else:
-                    modules[t].update(per_tp[t])
-            del per_tp
-
-        # 2. per model-parallel rank: the model-states file (DP rank 0's) and one optimizer file per DP rank
-        for t in range(tp):
-            mp = stage * tp + t
-            lr_sched = dict(src.model_states.get("lr_scheduler") or {})
-            for key in ("base_lrs", "_last_lr", "lr_lambdas"):
-                if key in lr_sched:
-                    lr_sched[key] = [lr_sched[key][0]] * len(groups)
-            model_states = dict(src.model_states)
-            model_states.update(
-                module=modules[t] if pp == 1 else None, optimizer=None, lr_scheduler=lr_sched,
-                param_shapes=[OrderedDict((n, torch.Size(s)) for n, s in zip(g.names, g.shapes)) for g in groups],
-                dp_world_size=dp, mp_world_size=tp * pp, ds_config=ds_config,
-                checkpoint_parallel_dimensions={"pp_degree": pp, "tp_degree": tp})
-            model_states.update(client_state)
-            save(model_states, f"mp_rank_{mp:02d}_model_states.pt")
-            modules[t] = None
-            for d in range(dp):
-                save(_optim_file(cache, groups, t, d, tp, dp, padded, swiglu, src, wd, zero, version, ds_config,
-                                 ZeroStageEnum, fragment_address), f"zero_pp_rank_{d}_mp_rank_{mp:02d}_optim_states.pt")
+    def done(result: dict, n_done: int) -> None:
+        for k in ("bytes", "files"):
+            totals[k] += result[k]
+        totals["peak_rss"] = max(totals["peak_rss"], result["peak_rss"])
         if not quiet:
-            log.info(f"relayout: stage {stage + 1}/{pp} written ({n_files} files, {written / 2**20:.1f} MiB, "
-                     f"{time.time() - t0:.1f} s)")
+            secs = time.time() - t0
+            eta = secs / n_done * (len(items) - n_done)
+            log.info(f"relayout: {n_done}/{len(items)} (stage, TP rank) items written by {workers} worker(s): "
+                     f"{totals['files']} files, {totals['bytes'] / 2**20:.1f} MiB, "
+                     f"{totals['bytes'] / 2**20 / max(secs, 1e-9):.1f} MiB/s, ETA {eta:.0f} s")
+
+    if workers == 1:
+        for i, (stage, t) in enumerate(items, 1):
+            done(_write_item(plan, src, stage, t), i)
+    else:
+        _run_pool(plan, items, workers, done)
     write_recipe(recipe, out)
     store.mark_complete(out, tag, step, client_state, recipe.checkpoint.keep_last)
-    return {"seconds": time.time() - t0, "bytes": written, "files": n_files}
+    return {"seconds": time.time() - t0, "bytes": totals["bytes"], "files": totals["files"], "workers": workers,
+            "worker_peak_rss": totals["peak_rss"]}
+
+
+# Each worker process opens the source once (memory-mapped, released after every tensor) and writes whole items.
+_WORKER_SOURCE: Source | None = None
+
+
+def _init_worker(tag_dir: Path, model_cfg) -> None:
+    global _WORKER_SOURCE
+    torch.set_num_threads(1)  # the items are the parallelism; intra-op threads would only contend for the cores
+    _WORKER_SOURCE = Source(tag_dir, model_cfg)
+
+
+def _item_in_worker(plan: Plan, stage: int, t: int) -> dict:
+    return _write_item(plan, _WORKER_SOURCE, stage, t)
+
+
+def _run_pool(plan: Plan, items: list[tuple[int, int]], workers: int, done) -> None:
+    # fork: the workers start without re-importing torch and DeepSpeed (seconds each, and their pages are shared);
+    # the parent has no threads of its own running at this point.
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(plan.tag_dir, plan.model_cfg)) as pool:
+        futures = [pool.submit(_item_in_worker, plan, stage, t) for stage, t in items]
+        try:
+            for n, fut in enumerate(as_completed(futures), 1):
+                done(fut.result(), n)
+        except BaseException:
+            for fut in futures:  # one item failed (or Ctrl-C): write no more, the caller removes the partial output
+                fut.cancel()
+            raise
+
+
+def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
+    """Target pipeline stage `stage`, TP rank `t`: its layer files (PP > 1) or module (PP = 1), its model-states
+    file and one optimizer file per DP rank."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    tp, pp, dp = plan.tp, plan.pp, plan.dp
+    dtype = _DTYPES[plan.dtype]
+    cache = _OneTensorCache(src)
+    figures = {"bytes": 0, "files": 0}
+
+    def save(obj, name):
+        torch.save(obj, plan.out_tag / name)
+        figures["bytes"] += (plan.out_tag / name).stat().st_size
+        figures["files"] += 1
+
+    # 1. weights: one file per layer (pipeline), or the module of the whole TP shard (PP = 1: DeepSpeed's format)
+    module = OrderedDict()
+    for L in plan.stage_layers[stage]:
+        weights = OrderedDict()
+        for key in src.module_keys[L]:
+            weights[key] = None  # `_extra_state` entries (the parameters are filled in)
+            if key in src.index:
+                full = pad_vocab(key, cache.get(key, ("fp32",))["fp32"], plan.padded)
+                weights[key] = split_tp(key, full, tp, t, plan.swiglu).to(dtype).clone()
+        if pp > 1:
+            save(OrderedDict((k.split(".", 1)[1], v) for k, v in weights.items()),
+                 f"layer_{L:02d}-model_{t:02d}-model_states.pt")
+        else:
+            module.update(weights)
+        del weights
+
+    # 2. the model-states file (DP rank 0's) and one optimizer file per DP rank
+    groups = plan.stage_groups[stage]
+    mp = stage * tp + t
+    client_state = plan.model_states["client_state"]
+    model_states = {k: v for k, v in plan.model_states.items() if k != "client_state"}
+    lr_sched = dict(model_states.get("lr_scheduler") or {})
+    for key in ("base_lrs", "_last_lr", "lr_lambdas"):
+        if key in lr_sched:
+            lr_sched[key] = [lr_sched[key][0]] * len(groups)
+    model_states.update(
+        module=module if pp == 1 else None, optimizer=None, lr_scheduler=lr_sched,
+        param_shapes=[OrderedDict((n, torch.Size(s)) for n, s in zip(g.names, g.shapes)) for g in groups],
+        dp_world_size=dp, mp_world_size=tp * pp, ds_config=plan.ds_config,
+        checkpoint_parallel_dimensions={"pp_degree": pp, "tp_degree": tp})
+    model_states.update(client_state)
+    save(model_states, f"mp_rank_{mp:02d}_model_states.pt")
+    del module, model_states
+    for d in range(dp):
+        save(_optim_file(cache, groups, t, d, tp, dp, plan.padded, plan.swiglu, src, plan.wd, plan.zero,
+                         plan.version, plan.ds_config, ZeroStageEnum, fragment_address),
+             f"zero_pp_rank_{d}_mp_rank_{mp:02d}_optim_states.pt")
+    cache.clear()  # release the last tensor before the next item
+    figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return figures
 
 
 def _optim_file(cache, groups, t, d, tp, dp, padded, swiglu, src, wd, zero, version, ds_config, ZeroStageEnum,
@@ -303,13 +428,13 @@ def _optim_file(cache, groups, t, d, tp, dp, padded, swiglu, src, wd, zero, vers
         lo, hi = d * P, (d + 1) * P
         flat = {k: torch.zeros(P) for k in _KINDS}
         mapping = OrderedDict()
-        for name, off, shape in zip(g.names, g.offsets, g.shapes):
+        for name, canon, off, shape in zip(g.names, g.canon, g.offsets, g.shapes):
             end = off + math.prod(shape)
             if end <= lo or off >= hi:
                 continue
             a, b = max(off, lo), min(end, hi)
-            for k, full in cache.get(name).items():
-                local = split_tp(name, pad_vocab(name, full, padded), tp, t, swiglu).reshape(-1)
+            for k, full in cache.get(canon).items():
+                local = split_tp(canon, pad_vocab(canon, full, padded), tp, t, swiglu).reshape(-1)
                 flat[k][a - lo:b - lo] = local[a - off:b - off]
             mapping[name] = fragment_address(numel=b - a, start=a - lo)
         pad = P if g.numel <= lo else (hi - g.numel if g.numel < hi else 0)

@@ -5,9 +5,9 @@ lr schedule, consumed samples), so that the run resumes under the new layout wit
         --config RECIPE [section.key=value ...]
     python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
 
-How: ZeRO-1/2 sources to ZeRO-1/2 targets (untied embeddings) are re-laid by the streaming writer
-(recipes.checkpoint.relayout): one process writes every target rank's DeepSpeed files tensor by tensor, memory bounded
-by the largest tensor and one target rank's optimizer partition. Other cases: the source is read offline into a full,
+How: ZeRO-1/2 sources to ZeRO-1/2 targets (tied or untied embeddings) are re-laid by the streaming writer
+(recipes.checkpoint.relayout): `--workers N` processes (default: one per core) write the target's (pipeline stage,
+TP rank) items tensor by tensor, each bounded by the largest tensor and one target rank's optimizer partition. Other cases: the source is read offline into a full,
 name-keyed state (recipes.checkpoint.read), saved as a full state directory (recipes.train.state_writer) and written
 at the target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
 recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
@@ -64,9 +64,10 @@ def target_recipe(recipe, target: dict, source_zero: int):
 
 
 def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False,
-            writer: str = "auto") -> Path:
-    """writer: "stream" (one process, tensor by tensor: recipes.checkpoint.relayout), "engine" (an engine per target
-    rank: recipes.train.state_writer) or "auto" (stream where it applies)."""
+            writer: str = "auto", workers: int | None = None) -> Path:
+    """writer: "stream" (worker processes over the target's (stage, TP rank) items, tensor by tensor:
+    recipes.checkpoint.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto" (stream
+    where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
     from recipes.checkpoint.read import detect_layout, resolve_tag
     from recipes.checkpoint.relayout import unsupported
 
@@ -81,10 +82,10 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
         raise RecipeError(f"--writer stream cannot re-lay this checkpoint: {why_not}; use --writer engine")
     streaming = writer != "engine" and not why_not
     log.info(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
-        f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer, one process" if streaming else
+        f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer" if streaming else
                                               f"engine writer, {world} processes" + (f" ({why_not})" if why_not else "")))
     if streaming:
-        _stream(tag_dir, out, new, world, quiet)
+        _stream(tag_dir, out, new, world, quiet, workers)
     else:
         from recipes.checkpoint.read import read_full_state
         from recipes.train.state_writer import publish_checkpoint
@@ -97,7 +98,7 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     return out
 
 
-def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool) -> None:
+def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool, workers: int | None) -> None:
     """Streaming re-layout into a hidden sibling directory, renamed to `out` only when complete (an interrupted
     reshape never leaves anything that looks like a checkpoint)."""
     import os
@@ -110,13 +111,20 @@ def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        figures = relayout(tag_dir, work, new, Layout.from_recipe(new, world), quiet=quiet)
+        figures = relayout(tag_dir, work, new, Layout.from_recipe(new, world), quiet=quiet, workers=workers)
         if out.exists():
             out.rmdir()  # a non-empty out was refused above; an empty one is replaced
         os.replace(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    log.info(f"reshape: {figures['files']} files, {figures['bytes'] / 2**20:.1f} MiB in {figures['seconds']:.1f} s")
+    log.info(f"reshape: {figures['files']} files, {figures['bytes'] / 2**20:.1f} MiB in {figures['seconds']:.1f} s by "
+             f"{figures['workers']} worker(s), peak RSS of a worker {figures['worker_peak_rss'] / 2**20:.0f} MiB")
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{value}'")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,zero=1]")
     ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
     ap.add_argument("--writer", choices=("auto", "stream", "engine"), default="auto",
-                    help="stream: one process, tensor by tensor (ZeRO-1/2, untied); engine: one process per target "
+                    help="stream: tensor by tensor, no engine (ZeRO-1/2 to ZeRO-1/2); engine: one process per target "
                          "rank; auto (default): stream where it applies")
+    ap.add_argument("--workers", type=_positive, help="processes of the streaming writer, each writing whole (pipeline "
+                    "stage, TP rank) items (default: one per core, at most one per item)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
     ns = ap.parse_args(argv)
@@ -139,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
-        reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet, writer=ns.writer)
+        reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet, writer=ns.writer,
+                workers=ns.workers)
     except (RecipeError, CheckpointError, FileExistsError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

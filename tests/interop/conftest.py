@@ -3,6 +3,7 @@ tiny training runs (real DeepSpeed engines, gloo processes) whose checkpoints th
 
 Runs are shared across test files (session scope) so that each layout trains once:
   llama_222   Llama-family recipe, TP=2 x PP=2 x DP=2, ZeRO-1, 6 steps, checkpoints at steps 3 and 6
+  llama_222_tied  the same with tied embeddings (a copy on the first and the last pipeline stage)
   llama_111   the same recipe at 1 x 1 x 1, 6 steps
   gpt_22      GPT-family recipe (learned positions, LayerNorm, GeLU, biases, tied embeddings), TP=2 x PP=2, 4 steps
   gpt_11      the same at 1 x 1, ZeRO-0 (weights from the model-states file), 4 steps
@@ -85,6 +86,13 @@ def llama_222(tmp_path_factory, corpus) -> Run:
     return _train(tmp_path_factory, corpus, "llama_222", 8, RECIPE,
                   ["parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=1", "training.train_steps=6",
                    "checkpoint.save_interval=3", "checkpoint.keep_last=2"])
+
+
+@pytest.fixture(scope="session")
+def llama_222_tied(tmp_path_factory, corpus) -> Run:
+    return _train(tmp_path_factory, corpus, "llama_222_tied", 8, RECIPE,
+                  ["model.tied_embeddings=true", "parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=1",
+                   "training.train_steps=6", "checkpoint.save_interval=3", "checkpoint.keep_last=2"])
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,14 @@
-"""Streaming reshape (recipes.checkpoint.relayout: one process, tensor by tensor) of the TP=2 x PP=2 x DP=2 step-3
-checkpoint to 4 ranks (TP=2 x PP=1 x DP=2: pipeline merged, half the ranks gone) and to 16 ranks (TP=2 x PP=2 x DP=4).
+"""Streaming reshape (recipes.checkpoint.relayout: tensor by tensor, worker processes over (stage, TP rank) items) of
+the TP=2 x PP=2 x DP=2 step-3 checkpoint to 4 ranks (TP=2 x PP=1 x DP=2: pipeline merged, half the ranks gone) and to
+16 ranks (TP=2 x PP=2 x DP=4), untied and tied (the word embedding on the first and the last stage).
 
 References computed another way:
   * files: the engine writer (recipes.train.state_writer: a DeepSpeed engine per target rank, DeepSpeed's own save)
     writes the same target; every tensor, every ZeRO partition, padding and fragment map must be identical;
   * losses: the uninterrupted 8-rank run's steps 4..6; the runs resumed from the streamed checkpoints must match them
     to the reduction-order tolerance of tests/interop/test_reshape.py (a wrong partition, moment or step moves a loss
-    by > 1e-3).
+    by > 1e-3);
+  * workers: one worker writes the same bytes as several.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ pytestmark = pytest.mark.multiproc
 REL_TOL = 2e-5
 
 
-def _reshape(run, tmp_path_factory, target: str, writer: str = "stream"):
+def _reshape(run, tmp_path_factory, target: str, writer: str = "stream", workers: int | None = None):
     out = tmp_path_factory.mktemp("reshape_stream") / target.replace(",", "_").replace("=", "")
-    reshape(str(run.path), str(out), run.recipe(), parse_target(target), tag="global_step3", quiet=True, writer=writer)
+    reshape(str(run.path), str(out), run.recipe(), parse_target(target), tag="global_step3", quiet=True, writer=writer,
+            workers=workers)
     return out
 
 
@@ -54,9 +57,19 @@ def _same(a, b, where: str) -> None:
         assert str(a) == str(b), f"{where}: {a!r} != {b!r}"
 
 
-def test_files_equal_the_engine_writers(llama_222, to_4, tmp_path_factory):
-    engine = _reshape(llama_222, tmp_path_factory, "tp=2,pp=1,dp=2", writer="engine")
-    ours, theirs = to_4 / "global_step3", engine / "global_step3"
+@pytest.fixture(scope="module")
+def tied_to_4(llama_222_tied, tmp_path_factory):
+    return _reshape(llama_222_tied, tmp_path_factory, "tp=2,pp=1,dp=2", writer="auto")
+
+
+@pytest.fixture(scope="module")
+def tied_to_16(llama_222_tied, tmp_path_factory):
+    return _reshape(llama_222_tied, tmp_path_factory, "tp=2,pp=2,dp=4", writer="auto", workers=4)
+
+
+def _same_files(run, ours_dir, tmp_path_factory, target: str) -> None:
+    engine = _reshape(run, tmp_path_factory, target, writer="engine")
+    ours, theirs = ours_dir / "global_step3", engine / "global_step3"
     names = sorted(p.name for p in theirs.glob("*.pt") if not p.name.startswith("rng_"))
     assert names == sorted(p.name for p in ours.glob("*.pt")), "a different set of DeepSpeed files"
     for name in names:
@@ -65,6 +78,29 @@ def test_files_equal_the_engine_writers(llama_222, to_4, tmp_path_factory):
         for k in ("global_steps", "global_samples", "ds_config"):
             a.pop(k, None), b.pop(k, None)
         _same(a, b, name)
+
+
+def test_files_equal_the_engine_writers(llama_222, to_4, tmp_path_factory):
+    _same_files(llama_222, to_4, tmp_path_factory, "tp=2,pp=1,dp=2")
+
+
+def test_tied_files_equal_the_engine_writers(llama_222_tied, tied_to_4, tmp_path_factory):
+    _same_files(llama_222_tied, tied_to_4, tmp_path_factory, "tp=2,pp=1,dp=2")
+
+
+def test_tied_pipeline_files_equal_the_engine_writers(llama_222_tied, tmp_path_factory):
+    # PP > 1 target: the embedding as `tied_modules.embed` first in both the first and the last stage's groups
+    ours = _reshape(llama_222_tied, tmp_path_factory, "tp=2,pp=2,dp=1", writer="auto")
+    _same_files(llama_222_tied, ours, tmp_path_factory, "tp=2,pp=2,dp=1")
+
+
+def test_one_worker_writes_the_same_bytes_as_four(llama_222_tied, tied_to_16, tmp_path_factory):
+    one = _reshape(llama_222_tied, tmp_path_factory, "tp=2,pp=2,dp=4", workers=1)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tied_to_16) for p in tied_to_16.rglob("*") if p.is_file())
+    assert len(files) > 30
+    for f in files:
+        assert (one / f).read_bytes() == (tied_to_16 / f).read_bytes(), f
 
 
 def test_optimizer_state_preserved_at_16(llama_222, to_16):
@@ -82,6 +118,7 @@ def test_optimizer_state_preserved_at_16(llama_222, to_16):
 
 
 def _continue(llama_222, ckpt, n, *layout):
+    # All three steps of the 6-step schedule: fewer steps would change the lr schedule and the data order.
     ref = losses(llama_222.path)
     pretrain(n, *llama_222.overrides, f"checkpoint.dir={ckpt}", *layout, config=llama_222.config, timeout=600)
     got = losses(ckpt)
@@ -96,3 +133,11 @@ def test_8_to_4_ranks_losses_continue(llama_222, to_4):
 
 def test_8_to_16_ranks_losses_continue(llama_222, to_16):
     _continue(llama_222, to_16, 16, "parallel.tp=2", "parallel.pp=2")
+
+
+def test_tied_8_to_4_ranks_losses_continue(llama_222_tied, tied_to_4):
+    _continue(llama_222_tied, tied_to_4, 4, "parallel.tp=2", "parallel.pp=1")
+
+
+def test_tied_8_to_16_ranks_losses_continue(llama_222_tied, tied_to_16):
+    _continue(llama_222_tied, tied_to_16, 16, "parallel.tp=2", "parallel.pp=2")
