@@ -116,29 +116,33 @@ def prepare(ctx: cu.CurateContext, units: List[Unit], settings, stage: str = "al
     if not ctx.steps.dedup_steps:
         return True
     os.makedirs(ctx.dedup_dir, exist_ok=True)
-    run = functools.partial(_run_tasks, settings.executor, settings.workers, settings.ray_address)
-    sl = (settings.slice_index, settings.slice_count)
-    if stage in ("all", "hash") and not settings.merge_only:
-        todo = [u for u in select_slice(units, *sl) if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None]
-        failed = run(functools.partial(cu.hash_unit, ctx=ctx), todo, settings.quiet, "dedup: hash")
-        if failed:
-            _raise_failed(failed, "unit(s)")
-    missing = [u.name for u in units if cu.marker_ok(cu.hash_marker(ctx, u.index), ctx.fp) is None]
-    if missing:
-        _waiting(settings, stage, "hash", f"{len(missing)} unit(s) have no hash pass yet (first: {missing[0]})")
-        return False
     buckets = [cu.Bucket(b) for b in range(ctx.steps.buckets)]
-    if stage in ("all", "buckets") and not settings.merge_only:
-        todo = [b for b in select_slice(buckets, *sl) if cu.marker_ok(cu.bucket_marker(ctx, b.index), ctx.fp) is None]
-        failed = run(functools.partial(cu.bucket_task, ctx=ctx), todo, settings.quiet, "dedup: buckets")
-        if failed:
-            _raise_failed(failed, "bucket(s)")
-    missing = [b.name for b in buckets if cu.marker_ok(cu.bucket_marker(ctx, b.index), ctx.fp) is None]
-    if missing:
-        _waiting(settings, stage, "buckets", f"{len(missing)} bucket(s) are not done yet (first: {missing[0]})")
-        return False
+    passes = (("hash", units, cu.hash_marker, cu.hash_unit, "unit(s)", "unit(s) have no hash pass yet"),
+              ("buckets", buckets, cu.bucket_marker, cu.bucket_task, "bucket(s)", "bucket(s) are not done yet"))
+    for name, items, marker, task, what, not_done in passes:
+        if not _pass(ctx, settings, stage, name, items, marker, task, what, not_done):
+            return False
     if cu.marker_ok(cu.cluster_marker(ctx), ctx.fp) is None:
         cu.cluster_pass(ctx)
+    return True
+
+
+def _pass(ctx, settings, stage: str, name: str, items, marker, task, what: str, not_done: str) -> bool:
+    """Run this slice's share of one dedup pass (unless another --stage was asked for), then check the whole pass:
+    True when every item of it is complete."""
+    def done(item) -> bool:
+        return cu.marker_ok(marker(ctx, item.index), ctx.fp) is not None
+
+    if stage in ("all", name) and not settings.merge_only:
+        todo = [i for i in select_slice(items, settings.slice_index, settings.slice_count) if not done(i)]
+        failed = _run_tasks(settings.executor, settings.workers, settings.ray_address,
+                            functools.partial(task, ctx=ctx), todo, settings.quiet, f"dedup: {name}")
+        if failed:
+            _raise_failed(failed, what)
+    missing = [i.name for i in items if not done(i)]
+    if missing:
+        _waiting(settings, stage, name, f"{len(missing)} {not_done} (first: {missing[0]})")
+        return False
     return True
 
 

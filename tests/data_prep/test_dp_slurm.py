@@ -38,18 +38,23 @@ def _submit(slurm, scripts, targs, *extra, env):
     return array[1], final[1]
 
 
+def _failing_task_env(slurm, tmp_path, flag_name: str, template: str):
+    """The jobs' environment with a sitecustomize (from ``template``) that fails a chosen task while ``flag`` exists."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    flag = tmp_path / flag_name
+    flag.touch()
+    (inject / "sitecustomize.py").write_text(template.format(flag=str(flag)))
+    return flag, {"SLURM_CONF": slurm.env["SLURM_CONF"],
+                  "PYTHONPATH": os.pathsep.join([str(inject), REPO, os.environ.get("PYTHONPATH", "")])}
+
+
 def test_array_on_real_slurm_failed_task_resubmitted_equals_local_run(slurm, corpus, sp_model, tmp_path):
     ref = tmp_path / "ref"
     run(Settings(inputs=[str(corpus)], output_dir=str(ref), tokenizer=sp_model, shard_size=30_000, quiet=True))
     out = tmp_path / "out"
     targs = [str(corpus), "-o", str(out), "-t", sp_model, "--shard-size", "30000"]
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    flag = tmp_path / "fail_task_2"
-    flag.touch()
-    (inject / "sitecustomize.py").write_text(FAIL_TASK.format(flag=str(flag)))
-    env = {"SLURM_CONF": slurm.env["SLURM_CONF"],
-           "PYTHONPATH": os.pathsep.join([str(inject), REPO, os.environ.get("PYTHONPATH", "")])}
+    flag, env = _failing_task_env(slurm, tmp_path, "fail_task_2", FAIL_TASK)
 
     array, final = _submit(slurm, tmp_path / "s1", targs, env=env)
     assert "#SBATCH --array=0-3\n" in (tmp_path / "s1" / "array_0000.sbatch").read_text()
@@ -97,13 +102,7 @@ def test_curate_as_chained_arrays_on_real_slurm_equals_local_run(slurm, tmp_path
     cargs = [inp, "--steps", steps, "--shard-size", "20000"]
     run_cli("curate", *cargs, "-o", tmp_path / "ref", "-j", 1, "-q")
     out = tmp_path / "out"
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    flag = tmp_path / "fail_hash_1"
-    flag.touch()
-    (inject / "sitecustomize.py").write_text(FAIL_HASH_TASK.format(flag=str(flag)))
-    env = {"SLURM_CONF": slurm.env["SLURM_CONF"],
-           "PYTHONPATH": os.pathsep.join([str(inject), REPO, os.environ.get("PYTHONPATH", "")])}
+    flag, env = _failing_task_env(slurm, tmp_path, "fail_hash_1", FAIL_HASH_TASK)
 
     ids, final = _submit_curate(slurm, tmp_path / "s1", [*cargs, "-o", out], env=env)
     slurm.wait_job(ids["hash"], timeout=180)
