@@ -25,7 +25,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from data_prep.steps.tiktoken_bpe import GPT2_PATTERN, ByteLevelTiktoken
+from data_prep.steps.tiktoken_bpe import GPT2_PATTERN, ByteLevelTiktoken, SentencePieceTiktoken
 from data_prep.steps.tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
 META = "\u2581"
 # Character classes of the second-level cut (every character but U+2581 is in exactly one).
@@ -100,6 +100,10 @@ class _SentencePiecePieces:
         """Each whole document normalized by the model's own normalizer (whitespace collapsing, dummy prefix, NFKC),
         or as it is where the normalization is plain (``part`` does it)."""
         return list(texts) if self.plain else self.sp.normalize(texts)
+
+    def normalize(self, text: str) -> str:
+        """The model's normalization of one whole document."""
+        return self.part(text, True) if self.plain else self.sp.normalize(text)
 
     def part(self, text: str, first: bool) -> str:
         """The normalized form of a part of a prepared text."""
@@ -230,6 +234,8 @@ class FastEncoder:
                 self.reason = splitter.reason
             else:
                 self.splitter = splitter
+                if isinstance(tok, SentencePieceTokenizer):
+                    self.tiktoken, self.tiktoken_reason = SentencePieceTiktoken.build(tok.sp, splitter.normalize)
 
     @property
     def active(self) -> bool:
@@ -242,11 +248,8 @@ class FastEncoder:
 
     def describe(self) -> str:
         """For the run's log: on (how), or off (why)."""
-        if not self.active:
-            return f"off ({self.reason})"
-        if self.tiktoken is None and self.tiktoken_reason:
-            return f"on ({self.method}; not tiktoken: {self.tiktoken_reason})"
-        return f"on ({self.method})"
+        why = f"; not tiktoken: {self.tiktoken_reason}" if self.tiktoken is None and self.tiktoken_reason else ""
+        return f"on ({self.method}{why})" if self.active else f"off ({self.reason}{why})"
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
         """Ids as lists, like the tokenizer's own encode_batch."""

@@ -119,3 +119,102 @@ class ByteLevelTiktoken:
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.encoding.encode_ordinary(text), dtype=np.int32)
+
+
+META = "\u2581"
+
+
+class SentencePieceTiktoken:
+    """A sentencepiece BPE model run by tiktoken, where tiktoken gives the same ids.
+
+    sentencepiece's BPE merges, within each word (a word starts at a U+2581, or at the first of a run of them with
+    allow_whitespace_only_pieces), the neighbouring pair whose joined piece has the highest score, leftmost first;
+    tiktoken merges the pair whose joined bytes have the lowest rank, leftmost first. So with ranks in score order
+    and the words cut by tiktoken's regex, the merges are the same. tiktoken starts from bytes, sentencepiece from
+    characters: every known character is assembled from its bytes first (its byte prefixes rank below every piece);
+    a character not in the vocabulary stays bytes, which is sentencepiece's byte fallback. tiktoken's ranks are
+    its output ids, so a table maps them to the model's ids. Text is normalized first as the model does (the whole
+    document through the model's normalizer, or, for identity models, a U+2581 in front and spaces escaped).
+    """
+
+    specials: List[str] = []
+
+    def __init__(self, encoding, table: np.ndarray, partial: dict, normalize):
+        self.encoding, self.table, self.partial, self.normalize = encoding, table, partial, normalize
+
+    @classmethod
+    def build(cls, sp, normalize) -> Tuple[Optional["SentencePieceTiktoken"], Optional[str]]:
+        """``sp``: the model's SentencePieceProcessor; ``normalize(text) -> str``: its normalization."""
+        try:
+            import tiktoken
+            from sentencepiece import SentencePieceProcessor
+            from sentencepiece import sentencepiece_model_pb2 as pb
+        except ImportError:
+            return None, "tiktoken is not installed"
+        m = pb.ModelProto()
+        m.ParseFromString(sp.serialized_model_proto())
+        ts, ns = m.trainer_spec, m.normalizer_spec
+        if ts.model_type != 2:
+            return None, "not a BPE model"
+        if not ts.byte_fallback:
+            return None, "byte fallback is off (unknown characters become <unk>, not bytes)"
+        if not ts.split_by_whitespace or ts.treat_whitespace_as_suffix or not ns.escape_whitespaces:
+            return None, "words are not cut before U+2581"
+        if any(p.type == 4 for p in m.pieces):
+            return None, "it has user-defined pieces (matched before BPE)"
+        NORMAL, BYTE = 1, 6
+        ids = {p.piece: i for i, p in enumerate(m.pieces) if p.type == NORMAL}
+        byte_id = {int(p.piece[3:5], 16): i for i, p in enumerate(m.pieces) if p.type == BYTE}
+        if len(byte_id) != 256:
+            return None, "the byte pieces are incomplete"
+        chars = {p for p in ids if len(p) == 1}
+        ranks: dict = {}
+        table: List[int] = []
+        partial: dict = {}  # rank of a byte prefix of a character -> the byte ids it stands for
+
+        def add(key: bytes, out: int) -> None:
+            if key not in ranks:
+                ranks[key] = len(table)
+                table.append(out)
+
+        for b in range(256):  # single bytes: a known ASCII character, else its byte-fallback piece
+            add(bytes([b]), ids[chr(b)] if b < 128 and chr(b) in chars else byte_id[b])
+        for c in sorted(chars):  # every known character assembled from its bytes before any piece merge
+            raw = c.encode()
+            for k in range(2, len(raw)):
+                if raw[:k] not in ranks:
+                    partial[len(table)] = [byte_id[x] for x in raw[:k]]
+                    add(raw[:k], -1)
+            add(raw, ids[c])
+        pieces = [(p.score, i, p.piece) for i, p in enumerate(m.pieces) if p.type == NORMAL and len(p.piece) > 1
+                  and all(ch in chars for ch in p.piece)]  # pieces of unknown characters cannot be reached
+        scores = [s for s, _, _ in pieces]
+        if len(set(scores)) != len(scores):
+            return None, "pieces share a score (sentencepiece breaks those ties by position, tiktoken cannot)"
+        for _, i, piece in sorted(pieces, key=lambda x: -x[0]):
+            add(piece.encode(), i)
+        # tiktoken returns a word that is a whole piece as is: each piece must be its own encoding in the model.
+        ns.name, ns.precompiled_charsmap, ns.add_dummy_prefix, ns.remove_extra_whitespaces = "identity", b"", False, False
+        raw_sp = SentencePieceProcessor(model_proto=m.SerializeToString())
+        multi = [p for _, _, p in pieces]
+        for piece, got in zip(multi, raw_sp.encode(multi, num_threads=1)):
+            if got != [ids[piece]]:
+                return None, f"piece {piece!r} is not its own encoding in the model"
+        # sentencepiece's words: from a U+2581 (or a run of them) to the next, and the text before the first
+        word = f"{META}+[^{META}]*|[^{META}]+" if ts.allow_whitespace_only_pieces else f"{META}[^{META}]*|[^{META}]+"
+        try:
+            enc = tiktoken.Encoding("data_prep_sp", pat_str=word, mergeable_ranks=ranks, special_tokens={})
+        except Exception as e:
+            return None, f"tiktoken refused it ({e})"
+        return cls(enc, np.asarray(table, dtype=np.int32), partial, normalize), None
+
+    def encode(self, text: str) -> np.ndarray:
+        if not text:  # no dummy prefix on an empty text
+            return np.zeros(0, dtype=np.int32)
+        ranks = self.encoding.encode_ordinary(self.normalize(text))
+        out = self.table[np.asarray(ranks, dtype=np.int64)] if ranks else np.zeros(0, dtype=np.int32)
+        if self.partial and (out < 0).any():
+            # bytes of an unknown character that begin like a known one: tiktoken joined them part way
+            out = np.asarray([j for r, i in zip(ranks, out.tolist()) for j in (self.partial[r] if i < 0 else (i,))],
+                             dtype=np.int32)
+        return out
