@@ -1,16 +1,16 @@
-"""Fast path: encode each distinct whitespace-delimited piece once, reuse it from a bounded cache.
+"""Fast path: the library's own ids, faster. First tiktoken (tiktoken_bpe.py: sentencepiece BPE and HF byte-level BPE
+whose merges and pre-tokenizer tiktoken can run; no cache, no per-piece Python), else a piece cache: encode each
+distinct whitespace-delimited piece once, reuse it from a bounded cache.
 
-Exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
+The piece cache is exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
 - sentencepiece BPE (not unigram, whose float-score ties depend on context): split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
   normalized by the model's own normalizer (whole document, so whitespace collapsing, dummy prefix, NFKC are exactly the
   library's), cut before every U+2581, and each piece encoded by a copy of the model whose normalizer is identity.
   Works for remove_extra_whitespaces off, identity normalization and split_digits (Llama-style) too. Where the
   vocabulary allows it (no piece mixes letters, digits and other characters; byte fallback on), the cut is finer:
   runs of letters, of digits and of other characters, so far fewer and shorter distinct keys are encoded.
-- Hugging Face byte-level BPE: first tiktoken (tiktoken_bpe.py: the same merges and regex in OpenAI's Rust BPE,
-  about twice the library's speed, no cache needed) where it can express the tokenizer; else, with no normalizer,
-  a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space off, pieces are cut with the same regex and
-  each encoded alone.
+- Hugging Face byte-level BPE: no normalizer, a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space
+  off; pieces are cut with the same regex and each encoded alone.
 Anything else falls back to whole-document encoding. ``self_check`` compares both on sample texts at start (a
 tiktoken mismatch falls back to the piece cache, which is checked in turn).
 """
@@ -205,7 +205,8 @@ class FastEncoder:
     Memory stays flat whatever the corpus and its longest document: texts are cut (at points where the pieces do not
     depend on the text around them) into parts of about ``SEGMENT_CHARS`` and pieced in groups of that many
     characters, so the transient lists of piece strings stay small; the cache holds at most about 2 x ``max_cache``
-    entries, each piece's ids as packed int32 bytes; each document's ids come out as one numpy array.
+    entries, each piece's ids as packed int32 bytes; each document's ids come out as one numpy array. With tiktoken
+    there is no cache: a worker holds its batch, one document's normalized text and its ids.
     """
 
     SEGMENT_CHARS = 1 << 16
@@ -216,9 +217,9 @@ class FastEncoder:
         self.cache: dict = {}
         self.old: dict = {}
         self.splitter = None
-        self.tiktoken: Optional[ByteLevelTiktoken] = None
+        self.tiktoken = None  # a ByteLevelTiktoken or SentencePieceTiktoken where tiktoken gives the same ids
         self.reason: Optional[str] = "disabled by --no-fast-path" if not enabled else None
-        self.tiktoken_reason: Optional[str] = None  # why tiktoken is not used (HF tokenizers only)
+        self.tiktoken_reason: Optional[str] = None  # why tiktoken is not used
         if enabled:
             if isinstance(tok, HFTokenizer):
                 self.tiktoken, self.tiktoken_reason = ByteLevelTiktoken.build(tok.tok)
@@ -291,7 +292,8 @@ class FastEncoder:
         tt = self.tiktoken
         # Added tokens written literally in a text are matched whole by the library: such texts go to it.
         lib = [i for i, t in enumerate(texts) if tt.specials and any(s in t for s in tt.specials)]
-        out = [None if i in lib else tt.encode(t) for i, t in enumerate(texts)] if lib else list(map(tt.encode, texts))
+        skip = set(lib)
+        out = [None if i in skip else tt.encode(t) for i, t in enumerate(texts)]
         for i, ids in zip(lib, self.tok.encode_batch([texts[i] for i in lib]) if lib else ()):
             out[i] = np.asarray(ids, dtype=np.int32)
         return out

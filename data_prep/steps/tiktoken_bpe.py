@@ -108,11 +108,9 @@ class ByteLevelTiktoken:
             return None, f"tiktoken refused it ({e})"
         # Each merged token must be its own encoding in the library (tiktoken returns a whole-token piece as is).
         inv = {v: k for k, v in vocab.items()}
-        merged = [inv[i] for i in ranks.values() if inv[i] is not None and len(inv[i]) > 1]
-        got = hf_tokenizer.model.tokenize if hasattr(hf_tokenizer, "model") else None
-        if got is not None:
-            for t in merged:
-                toks = got(t)
+        for t in (inv[i] for i in ranks.values()):
+            if len(t) > 1:
+                toks = hf_tokenizer.model.tokenize(t)  # the BPE model alone: no pre-tokenizer
                 if len(toks) != 1 or toks[0].value != t:
                     return None, f"token {t!r} is not its own encoding in the library"
         return cls(enc, specials), None
