@@ -162,7 +162,8 @@ def cmd_demo(a) -> int:
 def cmd_bench(a) -> int:
     from data_prep.tools.bench import bench
 
-    return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, tokenizer=a.tokenizer)
+    return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, vocab_size=a.vocab_size,
+                 megatron_lm=a.megatron_lm, families=a.family)
 
 
 def cmd_bench_executors(a) -> int:
@@ -407,13 +408,19 @@ def main(argv=None) -> int:
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("bench", help="bare tokenizer vs the full pipeline: tokens/s, MB/s, ratio, peak RSS")
+    p = sub.add_parser("bench", help="per tokenizer family: the pipeline vs the bare tokenizer vs Megatron-LM's "
+                                     "preprocess_data.py (wall, CPU, MB/s, speed-ups, peak RSS)")
     p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench")
-    p.add_argument("--corpus-mb", type=float, default=3.0,
-                   help="the smaller corpus; 3 x 10 = 30 MB still fits in the ~32 MB of stdlib sources")
-    p.add_argument("--scale", type=int, default=10, help="the larger corpus is this many times bigger")
+    p.add_argument("--corpus-mb", type=float, default=32.0,
+                   help="the corpus (web-page-sized documents from the installed docs and sources; up to ~500 MB)")
+    p.add_argument("--scale", type=int, default=10, help="peak-RSS check on a corpus this many times bigger (1: off)")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
-    p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
+    p.add_argument("--vocab-size", type=int, default=32000, help="of the tokenizer trained per family")
+    p.add_argument("--megatron-lm", default=None, metavar="PATH",
+                   help="a Megatron-LM checkout: also time its tools/preprocess_data.py (needs megatron-core)")
+    p.add_argument("--family", action="append", default=None, help="only this family (repeatable): " + ", ".join(
+        ["'sp-bpe nmt_nfkc'", "'sp-bpe nfkc_cf'", "'sp-bpe identity (Llama-2 style)'",
+         "'hf byte-level BPE (GPT-2 style)'"]))
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("bench-executors", help="local pool vs hostfile (ssh) vs Ray: wall, units/s, MB/s, "

@@ -132,7 +132,7 @@ def _run(settings: Settings) -> Optional[dict]:
     if not settings.quiet:
         log.info(f"data_prep: {len(units)} units{where}, {len(mine)} mine, {len(done)} already complete, "
                  f"{len(todo)} to do; {settings.workers} worker(s); fast path: "
-                 f"{'on' if probe.active else 'off (' + str(probe.reason) + ')'}")
+                 f"{probe.describe()}")
     failed = _execute(todo, settings, fp, done)
     if failed:
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)

@@ -1,15 +1,18 @@
-"""Fast path: encode each distinct whitespace-delimited piece once, reuse it from a bounded cache.
+"""Fast path: the library's own ids, faster. First tiktoken (tiktoken_bpe.py: sentencepiece BPE and HF byte-level BPE
+whose merges and pre-tokenizer tiktoken can run; no cache, no per-piece Python), else a piece cache: encode each
+distinct whitespace-delimited piece once, reuse it from a bounded cache.
 
-Exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
+The piece cache is exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
 - sentencepiece BPE (not unigram, whose float-score ties depend on context): split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
   normalized by the model's own normalizer (whole document, so whitespace collapsing, dummy prefix, NFKC are exactly the
   library's), cut before every U+2581, and each piece encoded by a copy of the model whose normalizer is identity.
   Works for remove_extra_whitespaces off, identity normalization and split_digits (Llama-style) too. Where the
   vocabulary allows it (no piece mixes letters, digits and other characters; byte fallback on), the cut is finer:
   runs of letters, of digits and of other characters, so far fewer and shorter distinct keys are encoded.
-- Hugging Face: no normalizer, a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space off; pieces are
-  cut with the same regex and each encoded alone.
-Anything else falls back to whole-document encoding. ``self_check`` compares both on sample texts at start.
+- Hugging Face byte-level BPE: no normalizer, a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space
+  off; pieces are cut with the same regex and each encoded alone.
+Anything else falls back to whole-document encoding. ``self_check`` compares both on sample texts at start (a
+tiktoken mismatch falls back to the piece cache, which is checked in turn).
 """
 
 from __future__ import annotations
@@ -22,9 +25,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from data_prep.steps.tiktoken_bpe import GPT2_PATTERN, ByteLevelTiktoken, SentencePieceTiktoken
 from data_prep.steps.tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
-
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 META = "\u2581"
 # Character classes of the second-level cut (every character but U+2581 is in exactly one).
 _LETTERS, _DIGITS, _OTHER = r"[^\W\d_]", r"\d", r"(?:[^\w" + META + r"]|_)"
@@ -98,6 +100,10 @@ class _SentencePiecePieces:
         """Each whole document normalized by the model's own normalizer (whitespace collapsing, dummy prefix, NFKC),
         or as it is where the normalization is plain (``part`` does it)."""
         return list(texts) if self.plain else self.sp.normalize(texts)
+
+    def normalize(self, text: str) -> str:
+        """The model's normalization of one whole document."""
+        return self.part(text, True) if self.plain else self.sp.normalize(text)
 
     def part(self, text: str, first: bool) -> str:
         """The normalized form of a part of a prepared text."""
@@ -199,7 +205,8 @@ class FastEncoder:
     Memory stays flat whatever the corpus and its longest document: texts are cut (at points where the pieces do not
     depend on the text around them) into parts of about ``SEGMENT_CHARS`` and pieced in groups of that many
     characters, so the transient lists of piece strings stay small; the cache holds at most about 2 x ``max_cache``
-    entries, each piece's ids as packed int32 bytes; each document's ids come out as one numpy array.
+    entries, each piece's ids as packed int32 bytes; each document's ids come out as one numpy array. With tiktoken
+    there is no cache: a worker holds its batch, one document's normalized text and its ids.
     """
 
     SEGMENT_CHARS = 1 << 16
@@ -210,8 +217,12 @@ class FastEncoder:
         self.cache: dict = {}
         self.old: dict = {}
         self.splitter = None
+        self.tiktoken = None  # a ByteLevelTiktoken or SentencePieceTiktoken where tiktoken gives the same ids
         self.reason: Optional[str] = "disabled by --no-fast-path" if not enabled else None
+        self.tiktoken_reason: Optional[str] = None  # why tiktoken is not used
         if enabled:
+            if isinstance(tok, HFTokenizer):
+                self.tiktoken, self.tiktoken_reason = ByteLevelTiktoken.build(tok.tok)
             if isinstance(tok, SentencePieceTokenizer):
                 splitter = _SentencePiecePieces(tok)
             elif isinstance(tok, HFTokenizer):
@@ -224,19 +235,33 @@ class FastEncoder:
                 self.reason = splitter.reason
             else:
                 self.splitter = splitter
+                if isinstance(tok, SentencePieceTokenizer):
+                    self.tiktoken, self.tiktoken_reason = SentencePieceTiktoken.build(tok.sp, splitter.normalize)
 
     @property
     def active(self) -> bool:
-        return self.splitter is not None
+        return self.splitter is not None or self.tiktoken is not None
+
+    @property
+    def method(self) -> str:
+        """How texts are encoded: tiktoken, piece cache or the library (whole documents)."""
+        return "tiktoken" if self.tiktoken else "piece cache" if self.splitter else "library"
+
+    def describe(self) -> str:
+        """For the run's log: on (how), or off (why)."""
+        why = f"; not tiktoken: {self.tiktoken_reason}" if self.tiktoken is None and self.tiktoken_reason else ""
+        return f"on ({self.method}{why})" if self.active else f"off ({self.reason}{why})"
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
         """Ids as lists, like the tokenizer's own encode_batch."""
-        if self.splitter is None:
+        if not self.active:
             return self.tok.encode_batch(texts)
         return [a.tolist() for a in self.encode_arrays(texts)]
 
     def encode_arrays(self, texts: List[str]) -> List[np.ndarray]:
         """Ids of each text as an int32 array."""
+        if self.tiktoken is not None:
+            return self._encode_tiktoken(texts)
         if self.splitter is None:
             return [np.asarray(ids, dtype=np.int32) for ids in self.tok.encode_batch(texts)]
         prepared = self.splitter.prepare(texts)
@@ -261,6 +286,16 @@ class FastEncoder:
         for i, text in enumerate(prepared):
             if text is not None:
                 out[i] = np.frombuffer(b"".join(parts[i]), dtype=np.int32)
+        return out
+
+    def _encode_tiktoken(self, texts: List[str]) -> List[np.ndarray]:
+        tt = self.tiktoken
+        # Added tokens written literally in a text are matched whole by the library: such texts go to it.
+        lib = [i for i, t in enumerate(texts) if tt.specials and any(s in t for s in tt.specials)]
+        skip = set(lib)
+        out = [None if i in skip else tt.encode(t) for i, t in enumerate(texts)]
+        for i, ids in zip(lib, self.tok.encode_batch([texts[i] for i in lib]) if lib else ()):
+            out[i] = np.asarray(ids, dtype=np.int32)
         return out
 
     def _encode_group(self, group, parts) -> None:
@@ -290,14 +325,27 @@ class FastEncoder:
             parts[i].append(b"".join(map(get, pieces[1:])))
 
     def self_check(self, texts: List[str]) -> None:
-        """Disable the fast path (with the reason) if it differs from whole-document encoding on these texts."""
-        if self.splitter is None or not texts:
+        """Disable the fast path (with the reason) if it differs from whole-document encoding on these texts: tiktoken
+        first (then the piece cache is checked in its place), then the piece cache."""
+        if not self.active or not texts:
             return
-        want = self.tok.encode_batch(texts)
-        got = self.encode_batch(texts)
-        for i, (a, b) in enumerate(zip(want, got)):
-            if list(a) != list(b):
+        want = [list(a) for a in self.tok.encode_batch(texts)]
+        if self.tiktoken is not None:
+            bad = _first_difference(want, self._encode_tiktoken(texts))
+            if bad is None:
+                return
+            self.tiktoken = None
+            self.tiktoken_reason = f"self-check mismatch on sample document {bad}"
+        if self.splitter is not None:
+            bad = _first_difference(want, [a.tolist() for a in self.encode_arrays(texts)])
+            if bad is not None:
                 self.splitter = None
                 self.cache, self.old = {}, {}
-                self.reason = f"self-check mismatch on sample document {i}"
-                return
+                self.reason = f"self-check mismatch on sample document {bad}"
+
+
+def _first_difference(want: List[List[int]], got) -> Optional[int]:
+    for i, (a, b) in enumerate(zip(want, got)):
+        if a != (b.tolist() if isinstance(b, np.ndarray) else list(b)):
+            return i
+    return None

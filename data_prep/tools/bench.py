@@ -1,23 +1,41 @@
-"""bench: (a) the bare tokenizer encoding whole documents vs (b) the full pipeline, same texts, same process count.
+"""bench: per tokenizer family, our pipeline vs the bare tokenizer vs Megatron-LM's preprocess_data.py, one run.
 
-(a) reads the documents first (not timed), then each of N processes encodes its share whole with the library's own
-call; throughput = all tokens / the slowest process's encode time. (b) is `python -m data_prep tokenize` as a
-subprocess (read, tokenize, write shards, fsync, manifest), timed end to end including start-up; its peak RSS is the
-largest peak resident set (VmHWM) of any of its processes (driver or worker). (c) is (b) with --no-fast-path. All for the corpus
-and for one ``scale`` times larger (more distinct stdlib files, not repeats).
+The corpus is varied real text (web_corpus.py: documentation and source cut into web-page-sized documents); one
+tokenizer per family is trained on it (``--vocab-size``, default 32k): sentencepiece BPE with nmt_nfkc, nfkc_cf and
+identity (Llama-2 style) normalization, and a Hugging Face byte-level BPE tokenizer.json (GPT-2 style). Per family,
+the same corpus, tokenizer and number of processes:
+- bare: N processes each encode their share of the documents whole with the library's own call (reading untimed);
+  seconds = the slowest process's encode time;
+- ours: `python -m data_prep tokenize` as a subprocess, end to end (start-up, read, tokenize, write, fsync, manifest);
+- Megatron: (with ``--megatron-lm PATH``, a Megatron-LM checkout) its tools/preprocess_data.py as a subprocess with
+  --workers N --append-eod, end to end, same tokenizer (the HF one as a directory with tokenizer_config.json).
+Wall seconds and CPU seconds (all processes; steadier than wall on a shared machine) are both printed; ratios are
+speed-ups (their seconds / ours). Peak RSS = the largest VmHWM of any process of a run; ours is also run on a
+corpus ``scale`` times larger (more distinct text, not repeats) to show it stays flat.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import time
+from typing import Dict, List, Optional
 
 import orjson
 
-from data_prep.tools.sample_corpus import build
+from data_prep.tools.web_corpus import build_web
+
+FAMILIES = {  # name -> how its tokenizer is made
+    "sp-bpe nmt_nfkc": ("sp", "nmt_nfkc"),
+    "sp-bpe nfkc_cf": ("sp", "nfkc_cf"),
+    "sp-bpe identity (Llama-2 style)": ("sp", "identity"),
+    "hf byte-level BPE (GPT-2 style)": ("hf", None),
+}
+_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
 
 
 def _bare_worker(args):
@@ -27,36 +45,55 @@ def _bare_worker(args):
     tok = load_tokenizer(tokenizer)
     with open(corpus, "rb") as f:
         texts = [orjson.loads(line)["text"] for i, line in enumerate(f) if i % n == k]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens = sum(len(ids) + 1 for ids in tok.encode_batch(texts))  # +1: the EOD the pipeline appends
-    return time.perf_counter() - t0, tokens, sum(len(t.encode()) for t in texts)
+    return time.perf_counter() - t0, time.process_time() - c0, tokens
 
 
 def bare(corpus: str, tokenizer: str, workers: int) -> dict:
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(workers) as pool:
+    with mp.get_context("spawn").Pool(workers) as pool:
         res = pool.map(_bare_worker, [(corpus, tokenizer, k, workers) for k in range(workers)])
-    secs = max(r[0] for r in res)
-    return {"seconds": secs, "tokens": sum(r[1] for r in res), "bytes": sum(r[2] for r in res)}
+    return {"seconds": max(r[0] for r in res), "cpu": sum(r[1] for r in res), "tokens": sum(r[2] for r in res)}
+
+
+def _timed(cmd: List[str], cwd: Optional[str] = None, env: Optional[dict] = None) -> dict:
+    """Run ``cmd``: wall and CPU seconds (it and every process it waited for), peak RSS of its process tree."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env or _ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak_mb = _peak_rss_of_tree_mb(p)
+    secs = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise RuntimeError(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr.read().decode()[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"seconds": secs, "cpu": cpu, "peak_rss_mb": peak_mb}
 
 
 def pipeline(corpus: str, tokenizer: str, out: str, workers: int, fast: bool = True) -> dict:
-    import shutil
-
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "data_prep", "tokenize", corpus, "-o", out, "-t", tokenizer, "-j", str(workers),
-           "--shard-size", "1M", "-q"] + ([] if fast else ["--no-fast-path"])
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env)
-    peak_mb = _peak_rss_of_tree_mb(p)
-    secs = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"pipeline run failed: {' '.join(cmd)}")
+    r = _timed([sys.executable, "-m", "data_prep", "tokenize", corpus, "-o", out, "-t", tokenizer, "-j", str(workers),
+                "--shard-size", "16M", "-q"] + ([] if fast else ["--no-fast-path"]))
     with open(os.path.join(out, "manifest.json"), "rb") as f:
-        m = orjson.loads(f.read())
-    return {"seconds": secs, "tokens": m["totals"]["tokens"], "bytes": os.path.getsize(corpus),
-            "peak_rss_mb": peak_mb, "units": len(m["shards"]) + len(m["empty_units"])}
+        r["tokens"] = orjson.loads(f.read())["totals"]["tokens"]
+    return r
+
+
+def megatron(megatron_lm: str, corpus: str, tokenizer: str, out: str, workers: int) -> dict:
+    """Megatron-LM's tools/preprocess_data.py, run through megatron_lm_runner (see there why)."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    kind = "SentencePieceTokenizer" if tokenizer.endswith(".model") else "HuggingFaceTokenizer"
+    env = dict(_ENV, PYTHONPATH=os.path.abspath(megatron_lm))
+    r = _timed([sys.executable, "-m", "data_prep.tools.megatron_lm_runner",
+                os.path.join(megatron_lm, "tools", "preprocess_data.py"), "--input", corpus, "--output-prefix",
+                os.path.join(out, "mlm"), "--tokenizer-type", kind, "--tokenizer-model", tokenizer,
+                "--workers", str(workers), "--append-eod", "--log-interval", "100000"], cwd=out, env=env)
+    from data_prep.write.shards import indexed_dataset_class
+
+    ds = indexed_dataset_class()(os.path.join(out, "mlm_text_document"))
+    r["tokens"] = int(ds.sequence_lengths.sum())
+    return r
 
 
 def _peak_rss_of_tree_mb(proc: subprocess.Popen, every_s: float = 0.01) -> float:
@@ -84,54 +121,112 @@ def _peak_rss_of_tree_mb(proc: subprocess.Popen, every_s: float = 0.01) -> float
     return peak / 2**20
 
 
-def _row(name, r):
-    mbs = r["bytes"] / r["seconds"] / 1e6
-    tps = r["tokens"] / r["seconds"]
-    rss = f"{r['peak_rss_mb']:8.0f}" if "peak_rss_mb" in r else "       -"
-    return f"{name:34s} {r['seconds']:7.2f}s {tps:12,.0f} {mbs:8.2f} {rss}", tps
-
-
-def _longest_document(corpus: str) -> int:
-    with open(corpus, "rb") as f:
-        return max(len(orjson.loads(line)["text"]) for line in f)
-
-
-def bench(out_dir: str, corpus_mb: float = 3.0, workers: int = 2, scale: int = 10, tokenizer=None) -> int:
-    out_dir = os.path.abspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    sizes = [("1x", int(corpus_mb * 1e6)), (f"{scale}x", int(corpus_mb * 1e6 * scale))]
-    corpora = {name: build(os.path.join(out_dir, f"corpus_{name}"), size) for name, size in sizes}
-    if tokenizer is None:
+def make_tokenizer(family: str, corpus: str, out_dir: str, vocab_size: int, sample_bytes: int) -> str:
+    """Train the family's tokenizer on the corpus (kept in out_dir for reruns); returns its path."""
+    kind, norm = FAMILIES[family]
+    if kind == "sp":
         from data_prep.steps.train_tokenizer import train
 
-        prefix = os.path.join(out_dir, "tokenizer", "sp")
-        tokenizer = prefix + ".model"
-        if not os.path.exists(tokenizer):
-            train([corpora["1x"]], prefix, vocab_size=4000, quiet=True, sample_bytes=int(corpus_mb * 1e6))
-    tokenizer = os.path.abspath(tokenizer)
-    print(f"bench: tokenizer {tokenizer}, {workers} process(es)")
-    print(f"{'':34s} {'wall':>8s} {'tokens/s':>12s} {'MB/s':>8s} {'peakRSS':>8s}")
-    rss = {}
-    for name, _ in sizes:
-        corpus = corpora[name]
-        print(f"-- corpus {name}: {os.path.getsize(corpus) / 1e6:.1f} MB, longest document "
-              f"{_longest_document(corpus):,} characters ({corpus})")
-        a = bare(corpus, tokenizer, workers)
-        b = pipeline(corpus, tokenizer, os.path.join(out_dir, f"shards_{name}"), workers)
-        c = pipeline(corpus, tokenizer, os.path.join(out_dir, f"shards_{name}_nofast"), workers, fast=False)
-        if not (a["tokens"] == b["tokens"] == c["tokens"]):
-            print(f"token counts differ: bare {a['tokens']} pipeline {b['tokens']} no-fast {c['tokens']}")
+        prefix = os.path.join(out_dir, "tokenizers", f"sp_{norm}_{vocab_size}")
+        if not os.path.exists(prefix + ".model"):
+            train([corpus], prefix, vocab_size=vocab_size, quiet=True, sample_bytes=sample_bytes, normalization=norm)
+        return prefix + ".model"
+    # A directory (tokenizer.json + tokenizer_config.json naming the EOD), which both we and Megatron-LM load.
+    d = os.path.join(out_dir, "tokenizers", f"hf_bytelevel_{vocab_size}")
+    if not os.path.exists(os.path.join(d, "tokenizer.json")):
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+
+        def texts():
+            seen = 0
+            with open(corpus, "rb") as f:
+                for line in f:
+                    t = orjson.loads(line)["text"]
+                    yield t
+                    seen += len(t)
+                    if seen >= sample_bytes:
+                        return
+
+        tok.train_from_iterator(texts(), trainer)
+        os.makedirs(d, exist_ok=True)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer_config.json"), "wb") as f:
+            f.write(orjson.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                                  "bos_token": None}))
+    return d
+
+
+def _method(tokenizer: str) -> str:
+    from data_prep.steps.fast_path import FastEncoder
+    from data_prep.steps.tokenizers import load_tokenizer
+
+    return FastEncoder(load_tokenizer(tokenizer)).method
+
+
+def bench(out_dir: str, corpus_mb: float = 32.0, workers: int = 2, scale: int = 10, vocab_size: int = 32000,
+          megatron_lm: Optional[str] = None, families: Optional[List[str]] = None) -> int:
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    families = families or list(FAMILIES)
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        print(f"bench: unknown family {unknown}; choose from {list(FAMILIES)}", file=sys.stderr)
+        return 2
+    if megatron_lm and not os.path.exists(os.path.join(megatron_lm, "tools", "preprocess_data.py")):
+        print(f"bench: --megatron-lm {megatron_lm}: no tools/preprocess_data.py there (give a Megatron-LM checkout)",
+              file=sys.stderr)
+        return 2
+    small = build_web(os.path.join(out_dir, "corpus_1x"), int(corpus_mb * 1e6))
+    big = build_web(os.path.join(out_dir, f"corpus_{scale}x"), int(corpus_mb * 1e6 * scale)) if scale > 1 else None
+    mb = os.path.getsize(small) / 1e6
+    print(f"bench: {workers} process(es); corpus {mb:.1f} MB of web-page-sized documents ({small})"
+          + (f", and {os.path.getsize(big) / 1e6:.1f} MB for the peak-RSS check" if big else ""))
+    print(f"{'':44s} {'wall s':>7s} {'cpu s':>7s} {'MB/s':>6s} {'peakRSS':>7s}  tokens")
+    rows: List[Dict] = []
+    for family in families:
+        tok_dir = make_tokenizer(family, small, out_dir, vocab_size, sample_bytes=min(int(mb * 1e6), 20_000_000))
+        # The HF tokenizer: its tokenizer.json for us and the bare library (loading the directory would import
+        # transformers, ~2 s and ~200 MB of start-up); the directory for Megatron-LM, which needs one.
+        tok = os.path.join(tok_dir, "tokenizer.json") if os.path.isdir(tok_dir) else tok_dir
+        method = _method(tok)
+        print(f"-- {family}: ours encodes with {method} ({tok})")
+        runs = {"bare": bare(small, tok, workers),
+                "ours": pipeline(small, tok, os.path.join(out_dir, "shards"), workers)}
+        if megatron_lm:
+            runs["Megatron"] = megatron(megatron_lm, small, tok_dir, os.path.join(out_dir, "megatron"), workers)
+        for name, r in runs.items():
+            rss = f"{r['peak_rss_mb']:7.0f}" if "peak_rss_mb" in r else "      -"
+            print(f"   {name:41s} {r['seconds']:7.2f} {r['cpu']:7.2f} {mb / r['seconds']:6.2f} {rss}  "
+                  f"{r['tokens']:,}")
+        if runs["ours"]["tokens"] != runs["bare"]["tokens"]:
+            print(f"token counts differ: bare {runs['bare']['tokens']:,} ours {runs['ours']['tokens']:,}")
             return 1
-        line, ta = _row("(a) bare tokenizer, whole docs", a)
-        print(line)
-        line, tb = _row(f"(b) pipeline ({b['units']} units)", b)
-        print(line)
-        line, tc = _row("(c) pipeline --no-fast-path", c)
-        print(line)
-        print(f"   ratio b/a = {tb / ta:.2f}   c/a = {tc / ta:.2f}   tokens {b['tokens']:,} (identical counts)")
-        rss[name] = b["peak_rss_mb"]
-    names = [n for n, _ in sizes]
-    grew = os.path.getsize(corpora[names[1]]) / os.path.getsize(corpora[names[0]])
-    print(f"peak RSS {names[1]} / {names[0]} = {rss[names[1]] / rss[names[0]]:.2f} (goal <= 1.2) as the corpus grew "
-          f"{grew:.1f}x")
+        row = {"family": family, "method": method, **{k: v for k, v in runs.items()}}
+        if big:
+            row["big"] = pipeline(big, tok, os.path.join(out_dir, "shards_big"), workers)
+            print(f"   {'ours, ' + str(scale) + 'x corpus':41s} {row['big']['seconds']:7.2f} {row['big']['cpu']:7.2f} "
+                  f"{os.path.getsize(big) / 1e6 / row['big']['seconds']:6.2f} {row['big']['peak_rss_mb']:7.0f}")
+        rows.append(row)
+    _summary(rows, scale if big else None)
     return 0
+
+
+def _summary(rows: List[Dict], scale: Optional[int]) -> None:
+    """One line per family: ours, bare, Megatron (wall s), speed-ups (wall; cpu), peak RSS (1x -> scale x)."""
+    print("\n| family | ours encodes with | ours s | bare s | Megatron s | ours vs bare (wall; cpu) | "
+          "ours vs Megatron (wall; cpu) | peak RSS ours" + (f" 1x -> {scale}x |" if scale else " |"))
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        o, b, m = r["ours"], r["bare"], r.get("Megatron")
+        vs = lambda x: f"{x['seconds'] / o['seconds']:.2f}x; {x['cpu'] / o['cpu']:.2f}x"  # noqa: E731
+        rss = f"{o['peak_rss_mb']:.0f} MB"
+        if "big" in r:
+            rss += f" -> {r['big']['peak_rss_mb']:.0f} MB ({r['big']['peak_rss_mb'] / o['peak_rss_mb']:.2f})"
+        mlm = f"{m['seconds']:.2f}" if m else "-"
+        print(f"| {r['family']} | {r['method']} | {o['seconds']:.2f} | {b['seconds']:.2f} | {mlm} | ", end="")
+        print(f"{vs(b)} | {vs(m) if m else '-'} | {rss} |")

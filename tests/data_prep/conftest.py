@@ -43,6 +43,12 @@ def sp_model_nfkc(corpus_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def sp_model_nfkc_cf(corpus_dir, tmp_path_factory):
+    """NFKC with case folding, whitespace collapsed, dummy prefix."""
+    return _train_sp(corpus_dir, tmp_path_factory, "nfkc_cf", normalization="nfkc_cf")
+
+
+@pytest.fixture(scope="session")
 def sp_model_unigram(corpus_dir, tmp_path_factory):
     return _train_sp(corpus_dir, tmp_path_factory, "unigram", model_type="unigram", normalization="nmt_nfkc")
 

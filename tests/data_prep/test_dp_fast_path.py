@@ -1,4 +1,7 @@
-"""The fast path (cache of whitespace-delimited pieces) gives the library's own ids, or is not used."""
+"""The fast path (cache of whitespace-delimited pieces) gives the library's own ids, or is not used.
+
+These tests turn tiktoken off (``enc.tiktoken = None``) so the piece cache is what runs; test_dp_tiktoken.py covers
+tiktoken."""
 
 import pytest
 import sentencepiece as spm
@@ -22,6 +25,7 @@ def test_sentencepiece_fast_path_is_identical(model, texts, request):
     path = request.getfixturevalue(model)
     tok = load_tokenizer(path)
     enc = FastEncoder(tok, max_cache=500)  # small cache: clearing mid-stream must not change ids
+    enc.tiktoken = None
     assert enc.active, enc.reason
     docs = _docs(texts)
     sp = spm.SentencePieceProcessor(model_file=path)
@@ -52,6 +56,7 @@ def test_hf_byte_level_bpe_fast_path_is_identical(hf_bpe, texts):
     from tokenizers import Tokenizer
 
     enc = FastEncoder(load_tokenizer(hf_bpe), max_cache=500)
+    enc.tiktoken = None
     assert enc.active, enc.reason
     docs = _docs(texts)
     ref = Tokenizer.from_file(hf_bpe)
@@ -82,6 +87,7 @@ def test_not_exact_tokenizers_fall_back(tmp_path, hf_bpe, texts):
 
 def test_self_check_disables_a_wrong_fast_path(sp_model, texts):
     enc = FastEncoder(load_tokenizer(sp_model))
+    enc.tiktoken = None
     enc.splitter.runs = not enc.splitter.runs  # simulate a wrong decision about the model's settings
     enc.self_check(texts[:20] + TRICKY)
     assert not enc.active and "self-check" in enc.reason
@@ -119,6 +125,7 @@ def test_second_level_cut_is_used_and_identical(model, texts, request):
     """Texts are cut into letter / digit / other runs where the vocabulary allows it (decided from its pieces)."""
     path = request.getfixturevalue(model)
     enc = FastEncoder(load_tokenizer(path), max_cache=300)
+    enc.tiktoken = None
     assert enc.active and enc.splitter.fine is not None
     docs = _docs(texts)
     got = []
@@ -147,6 +154,7 @@ def test_documents_cut_into_parts_give_the_same_ids(model, coarse, texts, reques
     assert enc.active, enc.reason
     if coarse:
         enc.splitter.fine = None
+    enc.tiktoken = None  # the piece cache is what is cut into parts (tiktoken encodes documents whole)
     enc.SEGMENT_CHARS = 40
     docs = _docs(texts) + ["   ", " a", "a ", "\u2581", " \u2581 ", "a \u2581 b  c" * 30]
     prepared = enc.splitter.prepare(docs)
