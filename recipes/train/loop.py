@@ -378,6 +378,8 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
     redirect.close()
     say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
     log.close()
+    if saver:
+        saver.close()  # its writer process and shared-memory arena go now, not at interpreter exit
     shutdown_distributed()
     evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: the other ranks need not wait)
     return 0
