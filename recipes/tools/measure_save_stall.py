@@ -9,7 +9,8 @@ saves taking turns in the same processes on the same model (so machine noise hit
                 write was in flight (the writer shares the CPU) + any wait for the write at the end of the window
 
 Both are measured the same way: the wall time of [save + the next `gap` steps + waiting for the save to complete]
-minus `gap` median normal steps.
+minus `gap` median normal steps. `--gap` (default 8) should leave the write room to finish, as the steps between two
+real saves do: a wait at the end of the window is counted, but real training would not wait there.
 
 Placement (`--placement`, default both, one after the other): the training process always computes on one thread
 (torch.set_num_threads(1), sync and async alike).
@@ -47,7 +48,8 @@ MODEL_110M = ["model.hidden_size=1536", "model.ffn_hidden_size=4096", "model.num
               "model.seq_length=64"]
 
 
-def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str) -> dict:
+def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str,
+            gap: int) -> dict:
     import torch
 
     torch.set_num_threads(1)  # both modes, both placements: the training computes on one core
@@ -70,7 +72,6 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, ranks)
     init_parallel_state(layout)
-    gap = 4  # steps between saves: room for an async write to finish
     total = 3 + (2 * saves) * (gap + 1) + 8
     eng = initialize(recipe, layout, device, total_steps=total)
     mbs = synthetic_steps(recipe, layout, device, 1)[0]
@@ -163,7 +164,7 @@ def summarize(per_rank: list[dict]) -> dict:
     return out
 
 
-def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str,
+def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str, gap: int,
             timeout: int = 1800) -> list[dict]:
     port = free_port()
     procs = []
@@ -172,7 +173,8 @@ def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path
                    MASTER_PORT=str(port), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "recipes", "measure-save-stall", "--config", recipe, *overrides, "--worker",
-               "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out), "--placement", placement]
+               "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out), "--placement", placement,
+               "--gap", str(gap)]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     results = []
@@ -199,12 +201,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", help="where the checkpoints go (default: a temporary directory, removed after)")
     ap.add_argument("--placement", choices=("pinned", "unpinned", "both"), default="both",
                     help="pinned: training and writer on separate cores (a GPU node); unpinned: sharing all cores")
+    ap.add_argument("--gap", type=int, default=8, help="steps after each save in its window: room for an async "
+                    "write to finish, as between real saves (default 8)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_intermixed_args(argv)
     overrides = MODEL_110M + args.overrides
     if args.worker:
-        print(json.dumps(_worker(args.config, overrides, args.ranks, args.saves, Path(args.dir), args.placement)),
+        print(json.dumps(_worker(args.config, overrides, args.ranks, args.saves, Path(args.dir), args.placement,
+                                   args.gap)),
               flush=True)
         return 0
     placements = ("pinned", "unpinned") if args.placement == "both" else (args.placement,)
@@ -217,7 +222,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="save-stall-") as tmp:
             print(f"measuring {args.saves} sync and {args.saves} async saves on {args.ranks} rank(s), {placement}, in "
                   f"{tmp} ({_fs_of(Path(tmp))}) ...", file=sys.stderr, flush=True)
-            runs[placement] = summarize(measure(args.config, overrides, args.ranks, args.saves, Path(tmp), placement))
+            runs[placement] = summarize(measure(args.config, overrides, args.ranks, args.saves, Path(tmp), placement,
+                                                       args.gap))
             disk = _fs_of(Path(tmp))
     first = runs[placements[0]]
     s = {k: first[k] for k in ("params", "ranks", "checkpoint_bytes_per_rank")}
