@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from data_prep.io import atomic_write
-from recipes.checkpoint import safe_load, writer
+from recipes.checkpoint import safe_load, shm_writer, writer
 
 log = logging.getLogger(__name__)
 MARKER = "complete.json"
@@ -75,8 +75,9 @@ class Checkpointer:
     """The saves of one run (collective: every rank makes the same calls in the same order).
 
     sync (`background=False`): `save` returns once every rank's files are fsynced and complete.json is written.
-    async: `save` returns once this rank's state is copied to host memory; a background thread writes and fsyncs the
-    files while training goes on. The ranks agree that the save is durable at a later step boundary (`poll`, one
+    async: `save` returns once this rank's state is copied to host shared memory; the rank's writer process
+    (recipes.checkpoint.shm_writer, started here) writes and fsyncs the files while training goes on. The ranks
+    agree that the save is durable at a later step boundary (`poll`, one
     small all-reduce per step while a save is in flight: no rank waits for another's disk) or, at the latest, when
     the next save, a stop or the end of training calls `finish` (which waits). Only then does rank 0 write
     complete.json, `latest` and prune to keep_last: a crash before that leaves the previous complete checkpoint the
@@ -84,11 +85,13 @@ class Checkpointer:
     """
 
     def __init__(self, engine, ckpt_dir: str, keep_last: int, background: bool, device=None,
-                 max_mib_per_s: float | None = None):
+                 max_mib_per_s: float | None = None, writer_cpus: set[int] | None = None):
         self.engine, self.root, self.keep_last, self.background = engine, Path(ckpt_dir), keep_last, background
         self.max_bytes_per_s = max_mib_per_s * 2**20 if max_mib_per_s else None
         self.device = device if device is not None else torch.device("cpu")
         self.files = writer.install(engine)
+        # async: the rank's writer process, started now so that it is ready (torch imported) by the first save
+        self.background_writer = shm_writer.BackgroundWriter(writer_cpus) if background else None
         self.inflight: dict | None = None  # step, tag, client_state, write, started
         self.completed: int | None = None  # step of the newest save this run made complete
 
@@ -103,7 +106,7 @@ class Checkpointer:
         _barrier()
         started = time.perf_counter()
         if self.background:
-            self.files.collect()
+            self.files.collect(self.background_writer.arena)
         # `latest` is ours to write, after the marker: it never names a partial save.
         try:
             self.engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
@@ -120,7 +123,7 @@ class Checkpointer:
             queued = {p for p, _ in jobs or []}
             foreground = sorted({str(p) for p in (self.root / tag).rglob("*") if p.is_file()} - queued
                                 - {str(self.root / tag / MARKER)})
-        write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background,
+        write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background_writer,
                                 max_bytes_per_s=self.max_bytes_per_s)
         self.inflight = {"step": step, "tag": tag, "client_state": client_state, "write": write, "started": started}
         if self.background:
@@ -142,6 +145,15 @@ class Checkpointer:
         if self.inflight is None:
             return None
         return self._agree(wait=True)
+
+    def close(self) -> None:
+        """Collective: complete the save in flight, then stop this rank's writer process and free its arena."""
+        try:
+            self.finish()
+        finally:
+            if self.background_writer is not None:
+                self.background_writer.close()
+                self.background_writer = None
 
     def _agree(self, wait: bool) -> int | None:
         write = self.inflight["write"]

@@ -1,5 +1,6 @@
 """How checkpoint files reach the disk: DeepSpeed hands every file of a save to `FileEngine` (its checkpoint-engine
-interface), which either writes it now (sync) or takes a host copy of it for a background thread (async). Either way
+interface), which either writes it now (sync) or copies it into shared memory for this rank's writer process (async,
+recipes.checkpoint.shm_writer). Either way
 every file is fsynced before the save counts as written, so `complete.json` (recipes.checkpoint.store) only ever
 vouches for files that are on the disk.
 
@@ -9,14 +10,12 @@ libaio fast writer (not buildable here: `AsyncIOBuilder().is_compatible()` is Fa
 the live tensors to its writer process through shared memory instead of copying them. torch.distributed.checkpoint's
 async_save writes DCP files, not DeepSpeed's, which export, reshape and resume read.
 
-Why a copy: the next optimizer step changes the parameters and moments in place; the background thread writes the
-copy, so the files are exactly the state of the save step (byte-identical to a sync save: `host_copy` keeps the
-storage sharing of the original, so torch.save writes the same records).
+Why a copy: the next optimizer step changes the parameters and moments in place; the writer process writes the
+copy, so the files are exactly the state of the save step (byte-identical to a sync save: the copy keeps the
+storage sharing of the original, so torch.save writes the same records; tested).
 """
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import os
 import time
@@ -28,39 +27,6 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngi
 from data_prep.io import fsync_dir, fsync_file, open_write
 
 log = logging.getLogger(__name__)
-
-
-def host_copy(obj, memo: dict | None = None):
-    """`obj` (a state dict: nested dicts/lists/tuples of tensors and plain values) with every tensor copied into fresh
-    host memory. What `obj` shares stays shared in the copy (tensors viewing one flat buffer share one copied storage;
-    an object referenced twice is copied once), so the copy pickles to the same records as the original."""
-    memo = {} if memo is None else memo
-    if isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Size, torch.dtype, torch.device)):
-        return obj
-    if id(obj) in memo:
-        return memo[id(obj)]
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        st = t.untyped_storage()
-        key = ("storage", st.device, st.data_ptr(), st.nbytes())
-        if key not in memo:
-            memo[key] = st.cpu() if st.device.type != "cpu" else st.clone()
-        out = torch.empty(0, dtype=t.dtype).set_(memo[key], t.storage_offset(), t.size(), t.stride())
-        if isinstance(obj, torch.nn.Parameter):
-            out = torch.nn.Parameter(out, requires_grad=obj.requires_grad)
-        elif obj.requires_grad:
-            out.requires_grad_(True)
-    elif isinstance(obj, dict):
-        out = copy.copy(obj)  # keeps the type (OrderedDict) and attributes (a state dict's _metadata)
-        for k, v in obj.items():
-            out[k] = host_copy(v, memo)
-    elif type(obj) in (list, tuple):
-        out = type(obj)(host_copy(v, memo) for v in obj)
-    else:  # small plain objects (sets, enums, DeepSpeed's loss scaler): a copy, not a reference
-        out = copy.deepcopy(obj, memo.setdefault("deepcopy", {}))
-    memo[id(obj)] = out
-    memo.setdefault("originals", []).append(obj)  # keeps ids unique while the copy is made
-    return out
 
 
 class _Throttled:
@@ -99,21 +65,24 @@ class FileEngine(CheckpointEngine):
         super().__init__()
         self.name = "recipes.FileEngine"
         self.zipfile = zipfile
-        self._pending: list[tuple[str, object]] | None = None
+        self._pending: list[tuple[str, bytes]] | None = None
+        self._arena = None
         self.written: list[str] = []  # files written (sync) since the last take()
 
-    def collect(self) -> None:
-        self._pending = []
+    def collect(self, arena) -> None:
+        """Until take(): pack every file into `arena` (a shm_writer.Arena whose previous save is written)."""
+        arena.reset()
+        self._pending, self._arena = [], arena
 
-    def take(self) -> tuple[list[tuple[str, object]] | None, list[str]]:
-        """(host copies kept since collect(), or None when sync; paths written in the foreground)."""
+    def take(self) -> tuple[list[tuple[str, bytes]] | None, list[str]]:
+        """(files packed since collect(), or None when sync; paths written in the foreground)."""
         pending, written = self._pending, self.written
-        self._pending, self.written = None, []
+        self._pending, self._arena, self.written = None, None, []
         return pending, written
 
     def save(self, state_dict, path: str) -> None:
         if self._pending is not None:
-            self._pending.append((str(path), host_copy(state_dict)))
+            self._pending.append((str(path), self._arena.pack(state_dict)))
         else:
             write_durably(state_dict, path, self.zipfile)
             self.written.append(str(path))
@@ -140,65 +109,24 @@ def install(engine) -> FileEngine:
 
 
 class TagWrite:
-    """The rest of one rank's save after DeepSpeed's `save_checkpoint` returned: write the host copies (if any),
+    """The rest of one rank's save after DeepSpeed's `save_checkpoint` returned: write the packed files (if any),
     fsync the files written in the foreground, fsync the directories; `error` is set if that failed.
 
-    `background=False`: now. `background=True`: in a forked child process, which inherits the host copies without
-    pickling them (the parent drops its references at once: one copy in memory while the write is in flight). Why a
-    process and not a thread: torch.save holds the GIL while it checksums and writes records, so a writer thread
-    slowed the training steps 2.5x here; a forked writer did not measurably. The child only writes files and leaves
-    with os._exit (no logging, no process group, no atexit handlers of the parent), and dies with its parent
-    (PR_SET_PDEATHSIG): a run that is killed leaves no writer behind, and its tag no complete.json. It runs at nice
-    19: on a node without an idle core the writer takes what the training leaves."""
+    `background=None`: now, in this process. Otherwise `background` (a `shm_writer.BackgroundWriter`, whose arena
+    holds the packed files) does it while training goes on; `done()` / `wait()` collect its report."""
 
     def __init__(self, jobs: list[tuple[str, object]], foreground_files: list[str], tag_dir: Path,
-                 background: bool, max_bytes_per_s: float | None = None):
-        self.foreground_files, self.tag_dir, self.max_bytes_per_s = foreground_files, tag_dir, max_bytes_per_s
+                 background=None, max_bytes_per_s: float | None = None):
         self.error: BaseException | None = None
         self.bytes = 0
         self.seconds = 0.0
-        self._pid = None
+        self._writer = background
         self._started = time.perf_counter()
-        if not background:
-            self._finish(self._write(jobs))
-            return
-        read_end, write_end = os.pipe()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the writer
-            code = 1
-            try:
-                os.close(read_end)
-                _die_with_parent(parent)
-                os.nice(19)  # where cores are short, the training steps go first; the write waits
-                report = self._write(jobs)
-                os.write(write_end, json.dumps(report).encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write_end)
-        jobs.clear()  # the child has them; the parent's references go
-        self._pid, self._pipe = pid, read_end
-
-    def _write(self, jobs: list[tuple[str, object]]) -> dict:
-        """Write everything; a report {"bytes": n} or {"error": ..., "errno": ...} (also sent by the child)."""
-        written = 0
-        try:
-            while jobs:
-                path, state = jobs.pop(0)  # drop each copy once written: host memory goes back file by file
-                written += write_durably(state, path, max_bytes_per_s=self.max_bytes_per_s)
-                del state
-            for p in self.foreground_files:  # written by DeepSpeed or by us in the foreground
-                try:
-                    with open(p, "rb") as f:
-                        os.fsync(f.fileno())
-                except FileNotFoundError:
-                    pass  # another rank's file of a re-saved tag, being rewritten (and fsynced) by that rank
-            for d in sorted({str(p.parent) for p in self.tag_dir.rglob("*") if p.is_file()} | {str(self.tag_dir)}):
-                fsync_dir(d)  # the new names are durable too
-            return {"bytes": written}
-        except Exception as e:  # noqa: BLE001 - reported to every rank by the next agreement
-            return {"error": f"{type(e).__name__}: {e}", "errno": getattr(e, "errno", None)}
+        if background is None:
+            self._finish(write_tag(((p, lambda s=s: s) for p, s in jobs), foreground_files, tag_dir,
+                                   max_bytes_per_s))
+        else:
+            background.submit(jobs, foreground_files, str(tag_dir), max_bytes_per_s)
 
     def _finish(self, report: dict) -> None:
         self.seconds = time.perf_counter() - self._started
@@ -206,33 +134,44 @@ class TagWrite:
         if "error" in report:
             e = report["errno"]
             self.error = OSError(e, report["error"]) if e else RuntimeError(report["error"])
+        self._writer = None
 
     def done(self) -> bool:
-        if self._pid is None:
+        if self._writer is None:
             return True
-        pid, status = os.waitpid(self._pid, os.WNOHANG)
-        if pid == 0:
+        report = self._writer.result(wait=False)
+        if report is None:
             return False
-        self._reap(status)
+        self._finish(report)
         return True
 
     def wait(self) -> None:
-        if self._pid is not None:
-            _, status = os.waitpid(self._pid, 0)
-            self._reap(status)
-
-    def _reap(self, status: int) -> None:
-        with os.fdopen(self._pipe, "rb") as f:
-            raw = f.read()
-        self._pid = None
-        code = os.waitstatus_to_exitcode(status)
-        if code == 0 and raw:
-            self._finish(json.loads(raw))
-        else:
-            self._finish({"error": f"checkpoint writer process ended with exit code {code}", "errno": None})
+        if self._writer is not None:
+            self._finish(self._writer.result(wait=True))
 
 
-def _die_with_parent(parent: int) -> None:
+def write_tag(jobs, foreground_files: list[str], tag_dir: str | Path, max_bytes_per_s: float | None) -> dict:
+    """Write `jobs` ((path, a function returning the state to save)), fsync the `foreground_files` and every directory
+    of the tag. A report {"bytes": n} or {"error": ..., "errno": ...} (the writer process sends it to its rank)."""
+    written = 0
+    try:
+        for path, state in jobs:
+            written += write_durably(state(), path, max_bytes_per_s=max_bytes_per_s)
+        for p in foreground_files:  # written by DeepSpeed or by us in the foreground
+            try:
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+            except FileNotFoundError:
+                pass  # another rank's file of a re-saved tag, being rewritten (and fsynced) by that rank
+        tag_dir = Path(tag_dir)
+        for d in sorted({str(p.parent) for p in tag_dir.rglob("*") if p.is_file()} | {str(tag_dir)}):
+            fsync_dir(d)  # the new names are durable too
+        return {"bytes": written}
+    except Exception as e:  # noqa: BLE001 - reported to every rank by the next agreement
+        return {"error": f"{type(e).__name__}: {e}", "errno": getattr(e, "errno", None)}
+
+
+def die_with_parent(parent: int) -> None:
     """Linux: SIGKILL this process when its parent dies (a killed rank must not leave its writer running)."""
     try:
         import ctypes

@@ -196,8 +196,10 @@ class CheckpointConfig(_Section):
     # launch/stop.sh and launch/train.sh wait this long after SIGTERM (the ranks save a checkpoint and exit) before
     # they SIGKILL what is left: longer than a save of this model takes, or a pre-emption save is cut short
     stop_grace_seconds: PositiveInt = 60
-    # true: a save copies the state to host memory and training goes on while a background thread writes it
-    # (complete.json once every rank's files are fsynced); false: training waits for the disk. See docs/cluster.md.
+    # true: a save copies the state into host shared memory and training goes on while the rank's writer process
+    # writes it (complete.json once every rank's files are fsynced); false: training waits for the disk. Default true:
+    # measured, an async save blocks training ~2% as long as a sync one (docs/cluster.md, "Asynchronous checkpoint
+    # saves"); false saves the arena's host memory (one copy of the rank's checkpoint files, held for the run).
     async_save: bool = True
     # async only: cap each rank's background write rate (MiB/s), so that checkpoint writes on a shared file system
     # leave bandwidth to the data loaders of other jobs; None = as fast as the disk goes

@@ -9,12 +9,20 @@ saves taking turns in the same processes on the same model (so machine noise hit
                 write was in flight (the writer shares the CPU) + any wait for the write at the end of the window
 
 Both are measured the same way: the wall time of [save + the next `gap` steps + waiting for the save to complete]
-minus `gap` median normal steps.
+minus `gap` median normal steps. `--gap` (default 8) should leave the write room to finish, as the steps between two
+real saves do: a wait at the end of the window is counted, but real training would not wait there.
+
+Placement (`--placement`, default both, one after the other): the training process always computes on one thread
+(torch.set_num_threads(1), sync and async alike).
+  pinned    each rank's training on a core of its own and its checkpoint writer process on another (sched_setaffinity):
+            a GPU node, where the training's compute runs on the GPU, not on the host cores the writer uses
+            (needs 2 cores per rank)
+  unpinned  training and writer share every core (the writer at nice 19): a host without a spare core
 
 Default model: about 110M parameters (hidden 1536, 3 layers, vocab 8192, seq 64), fp32 Adam: ~1.3 GB per save.
 
     python -m recipes measure-save-stall                     # 1 rank, 3 saves of each kind, checkpoints in a temp dir
-    python -m recipes measure-save-stall --ranks 2 --dir /shared/scratch model.num_layers=6
+    python -m recipes measure-save-stall --ranks 2 --placement unpinned --dir /shared/scratch model.num_layers=6
 """
 from __future__ import annotations
 
@@ -40,8 +48,16 @@ MODEL_110M = ["model.hidden_size=1536", "model.ffn_hidden_size=4096", "model.num
               "model.seq_length=64"]
 
 
-def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path) -> dict:
+def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str,
+            gap: int) -> dict:
     import torch
+
+    torch.set_num_threads(1)  # both modes, both placements: the training computes on one core
+    writer_cpus = None
+    if placement == "pinned":
+        train_core, writer_core = _cores_of(int(os.environ["RANK"]), ranks)
+        os.sched_setaffinity(0, {train_core})
+        writer_cpus = {writer_core}
 
     from recipes.checkpoint.store import Checkpointer
     from recipes.config.loading import load_recipe
@@ -56,12 +72,11 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, ranks)
     init_parallel_state(layout)
-    gap = 4  # steps between saves: room for an async write to finish
     total = 3 + (2 * saves) * (gap + 1) + 8
     eng = initialize(recipe, layout, device, total_steps=total)
     mbs = synthetic_steps(recipe, layout, device, 1)[0]
     savers = {mode: Checkpointer(eng.engine, str(out / mode), keep_last=1, background=mode == "async",
-                                 device=device) for mode in ("sync", "async")}
+                                 device=device, writer_cpus=writer_cpus) for mode in ("sync", "async")}
     step = 0
 
     def timed_step() -> float:
@@ -97,9 +112,20 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
             rows[mode].append({"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
                                "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap})
         normal += [timed_step() for _ in range(2)]
+    for saver in savers.values():
+        saver.close()
     files = [p for p in (out / "async").rglob("*.pt")]
     return {"rank": torch.distributed.get_rank(), "params": count_parameters(recipe.model),
             "normal_steps_s": normal, "saves": rows, "rank_bytes": sum(p.stat().st_size for p in files) // ranks}
+
+
+def _cores_of(rank: int, ranks: int) -> tuple[int, int]:
+    """(the training's core, the writer's core) of `rank` under --placement pinned."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 * ranks:
+        raise SystemExit(f"measure-save-stall: --placement pinned needs 2 cores per rank ({2 * ranks} for --ranks "
+                         f"{ranks}), this process may use {len(cores)}: use --placement unpinned or fewer --ranks")
+    return cores[2 * rank], cores[2 * rank + 1]
 
 
 def _fs_of(path: Path) -> str:
@@ -134,10 +160,12 @@ def summarize(per_rank: list[dict]) -> dict:
                      "slower_steps_s": statistics.median(slower), "finish_wait_s": statistics.median(waited),
                      "stalls_s": stalls}
     out["async_over_sync"] = out["async"]["stall_s"] / out["sync"]["stall_s"]
+    out["async_over_sync_blocked"] = out["async"]["blocked_in_save_s"] / out["sync"]["blocked_in_save_s"]
     return out
 
 
-def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path, timeout: int = 1800) -> list[dict]:
+def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str, gap: int,
+            timeout: int = 1800) -> list[dict]:
     port = free_port()
     procs = []
     for rank in range(ranks):
@@ -145,7 +173,8 @@ def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path
                    MASTER_PORT=str(port), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "recipes", "measure-save-stall", "--config", recipe, *overrides, "--worker",
-               "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out)]
+               "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out), "--placement", placement,
+               "--gap", str(gap)]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     results = []
@@ -170,34 +199,55 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--saves", type=int, default=3, help="saves of each kind")
     ap.add_argument("--dir", help="where the checkpoints go (default: a temporary directory, removed after)")
+    ap.add_argument("--placement", choices=("pinned", "unpinned", "both"), default="both",
+                    help="pinned: training and writer on separate cores (a GPU node); unpinned: sharing all cores")
+    ap.add_argument("--gap", type=int, default=8, help="steps after each save in its window: room for an async "
+                    "write to finish, as between real saves (default 8)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_intermixed_args(argv)
     overrides = MODEL_110M + args.overrides
     if args.worker:
-        print(json.dumps(_worker(args.config, overrides, args.ranks, args.saves, Path(args.dir))), flush=True)
+        print(json.dumps(_worker(args.config, overrides, args.ranks, args.saves, Path(args.dir), args.placement,
+                                   args.gap)),
+              flush=True)
         return 0
+    placements = ("pinned", "unpinned") if args.placement == "both" else (args.placement,)
+    if "pinned" in placements:
+        _cores_of(args.ranks - 1, args.ranks)  # enough cores? (before minutes of work)
 
-    with tempfile.TemporaryDirectory(dir=args.dir, prefix="save-stall-") as tmp:
-        print(f"measuring {args.saves} sync and {args.saves} async saves on {args.ranks} rank(s) in {tmp} "
-              f"({_fs_of(Path(tmp))}) ...", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        s = summarize(measure(args.config, overrides, args.ranks, args.saves, Path(tmp)))
-        s["seconds"] = time.perf_counter() - started
-        s["disk"] = _fs_of(Path(tmp))
+    runs = {}
+    started = time.perf_counter()
+    for placement in placements:
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="save-stall-") as tmp:
+            print(f"measuring {args.saves} sync and {args.saves} async saves on {args.ranks} rank(s), {placement}, in "
+                  f"{tmp} ({_fs_of(Path(tmp))}) ...", file=sys.stderr, flush=True)
+            runs[placement] = summarize(measure(args.config, overrides, args.ranks, args.saves, Path(tmp), placement,
+                                                       args.gap))
+            disk = _fs_of(Path(tmp))
+    first = runs[placements[0]]
+    s = {k: first[k] for k in ("params", "ranks", "checkpoint_bytes_per_rank")}
+    s.update(disk=disk, seconds=time.perf_counter() - started, placements=runs)
     if args.json:
         print(json.dumps(s, indent=1))
         return 0
     print(f"model {s['params'] / 1e6:.1f}M parameters, {s['ranks']} rank(s), "
-          f"{s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB of checkpoint files per rank per save, disk {s['disk']}")
-    print(f"normal step            {s['normal_step_s']:.3f} s (median)")
-    for mode in ("sync", "async"):
-        m = s[mode]
-        print(f"{mode:5} save stall       {m['stall_s']:.3f} s per save (median of {len(m['stalls_s'])}: blocked in "
-              f"save {m['blocked_in_save_s']:.3f} s + slower steps {m['slower_steps_s']:+.3f} s + "
-              f"waiting for the write {m['finish_wait_s']:.3f} s)")
-    print(f"async / sync stall     {s['async_over_sync']:.1%} (goal < 25%); host memory for the async copy: "
-          f"{s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB per rank while a save is in flight")
+          f"{s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB of checkpoint files per rank per save, disk {s['disk']}; "
+          "training on 1 thread in both modes")
+    for placement, r in runs.items():
+        where = ("training and writer pinned to separate cores (as on a GPU node)" if placement == "pinned" else
+                 "training and writer sharing all cores (writer at nice 19)")
+        print(f"[{placement}] {where}")
+        print(f"  normal step            {r['normal_step_s']:.3f} s (median)")
+        for mode in ("sync", "async"):
+            m = r[mode]
+            print(f"  {mode:5} save stall       {m['stall_s']:.3f} s per save (median of {len(m['stalls_s'])}: blocked "
+                  f"in save {m['blocked_in_save_s']:.3f} s + slower steps {m['slower_steps_s']:+.3f} s + "
+                  f"waiting for the write {m['finish_wait_s']:.3f} s)")
+        print(f"  async / sync           total {r['async_over_sync']:.1%}, blocked {r['async_over_sync_blocked']:.1%} "
+              "(goal < 25%)")
+    print(f"host shared memory for the async copy: {s['checkpoint_bytes_per_rank'] / 2**30:.2f} GiB per rank, kept "
+          "for the whole run (reused by every save)")
     return 0
 
 

@@ -359,6 +359,11 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
         periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
         evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
         if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
+            if eval_pending is not None and saver.finish() == eval_pending:
+                # an async save still in flight for an evaluation: complete it (this save would anyway) and start
+                # its evaluation now, before this save replaces it as the pending one (or prunes it)
+                evaluation.start(eval_pending)
+                eval_pending = None
             save_now()
             if stopping or step == total_steps:
                 saver.finish()  # a stop or the end waits for the disk: the run leaves a complete checkpoint
@@ -378,6 +383,8 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
     redirect.close()
     say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
     log.close()
+    if saver:
+        saver.close()  # its writer process and shared-memory arena go now, not at interpreter exit
     shutdown_distributed()
     evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: the other ranks need not wait)
     return 0

@@ -1,16 +1,23 @@
-"""The host copy an async save writes: the same file as a save of the live state, and untouched by later updates."""
+"""The shared-memory copy an async save writes: the same file as a save of the live state, untouched by later updates,
+written by a long-lived spawned writer process that reports failures and does not outlive its rank."""
 from __future__ import annotations
 
 import errno
+import os
+import signal
+import subprocess
+import sys
+import time
 import zipfile
 from collections import OrderedDict
 
 import pytest
 import torch
 
-from recipes.checkpoint.writer import TagWrite, host_copy, write_durably
+from recipes.checkpoint.shm_writer import Arena, BackgroundWriter, unpack
+from recipes.checkpoint.writer import FileEngine, TagWrite, write_durably
+from tests.support.runs import REPO, worker_env
 
-pytestmark = pytest.mark.unit
 
 
 def _state():
@@ -35,36 +42,118 @@ def _records(path) -> dict[str, bytes]:
         return {n.split("/", 1)[1]: z.read(n) for n in z.namelist() if not n.endswith("serialization_id")}
 
 
-def test_host_copy_writes_the_same_file_as_the_live_state(tmp_path):
-    state = _state()
+def _snapshot(arena: Arena, state):
+    """What the writer process sees: the state rebuilt from the arena."""
+    return unpack(arena.pack(state), {i: m for i, (_, m) in enumerate(arena.segments)})
+
+
+@pytest.mark.unit
+def test_arena_copy_writes_the_same_file_as_the_live_state(tmp_path):
+    state, arena = _state(), Arena()
     write_durably(state, tmp_path / "live.pt")
-    write_durably(host_copy(state), tmp_path / "copy.pt")
+    write_durably(_snapshot(arena, state), tmp_path / "copy.pt")
     assert _records(tmp_path / "copy.pt") == _records(tmp_path / "live.pt")
 
 
-def test_host_copy_keeps_sharing_and_is_independent_of_later_updates(tmp_path):
-    state = _state()
-    snap = host_copy(state)
-    # views of one flat buffer still share one (new) storage; the object referenced twice is copied once
+@pytest.mark.unit
+def test_arena_copy_keeps_sharing_and_reuses_the_arena_across_saves():
+    state, arena = _state(), Arena()
+    snap = _snapshot(arena, state)
+    # views of one flat buffer still share one (new) storage; the object referenced twice is one object
     assert snap["module"]["w"].untyped_storage().data_ptr() == snap["flat"].untyped_storage().data_ptr()
     assert snap["flat"].untyped_storage().data_ptr() != state["flat"].untyped_storage().data_ptr()
     assert snap["optimizer"]["loss_scaler"] is snap["scaler_again"] is not state["scaler_again"]
     assert isinstance(snap["param"], torch.nn.Parameter) and snap["module"]._metadata == state["module"]._metadata
+    first = snap["flat"].untyped_storage().data_ptr()
+    arena.reset()  # the next save: same places, no new segment
+    assert _snapshot(arena, state)["flat"].untyped_storage().data_ptr() == first and len(arena.segments) == 1
 
+
+@pytest.mark.multiproc
+def test_writer_process_writes_the_state_of_the_save_step(tmp_path):
+    state = _state()
     before = tmp_path / "before.pt"
     write_durably(state, before)
-    # the next optimizer step, in place, while the copy waits for the background writer
-    state["flat"].add_(100.0)
-    state["optimizer"]["state"][0]["exp_avg"].mul_(3.0)
-    state["optimizer"]["loss_scaler"].cur_scale = 4.0
-    TagWrite([(str(tmp_path / "snap.pt"), snap)], [], tmp_path, background=True).wait()
-    assert _records(tmp_path / "snap.pt") == _records(before)
-    loaded = torch.load(tmp_path / "snap.pt", weights_only=False)
-    assert torch.equal(loaded["module"]["b"], torch.tensor([8.0, 9.0, 10.0, 11.0]))
+    bw = BackgroundWriter()
+    try:
+        files = FileEngine()
+        files.collect(bw.arena)
+        files.save(state, str(tmp_path / "snap.pt"))
+        bw_files, _ = files.take()
+        write = TagWrite(bw_files, [], tmp_path, background=bw)
+        # the next optimizer step, in place, while the writer process writes the copy
+        state["flat"].add_(100.0)
+        state["optimizer"]["state"][0]["exp_avg"].mul_(3.0)
+        state["optimizer"]["loss_scaler"].cur_scale = 4.0
+        write.wait()
+        assert write.error is None and write.bytes == (tmp_path / "snap.pt").stat().st_size
+        assert _records(tmp_path / "snap.pt") == _records(before)
+        loaded = torch.load(tmp_path / "snap.pt", weights_only=False)
+        assert torch.equal(loaded["module"]["b"], torch.tensor([8.0, 9.0, 10.0, 11.0]))
+        pid = bw._proc.pid
+        # a second save through the same process (and arena)
+        files.collect(bw.arena)
+        files.save(state, str(tmp_path / "snap2.pt"))
+        write = TagWrite(files.take()[0], [], tmp_path, background=bw)
+        write.wait()
+        assert write.error is None and bw._proc.pid == pid
+        assert torch.equal(torch.load(tmp_path / "snap2.pt", weights_only=False)["flat"][8:], state["flat"][8:])
+    finally:
+        bw.close()
 
 
-def test_a_failed_background_write_is_reported_to_the_parent(tmp_path):
-    missing = tmp_path / "no_such_dir" / "x.pt"
-    write = TagWrite([(str(missing), {"t": torch.zeros(2)})], [], tmp_path, background=True)
-    write.wait()
-    assert write.done() and isinstance(write.error, OSError) and write.error.errno == errno.ENOENT, write.error
+@pytest.mark.multiproc
+def test_a_failed_background_write_is_reported_to_the_rank(tmp_path):
+    bw = BackgroundWriter()
+    try:
+        missing = tmp_path / "no_such_dir" / "x.pt"
+        write = TagWrite([(str(missing), bw.arena.pack({"t": torch.zeros(2)}))], [], tmp_path, background=bw)
+        write.wait()
+        assert write.done() and isinstance(write.error, OSError) and write.error.errno == errno.ENOENT, write.error
+        # a writer that dies is a failed save, and the next save gets a fresh writer
+        bw._proc.kill()
+        bw._proc.join()
+        write = TagWrite([], [], tmp_path, background=bw)
+        write.wait()
+        assert write.error is None
+    finally:
+        bw.close()
+
+
+@pytest.mark.multiproc
+def test_a_writer_that_dies_mid_save_is_a_failed_save(tmp_path):
+    bw = BackgroundWriter()
+    try:
+        bw.arena.reset()
+        job = (str(tmp_path / "big.pt"), bw.arena.pack({"t": torch.zeros(64 << 20, dtype=torch.uint8)}))
+        write = TagWrite([job], [], tmp_path, background=bw, max_bytes_per_s=4 << 20)  # ~16 s of writing
+        time.sleep(1.0)
+        assert not write.done()
+        bw._proc.kill()
+        write.wait()
+        assert isinstance(write.error, RuntimeError) and "writer process ended" in str(write.error), write.error
+    finally:
+        bw.close()
+
+
+@pytest.mark.multiproc
+def test_the_writer_process_dies_with_its_rank():
+    rank = subprocess.Popen([sys.executable, "-c", "import time\n"
+                             "from recipes.checkpoint.shm_writer import BackgroundWriter\n"
+                             "w = BackgroundWriter()\nprint(w._proc.pid, flush=True)\ntime.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO, env=worker_env())
+    try:
+        writer = int(rank.stdout.readline())
+        os.kill(writer, 0)  # alive while its rank is
+    finally:
+        rank.kill()
+        rank.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(writer, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(writer, signal.SIGKILL)
+    pytest.fail(f"the writer process {writer} outlived its killed rank")

@@ -1,0 +1,223 @@
+"""The background half of an async save: one long-lived writer process per rank, fed through shared memory.
+
+The rank copies each checkpoint file's tensors into `Arena` (anonymous shared memory, memfd, reused by every save:
+after the first save no page is newly faulted in), pickles only the small structure around them (storages become
+references into the arena), and hands that to `BackgroundWriter`'s process, which rebuilds the state dict over the
+arena (no copy), torch.saves and fsyncs it. Only a few KiB cross the pipe.
+
+Why a spawned process and not the forked one per save this replaced: after fork() every page the training process
+writes (parameters, gradients, Adam moments, reused activations) is copied on write while the child lives, which
+slowed the steps after an async save by more than the sync save cost (docs/cluster.md). A spawned process shares
+nothing but the arena. Why not a thread: torch.save holds the GIL while it checksums and writes records.
+
+The writer dies with its rank (PR_SET_PDEATHSIG, and it leaves when its pipe closes), is a daemon process (ended at
+the rank's exit) and reports every failure back as {"error": ..., "errno": ...}; a writer that dies is reported as
+a failed save and replaced by a fresh one at the next save.
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import multiprocessing
+import os
+import pickle
+import time
+from multiprocessing import reduction
+
+import torch
+
+_ALIGN = 64
+_SEGMENT = 256 << 20  # arena grows by at least this much; tmpfs pages are only allocated once written
+
+
+class Arena:
+    """Shared-memory segments (memfd) that hold the tensors of one save; `reset()` at each save reuses them."""
+
+    def __init__(self):
+        self.segments: list[tuple[int, mmap.mmap]] = []  # (fd, mapping)
+        self._seg, self._off = 0, 0
+
+    def reset(self) -> None:
+        self._seg, self._off = 0, 0
+
+    def nbytes(self) -> int:
+        return sum(len(m) for _, m in self.segments)
+
+    def _alloc(self, n: int) -> tuple[int, int]:
+        while self._seg < len(self.segments) and self._off + n > len(self.segments[self._seg][1]):
+            self._seg, self._off = self._seg + 1, 0  # same shapes every save: the same fits, no new segment
+        if self._seg == len(self.segments):
+            size = max(n, _SEGMENT)
+            fd = os.memfd_create(f"checkpoint-arena-{len(self.segments)}")  # close-on-exec, never on a file system
+            os.ftruncate(fd, size)
+            self.segments.append((fd, mmap.mmap(fd, size)))
+        where = (self._seg, self._off)
+        self._off += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+        return where
+
+    def view(self, seg: int, off: int, n: int) -> torch.Tensor:
+        return torch.frombuffer(self.segments[seg][1], dtype=torch.uint8, count=n, offset=off)
+
+    def pack(self, obj) -> bytes:
+        """Copy every tensor of `obj` into the arena; the pickled rest, with storages as arena references. What
+        `obj` shares stays shared (one storage copied once), so the writer's torch.save writes the same records."""
+        return _ArenaPickler(self).dumps(obj)
+
+    def close(self) -> None:
+        for fd, m in self.segments:
+            try:
+                m.close()
+            except BufferError:  # a tensor still views it: the mapping goes with the process
+                pass
+            os.close(fd)
+        self.segments = []
+
+
+class _ArenaPickler(pickle.Pickler):
+    def __init__(self, arena: Arena):
+        self.buf = io.BytesIO()
+        super().__init__(self.buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arena, self.placed = arena, {}
+
+    def dumps(self, obj) -> bytes:
+        self.dump(obj)
+        return self.buf.getvalue()
+
+    def persistent_id(self, obj):
+        # torch pickles a tensor as its TypedStorage + offset/shape/stride; only the storage needs a place
+        if not isinstance(obj, torch.storage.TypedStorage):
+            return None
+        st = obj._untyped_storage
+        key = st._cdata  # as torch.save keys storages: views of one buffer share it
+        if key not in self.placed:
+            n = st.nbytes()
+            if n == 0:
+                self.placed[key] = ("empty", len(self.placed))
+            else:
+                seg, off = self.arena._alloc(n)
+                src = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+                self.arena.view(seg, off, n).copy_(src)
+                self.placed[key] = ("arena", seg, off, n)
+        return (*self.placed[key], obj.dtype)
+
+
+class _ArenaUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, segments: dict[int, mmap.mmap]):
+        super().__init__(io.BytesIO(data))
+        self.segments, self.storages = segments, {}
+
+    def persistent_load(self, pid):
+        *where, dtype = pid
+        key = tuple(where)
+        if key not in self.storages:  # one storage per place: torch.save sees the sharing the rank had
+            if where[0] == "empty":
+                self.storages[key] = torch.UntypedStorage(0)
+            else:
+                _, seg, off, n = where
+                self.storages[key] = torch.frombuffer(self.segments[seg], dtype=torch.uint8, count=n,
+                                                      offset=off).untyped_storage()
+        return torch.storage.TypedStorage(wrap_storage=self.storages[key], dtype=dtype, _internal=True)
+
+
+def unpack(data: bytes, segments: dict[int, mmap.mmap]):
+    """The state dict `Arena.pack` made, its tensors viewing the arena (CPU, no copy)."""
+    return _ArenaUnpickler(data, segments).load()
+
+
+class BackgroundWriter:
+    """This rank's writer process (started at once, with `spawn`) and its arena. One write at a time."""
+
+    def __init__(self, cpus: set[int] | None = None):
+        self.arena, self.cpus = Arena(), cpus
+        self._proc = self._conn = None
+        self._sent = 0  # arena segments the current process has
+        self._start()
+
+    def _start(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()  # a socket pair: segments' file descriptors travel over it
+        self._proc = ctx.Process(target=_serve, args=(child, os.getpid(), self.cpus), daemon=True,
+                                 name="checkpoint-writer")
+        self._proc.start()
+        child.close()
+        self._sent = 0
+
+    def submit(self, jobs: list[tuple[str, bytes]], foreground: list[str], tag_dir: str,
+               max_bytes_per_s: float | None) -> None:
+        """Write `jobs` ((path, Arena.pack bytes)), fsync `foreground` files and the tag's directories."""
+        if not self._proc.is_alive():
+            self._start()  # the last one died (and that save was reported failed)
+        for i in range(self._sent, len(self.arena.segments)):
+            fd, m = self.arena.segments[i]
+            self._conn.send(("segment", i, len(m)))
+            reduction.send_handle(self._conn, fd, self._proc.pid)
+        self._sent = len(self.arena.segments)
+        self._conn.send(("write", jobs, foreground, tag_dir, max_bytes_per_s))
+
+    def result(self, wait: bool) -> dict | None:
+        """The report of the submitted write ({"bytes": n} or {"error": ..., "errno": ...}); None while running."""
+        while True:
+            try:
+                if self._conn.poll(0.2 if wait else 0):
+                    return self._conn.recv()
+                if not self._proc.is_alive() and self._conn.poll(0):  # a report sent just before it ended
+                    return self._conn.recv()
+            except (EOFError, OSError):
+                pass  # its end of the pipe closed: it is gone
+            else:
+                if self._proc.is_alive():
+                    if not wait:
+                        return None
+                    continue
+            self._proc.join()
+            return {"error": f"checkpoint writer process ended with exit code {self._proc.exitcode}", "errno": None}
+
+    def close(self) -> None:
+        """Stop the writer (after its current write) and free the arena."""
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(("stop",))
+            except OSError:
+                pass
+            self._proc.join(timeout=30)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        if self._conn is not None:
+            self._conn.close()
+        self.arena.close()
+        self._proc = self._conn = None
+
+
+def _serve(conn, parent: int, cpus: set[int] | None) -> None:
+    """The writer process: map the arena segments it is sent, write what it is asked to, report, until told to stop
+    or its rank is gone."""
+    from recipes.checkpoint.writer import die_with_parent, write_tag
+
+    die_with_parent(parent)
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # a core of its own: the training's cores stay the training's
+    else:
+        os.nice(19)  # sharing the training's cores: the steps go first, the write waits
+    torch.set_num_threads(1)
+    segments: dict[int, mmap.mmap] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return  # the rank closed its end
+        if msg[0] == "segment":
+            fd = reduction.recv_handle(conn)
+            segments[msg[1]] = mmap.mmap(fd, msg[2])
+            os.close(fd)
+        elif msg[0] == "write":
+            _, jobs, foreground, tag_dir, rate = msg
+            started = time.perf_counter()
+            report = write_tag(((path, lambda data=data: unpack(data, segments)) for path, data in jobs),
+                               foreground, tag_dir, rate)
+            report["seconds"] = time.perf_counter() - started
+            conn.send(report)
+        else:
+            return
