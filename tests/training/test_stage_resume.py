@@ -21,8 +21,10 @@ PEAK = 3.0e-3  # tiny-cpu's lr
 
 def _staged(run_dir, corpus, digits) -> list[str]:
     # DP=2, ZeRO-1; saves at steps 3 and 6; main takes steps 1-4, the anneal (digits corpus, linear to 0) steps 5-8.
+    # Synchronous saves: the kill at step 4 must find step 3's checkpoint complete (an async save completes at a
+    # later step boundary; that timing is tested in test_training_resume.py).
     return [f"checkpoint.dir={run_dir}", f"data.manifests=[{corpus}]", f"training.train_steps={STEPS}",
-            "training.schedule.decay=constant", "checkpoint.save_interval=3",
+            "training.schedule.decay=constant", "checkpoint.save_interval=3", "checkpoint.async_save=false",
             f"data.stages=[{{name: main}}, {{name: anneal, steps: 4, manifests: [{digits}], lr: {{end_lr: 0.0}}}}]"]
 
 
