@@ -78,14 +78,14 @@ def _storage_option(text: str):
         raise argparse.ArgumentTypeError(f"--storage-option wants NAME=VALUE (e.g. endpoint_url=http://host:9000), "
                                          f"got {text.split('=')[0]!r}...")
     try:
-        check_options({name: None})
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-    try:
         parsed = json.loads(value)
         value = parsed if isinstance(parsed, (bool, int, float)) or parsed is None else value
     except ValueError:
         pass
+    try:
+        check_options({name: value})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
     return name, value
 
 

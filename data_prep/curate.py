@@ -37,7 +37,7 @@ from data_prep import io
 from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
-from data_prep.settings import DEFAULT_MAX_RECORD
+from data_prep.settings import DEFAULT_MAX_RECORD, check_locations
 from data_prep.steps import curate as cu
 from data_prep.steps.step_list import StepList, step_list
 from data_prep.write.rejects import REJECTS, merge_reject_logs
@@ -72,10 +72,18 @@ class CurateSettings:
     stage: str = "all"
     merge_only: bool = False
 
+    def __post_init__(self) -> None:
+        self.check_locations()
+
+    def check_locations(self) -> None:
+        """No credentials in a URL, and a POSIX output (the passes exchange buckets through it with renames)."""
+        check_locations(self.inputs, self.output_dir, "curate")
+
 
 def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field: str, shard_size: int,
             max_record_size: int, extra: Optional[dict] = None) -> cu.CurateContext:
     """The tasks' context; its fingerprint covers everything that changes what the passes write."""
+    check_locations([], output_dir, "curation steps")  # the tasks build POSIX paths under it (steps/curate.py)
     desc = {"steps": steps.as_dict(), "text_field": text_field, "shard_size": shard_size,
             "max_record_size": max_record_size, "units": [u.key() for u in units]}
     fp = hashlib.sha256(orjson.dumps(desc, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -166,8 +174,9 @@ def run(settings: CurateSettings) -> Optional[dict]:
     """Curate (this slice of) the units; returns curation.json's content once every unit is complete, else None."""
     if settings.stage not in STAGES:
         raise ValueError(f"--stage must be one of {', '.join(STAGES)}, got {settings.stage!r}")
+    settings.check_locations()  # before the output is probed
     steps = step_list(settings.steps)
-    out = settings.output_dir = os.path.abspath(settings.output_dir)
+    out = settings.output_dir = io.abspath(settings.output_dir)
     io.check_writable(out)
     io.remove_stale_tmp(out)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
@@ -226,8 +235,9 @@ def incomplete_dedup_slices(ctx: cu.CurateContext, units: Sequence[Unit], tasks:
 
 def incomplete_slices(settings: CurateSettings, tasks: int) -> dict:
     """Stage -> the slices (of ``tasks``) with work left in it (``slurm --only-incomplete`` of ``curate``)."""
+    settings.check_locations()
     steps = step_list(settings.steps)
-    out = os.path.abspath(settings.output_dir)
+    out = io.abspath(settings.output_dir)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)
     ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
     todo = incomplete_dedup_slices(ctx, units, tasks)

@@ -19,7 +19,7 @@ import socket
 from typing import BinaryIO, Union
 
 from data_prep import objstore
-from data_prep.objstore import configure, is_url, join, list_tree, refresh_listing  # noqa: F401  (the io API)
+from data_prep.objstore import check_url, configure, is_url, join, list_tree, refresh_listing  # noqa: F401  (the io API)
 
 SIZE_UNITS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 

@@ -30,9 +30,12 @@ READ_BLOCK = 8 << 20  # bytes per ranged GET when streaming a unit (s3fs's own d
 PROBE_BLOCK = 64 << 10  # bytes per ranged GET when looking for a newline near a unit boundary
 UPLOAD_PART = 64 << 20  # multipart upload part size: S3 allows 5 MiB..5 GiB and 10,000 parts (s3fs grows it past that)
 
-# Option names that would carry a credential: refused, so secrets never reach argv, plan.json or a log.
-SECRET_OPTIONS = ("key", "secret", "token", "password", "session_token", "aws_access_key_id",
-                  "aws_secret_access_key", "aws_session_token", "client_secret", "credentials", "passphrase")
+# Option names that would carry a credential: refused, so secrets never reach argv, a rendered Slurm script,
+# plan.json or a log. Any name containing one of these words (account_key, access_key, sas_token, client_secret...).
+SECRET_WORDS = ("key", "secret", "token", "password", "passphrase", "credential", "connection_string")
+CREDENTIAL_CHAINS = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE, ~/.aws/credentials or an instance role "
+                     "for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS, AZURE_STORAGE_CONNECTION_STRING or "
+                     "AZURE_STORAGE_ACCOUNT_KEY for Azure")
 
 _options: Dict[str, object] = {}
 _part_size = UPLOAD_PART
@@ -58,14 +61,38 @@ def join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name if is_url(base) else os.path.join(base, name)
 
 
+def _netloc(url: str) -> str:
+    return str(url).partition("://")[2].split("/", 1)[0]
+
+
+def redact(url: str) -> str:
+    """The URL with any user:password@ replaced by ***@ (for messages)."""
+    netloc = _netloc(url)
+    if "@" not in netloc:
+        return str(url)
+    scheme = str(url).partition("://")[0]
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{str(url)[len(scheme) + 3 + len(netloc):]}"
+
+
+def check_url(url: str, what: str = "URL") -> None:
+    """Refuse a URL carrying credentials (``s3://user:pass@bucket/...``, ``http://user:pass@host``): inputs and the
+    output are recorded in plan.json, manifests, Slurm scripts and error messages. The message never echoes them."""
+    # a bucket or host name cannot contain "@" (S3, GCS, Azure naming rules): one in the authority is userinfo
+    if "://" in str(url) and "@" in _netloc(url):
+        raise ValueError(f"{what} {redact(url)}: credentials in a URL are refused (they would be recorded in "
+                         f"plan.json, manifests, Slurm scripts and errors); remove the user:password@ part and use "
+                         f"the provider's own chain instead: {CREDENTIAL_CHAINS}")
+
+
 def check_options(options: Dict[str, object]) -> None:
     """Refuse credentials as options: they belong in the provider's chain (env, ~/.aws, instance role)."""
-    for name in options:
-        if name.lower() in SECRET_OPTIONS or any(w in name.lower() for w in ("secret", "password", "token")):
+    for name, value in options.items():
+        if any(w in name.lower() for w in SECRET_WORDS):
             raise ValueError(f"--storage-option {name}=...: credentials are not taken as options (they would be on "
-                             "the command line and in the run's settings); use the provider's own chain instead: "
-                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE, ~/.aws/credentials or an "
-                             "instance role for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS")
+                             "the command line, in rendered Slurm scripts and in the run's settings); use the "
+                             f"provider's own chain instead: {CREDENTIAL_CHAINS}")
+        if isinstance(value, str):
+            check_url(value, f"--storage-option {name}")
 
 
 def configure(options: Optional[Dict[str, object]] = None, part_size: int = UPLOAD_PART) -> None:
@@ -84,6 +111,7 @@ def filesystem(url: str):
     """(fsspec filesystem, path without protocol); fsspec caches the instance, so its connection pool is reused."""
     import fsspec.core
 
+    check_url(url)
     try:
         return fsspec.core.url_to_fs(url, **_options)
     except ImportError as e:  # e.g. gs:// without gcsfs

@@ -64,6 +64,7 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
 def run(settings: Settings) -> Optional[dict]:
     """Tokenize (this slice of) the units; returns the manifest once all units are complete, else None (a slice
     whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed."""
+    settings.check_locations()  # before the tokenizer is loaded or the output probed
     io.configure(settings.storage_options, settings.upload_part_size)
     settings.output_dir = io.abspath(settings.output_dir)
     if not io.is_url(settings.output_dir):
@@ -149,11 +150,7 @@ def _curation(settings: Settings, units: List[Unit], out_settings: dict):
     """With --steps: the curation context for the tokenize tasks, recorded in the output-affecting settings."""
     if not settings.steps:
         return None
-    if io.is_url(settings.output_dir):
-        # The dedup passes exchange hash buckets and removal lists through the output directory with renames.
-        raise ValueError(f"--steps with the output {settings.output_dir}: the curation passes need a POSIX output "
-                         "directory (a shared file system across nodes); curate into one (inputs may be URLs), then "
-                         "tokenize or upload its output")
+    settings.check_locations()  # the curation passes need a POSIX output (settings.check_locations says why)
     from data_prep.steps.step_list import step_list
 
     steps = step_list(settings.steps)
@@ -238,6 +235,7 @@ def _execute(todo: List[Unit], settings: Settings, fp: str, done: dict) -> List[
 def incomplete_slices(settings: Settings, tasks: int):
     """Slices (of ``tasks``) that still have a unit without a valid completion marker; with --steps, a dict: stage
     (hash, buckets, filter) -> its slices with work left."""
+    settings.check_locations()  # before the tokenizer is loaded
     info = load_tokenizer(settings.tokenizer, settings.eod_id).info
     io.configure(settings.storage_options, settings.upload_part_size)
     units = plan_units(list_inputs(settings.inputs), settings.shard_size)

@@ -8,8 +8,23 @@ from typing import Dict, List, Optional
 
 import orjson
 
+from data_prep import io
+
 INT32_MAX = 2**31 - 1
 DEFAULT_MAX_RECORD = 64 << 20  # bytes of one record (--max-record-size): far above any real document
+
+
+def check_locations(inputs: List[str], output_dir: str, steps_flag: Optional[str] = None) -> None:
+    """Checked before anything is loaded, probed or rendered: no URL carries credentials, and with curation steps
+    (``steps_flag``: "--steps", or "curate") the output is a POSIX directory. The curation passes exchange hash
+    buckets and removal lists through the output directory with renames, which an object store does not have."""
+    for path in inputs:
+        io.check_url(path, "input")
+    io.check_url(output_dir, "output")
+    if steps_flag and io.is_url(io.abspath(output_dir)):
+        raise ValueError(f"{steps_flag} with the output {output_dir}: the curation passes need a POSIX output "
+                         "directory (a shared file system across nodes); curate into one (inputs may be URLs), then "
+                         "tokenize or upload its output")
 
 
 @dataclass
@@ -54,6 +69,12 @@ class Settings:
     # with --steps and --slice: run one pass (hash | buckets | filter = the filter pass inside tokenize), as curate's
     # --stage; "all" runs whatever this slice can (data_prep/curate.py)
     stage: str = "all"
+
+    def __post_init__(self) -> None:
+        self.check_locations()
+
+    def check_locations(self) -> None:
+        check_locations(self.inputs, self.output_dir, "--steps" if self.steps else None)
 
     def output_affecting(self, tok_sha: str) -> dict:
         """The settings that change the bytes written (not workers, fast path, batch size or verbosity)."""

@@ -25,3 +25,42 @@ def test_cli_refuses_a_secret_option_without_echoing_it(tmp_path):
                 check=False)
     assert r.returncode == 2 and "credentials are not taken as options" in r.stderr
     assert "hunter2-SENT" not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("name", ["account_key", "connection_string", "access_key", "sas_token", "client_credential",
+                                  "AWS_SESSION_TOKEN", "passphrase"])
+def test_any_name_with_a_credential_word_is_refused_naming_the_provider_chains(name):
+    with pytest.raises(ValueError, match="AZURE_STORAGE_CONNECTION_STRING") as e:
+        objstore.configure({name: "x"})
+    assert f"--storage-option {name}=..." in str(e.value) and "GOOGLE_APPLICATION_CREDENTIALS" in str(e.value)
+
+
+def test_ordinary_options_are_accepted():
+    try:
+        objstore.configure({"endpoint_url": "http://127.0.0.1:9000", "anon": False, "use_ssl": True,
+                            "requester_pays": False, "default_block_size": 1 << 20})
+    finally:
+        objstore.configure({})
+
+
+@pytest.mark.parametrize("url", ["s3://AKIAUSER:hunter2-SENT@bucket/in", "gs://hunter2-SENT@bucket/x",
+                                 "http://user:hunter2-SENT@host:9000"])
+def test_urls_with_userinfo_are_refused_without_echoing_them(url):
+    for check in (lambda: objstore.check_url(url, "input"), lambda: objstore.filesystem(url),
+                  lambda: objstore.configure({"endpoint_url": url})):
+        with pytest.raises(ValueError, match="credentials in a URL are refused") as e:
+            check()
+        assert "hunter2-SENT" not in str(e.value) and "***@" in str(e.value)
+    objstore.check_url("s3://bucket/key@v2/x.jsonl")  # an "@" in the key is no userinfo
+
+
+def test_cli_refuses_userinfo_in_inputs_output_and_endpoint_without_echoing_it(tmp_path):
+    secret = "s3://AKIAUSER:hunter2-SENT@bucket/p"
+    for args in (["tokenize", secret, "-o", tmp_path / "o"], ["tokenize", tmp_path, "-o", secret],
+                 ["tokenize", tmp_path, "-o", "s3://b/o", "--storage-option", "endpoint_url=http://u:hunter2-SENT@h"],
+                 ["slurm", "--tasks", 2, "--dry-run", "--scripts-dir", tmp_path / "scripts", "--", "tokenize",
+                  secret, "-o", tmp_path / "o"]):
+        r = run_cli(*args, "-t", "tok.model", check=False)
+        assert r.returncode == 2 and "credentials in a URL are refused" in r.stderr, r.stderr
+        assert "hunter2-SENT" not in r.stderr + r.stdout
+    assert not (tmp_path / "o").exists() and not (tmp_path / "scripts").exists()
