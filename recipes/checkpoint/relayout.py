@@ -37,10 +37,12 @@ from pathlib import Path
 
 import torch
 
+from data_prep.io import fsync_dir
 from recipes.checkpoint import safe_load, store
 from recipes.checkpoint.read import CheckpointError, SourceLayout, _optim_name, detect_layout
 from recipes.checkpoint.recipe_file import write_recipe
 from recipes.checkpoint.shards import canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp, strip_vocab
+from recipes.checkpoint.writer import write_durably
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +327,7 @@ def relayout(tag_dir: Path, out: Path, recipe, layout, quiet: bool = False, work
             done(_write_item(plan, src, stage, t), i)
     else:
         _run_pool(plan, items, workers, done)
+    fsync_dir(str(out_tag))  # every file is fsynced (write_durably); their names too, before complete.json vouches
     write_recipe(recipe, out)
     store.mark_complete(out, tag, step, client_state, recipe.checkpoint.keep_last)
     return {"seconds": time.time() - t0, "bytes": totals["bytes"], "files": totals["files"], "workers": workers,
@@ -373,8 +376,7 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
     figures = {"bytes": 0, "files": 0}
 
     def save(obj, name):
-        torch.save(obj, plan.out_tag / name)
-        figures["bytes"] += (plan.out_tag / name).stat().st_size
+        figures["bytes"] += write_durably(obj, plan.out_tag / name)  # fsynced: complete.json follows
         figures["files"] += 1
 
     # 1. weights: one file per layer (pipeline), or the module of the whole TP shard (PP = 1: DeepSpeed's format)

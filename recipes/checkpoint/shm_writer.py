@@ -11,8 +11,10 @@ slowed the steps after an async save by more than the sync save cost (docs/clust
 nothing but the arena. Why not a thread: torch.save holds the GIL while it checksums and writes records.
 
 The writer dies with its rank (PR_SET_PDEATHSIG, and it leaves when its pipe closes), is a daemon process (ended at
-the rank's exit) and reports every failure back as {"error": ..., "errno": ...}; a writer that dies is reported as
-a failed save and replaced by a fresh one at the next save.
+the rank's exit), ignores the pre-emption signals its rank handles (stop.sh and scancel signal every process of
+the run: the stop save must still be written; SIGKILL after the grace still ends it) and reports every failure back
+as {"error": ..., "errno": ...}; a writer that dies is reported as a failed save and replaced by a fresh one at the
+next save. While its rank waits for a write (a stop, the end, the next save) the write goes uncapped.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import signal
 import time
 from multiprocessing import reduction
 
@@ -131,6 +134,8 @@ class BackgroundWriter:
         self.arena, self.cpus = Arena(), cpus
         self._proc = self._conn = None
         self._sent = 0  # arena segments the current process has
+        # set while the rank waits for the write (result(wait=True)): the throttle stops holding it back
+        self._full_speed = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
         self._start()
 
     def _start(self) -> None:
@@ -138,7 +143,8 @@ class BackgroundWriter:
             self._conn.close()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()  # a socket pair: segments' file descriptors travel over it
-        self._proc = ctx.Process(target=_serve, args=(child, os.getpid(), self.cpus), daemon=True,
+        self._proc = ctx.Process(target=_serve, args=(child, os.getpid(), self.cpus, self._full_speed),
+                                 daemon=True,
                                  name="checkpoint-writer")
         self._proc.start()
         child.close()
@@ -154,10 +160,14 @@ class BackgroundWriter:
             self._conn.send(("segment", i, len(m)))
             reduction.send_handle(self._conn, fd, self._proc.pid)
         self._sent = len(self.arena.segments)
+        self._full_speed.value = 0
         self._conn.send(("write", jobs, foreground, tag_dir, max_bytes_per_s))
 
     def result(self, wait: bool) -> dict | None:
-        """The report of the submitted write ({"bytes": n} or {"error": ..., "errno": ...}); None while running."""
+        """The report of the submitted write ({"bytes": n} or {"error": ..., "errno": ...}); None while running.
+        `wait`: the training waits for it, so the rest of the write goes uncapped."""
+        if wait:
+            self._full_speed.value = 1
         while True:
             try:
                 if self._conn.poll(0.2 if wait else 0):
@@ -174,8 +184,12 @@ class BackgroundWriter:
             self._proc.join()
             return {"error": f"checkpoint writer process ended with exit code {self._proc.exitcode}", "errno": None}
 
-    def close(self) -> None:
-        """Stop the writer (after its current write) and free the arena."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the writer (after its current write; `wait=False`: at once, the write abandoned) and free the
+        arena."""
+        if self._proc is not None and self._proc.is_alive() and not wait:
+            self._proc.kill()
+            self._proc.join()
         if self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(("stop",))
@@ -191,9 +205,13 @@ class BackgroundWriter:
         self._proc = self._conn = None
 
 
-def _serve(conn, parent: int, cpus: set[int] | None) -> None:
+def _serve(conn, parent: int, cpus: set[int] | None, full_speed) -> None:
     """The writer process: map the arena segments it is sent, write what it is asked to, report, until told to stop
     or its rank is gone."""
+    # A pre-emption signals every process of the run; the rank turns it into a stop save that this process writes.
+    # It still ends with its rank (PDEATHSIG, pipe closed) or by SIGKILL.
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     from recipes.checkpoint.writer import die_with_parent, write_tag
 
     die_with_parent(parent)
@@ -216,7 +234,7 @@ def _serve(conn, parent: int, cpus: set[int] | None) -> None:
             _, jobs, foreground, tag_dir, rate = msg
             started = time.perf_counter()
             report = write_tag(((path, lambda data=data: unpack(data, segments)) for path, data in jobs),
-                               foreground, tag_dir, rate)
+                               foreground, tag_dir, rate, full_speed=lambda: full_speed.value)
             report["seconds"] = time.perf_counter() - started
             conn.send(report)
         else:

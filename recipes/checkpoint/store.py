@@ -95,8 +95,9 @@ class Checkpointer:
         self.inflight: dict | None = None  # step, tag, client_state, write, started
         self.completed: int | None = None  # step of the newest save this run made complete
 
-    def save(self, step: int, client_state: dict) -> str:
-        """Start (async) or make (sync) the checkpoint of `step`. Returns the tag."""
+    def save(self, step: int, client_state: dict, capped: bool = True) -> str:
+        """Start (async) or make (sync) the checkpoint of `step`. Returns the tag. `capped=False`: written without
+        checkpoint.async_max_mib_per_s (a stop or the end waits for this save)."""
         self.finish()  # at most one in flight
         tag = tag_for(step)
         if _rank() == 0:
@@ -124,7 +125,7 @@ class Checkpointer:
             foreground = sorted({str(p) for p in (self.root / tag).rglob("*") if p.is_file()} - queued
                                 - {str(self.root / tag / MARKER)})
         write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background_writer,
-                                max_bytes_per_s=self.max_bytes_per_s)
+                                max_bytes_per_s=self.max_bytes_per_s if capped else None)
         self.inflight = {"step": step, "tag": tag, "client_state": client_state, "write": write, "started": started}
         if self.background:
             log.info(f"checkpoint: {tag} copied to host memory in {time.perf_counter() - started:.2f} s; "
@@ -154,6 +155,14 @@ class Checkpointer:
             if self.background_writer is not None:
                 self.background_writer.close()
                 self.background_writer = None
+
+    def abandon(self) -> None:
+        """Not collective, for an error path: stop this rank's writer process now (its write, if any, is left without
+        complete.json, never loaded, and removed by a later save's prune) and free its arena."""
+        self.inflight = None
+        if self.background_writer is not None:
+            self.background_writer.close(wait=False)
+            self.background_writer = None
 
     def _agree(self, wait: bool) -> int | None:
         write = self.inflight["write"]
@@ -203,7 +212,7 @@ def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last
     marker = {"step": step, "client_state": client_state, "files": files}
     atomic_write(str(root / tag / MARKER), json.dumps(marker, indent=1))
     atomic_write(str(root / "latest"), tag)
-    _prune(root, keep_last)
+    _prune(root, keep_last, step)
     log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
     return files
 
@@ -233,11 +242,20 @@ def _tags(root: Path) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)
 
 
-def _prune(root: Path, keep_last: int) -> None:
-    complete = [t for _, t in _tags(root) if (root / t / MARKER).is_file()]
+def _prune(root: Path, keep_last: int, completed_step: int) -> None:
+    """Keep the newest `keep_last` complete tags, and remove the incomplete tags older than the one just completed
+    (`completed_step`): interrupted saves, full-size and never loaded. At most one save is in flight and it is the one
+    just completed, so an older incomplete tag is never being written; newer ones are left alone (a resume from an
+    older tag re-saves them)."""
+    tags = _tags(root)
+    complete = [t for _, t in tags if (root / t / MARKER).is_file()]
     for t in complete[keep_last:]:
         shutil.rmtree(root / t, ignore_errors=True)
         log.info(f"checkpoint: removed old {root / t} (keep_last={keep_last})")
+    for s, t in tags:
+        if s < completed_step and not (root / t / MARKER).is_file():
+            shutil.rmtree(root / t, ignore_errors=True)
+            log.info(f"checkpoint: removed {root / t}, an interrupted save older than {tag_for(completed_step)}")
 
 
 def problems(tag_dir: Path) -> list[str]:

@@ -30,27 +30,35 @@ log = logging.getLogger(__name__)
 
 
 class _Throttled:
-    """A file whose writes average at most `bytes_per_s` (sleeps after each write until the average is met)."""
+    """A file whose writes average at most `bytes_per_s` (sleeps after each write until the average is met), until
+    `full_speed()` says the training waits for this write (then it goes as fast as the disk does)."""
 
-    def __init__(self, f, bytes_per_s: float):
+    def __init__(self, f, bytes_per_s: float, full_speed=None):
         self.f, self.rate, self.sent, self.t0 = f, bytes_per_s, 0, time.monotonic()
+        self.full_speed = full_speed or (lambda: False)
 
     def write(self, data) -> int:
         n = self.f.write(data)
         self.sent += n
-        ahead = self.sent / self.rate - (time.monotonic() - self.t0)
-        if ahead > 0:
-            time.sleep(ahead)
+        # in short naps: torch.save writes a tensor as one record, whose sleep may be long, and a wait for this
+        # write (a stop, the end, the next save) must not sit it out
+        while not self.full_speed():
+            ahead = self.sent / self.rate - (time.monotonic() - self.t0)
+            if ahead <= 0:
+                break
+            time.sleep(min(ahead, 0.05))
         return n
 
     def __getattr__(self, name):  # flush, seek, tell, fileno: the file's own
         return getattr(self.f, name)
 
 
-def write_durably(obj, path: str | Path, zipfile: bool = True, max_bytes_per_s: float | None = None) -> int:
-    """torch.save `obj` to `path` and fsync it (at most `max_bytes_per_s` when given); returns its size in bytes."""
+def write_durably(obj, path: str | Path, zipfile: bool = True, max_bytes_per_s: float | None = None,
+                  full_speed=None) -> int:
+    """torch.save `obj` to `path` and fsync it (at most `max_bytes_per_s` when given, until `full_speed()` is true);
+    returns its size in bytes."""
     with open_write(str(path)) as f:
-        torch.save(obj, _Throttled(f, max_bytes_per_s) if max_bytes_per_s else f,
+        torch.save(obj, _Throttled(f, max_bytes_per_s, full_speed) if max_bytes_per_s else f,
                    _use_new_zipfile_serialization=zipfile)
         fsync_file(f)
         return f.tell()
@@ -150,13 +158,15 @@ class TagWrite:
             self._finish(self._writer.result(wait=True))
 
 
-def write_tag(jobs, foreground_files: list[str], tag_dir: str | Path, max_bytes_per_s: float | None) -> dict:
+def write_tag(jobs, foreground_files: list[str], tag_dir: str | Path, max_bytes_per_s: float | None,
+              full_speed=None) -> dict:
     """Write `jobs` ((path, a function returning the state to save)), fsync the `foreground_files` and every directory
-    of the tag. A report {"bytes": n} or {"error": ..., "errno": ...} (the writer process sends it to its rank)."""
+    of the tag (throttled to `max_bytes_per_s` until `full_speed()`). A report {"bytes": n} or {"error": ...,
+    "errno": ...} (the writer process sends it to its rank)."""
     written = 0
     try:
         for path, state in jobs:
-            written += write_durably(state(), path, max_bytes_per_s=max_bytes_per_s)
+            written += write_durably(state(), path, max_bytes_per_s=max_bytes_per_s, full_speed=full_speed)
         for p in foreground_files:  # written by DeepSpeed or by us in the foreground
             try:
                 with open(p, "rb") as f:

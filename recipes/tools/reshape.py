@@ -105,6 +105,7 @@ def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool, workers: int
     import shutil
     import tempfile
 
+    from data_prep.io import fsync_dir
     from recipes.checkpoint.relayout import relayout
     from recipes.parallel.layout import Layout
 
@@ -114,7 +115,9 @@ def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool, workers: int
         figures = relayout(tag_dir, work, new, Layout.from_recipe(new, world), quiet=quiet, workers=workers)
         if out.exists():
             out.rmdir()  # a non-empty out was refused above; an empty one is replaced
+        fsync_dir(str(work))  # its recipe file and `latest` (the tag's files and complete.json are fsynced already)
         os.replace(work, out)
+        fsync_dir(str(out.parent))  # the rename itself: a crash now must not lose the finished checkpoint
     finally:
         shutil.rmtree(work, ignore_errors=True)
     log.info(f"reshape: {figures['files']} files, {figures['bytes'] / 2**20:.1f} MiB in {figures['seconds']:.1f} s by "

@@ -284,107 +284,115 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
                                     max_mib_per_s=recipe.checkpoint.async_max_mib_per_s) if ckpt_dir else None
     eval_pending = None  # a step whose checkpoint the evaluation waits for (an async save completes later)
 
-    def save_now():
+    def save_now(capped: bool = True):
         cs = {"step": step, "consumed_samples": consumed, "nan_skips_total": nan_skips_total}
         if lease:
             lease.check()
         heartbeat.beat(step, "save")
-        saver.save(step, cs)
+        saver.save(step, cs, capped=capped)
 
-    while step < total_steps:
-        stage = stage_at(plan, step) if plan else None
-        if stage is not None and (step == stage.start or step == (state or {}).get("step")):
-            say(f"step {step + 1}: data stage {stage.name} ({stage.index + 1}/{len(plan)}, steps {stage.start + 1}-"
-                f"{stage.end})")
-        lr = eng.optimizer.param_groups[0]["lr"]
-        eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
-        heartbeat.beat(step, "data")
-        if fault:
-            fault.maybe_fire(rank, step + 1)
-        start = time.perf_counter()
-        mbs = train_batches.step(consumed)
-        heartbeat.beat(step, "forward-backward")
-        loss = train_step(eng, mbs)
-        elapsed = time.perf_counter() - start
-        step += 1
-        heartbeat.beat(step, "log", elapsed)
-        step_times.add(elapsed)
-        consumed += t.global_batch
+    try:
+        while step < total_steps:
+            stage = stage_at(plan, step) if plan else None
+            if stage is not None and (step == stage.start or step == (state or {}).get("step")):
+                say(f"step {step + 1}: data stage {stage.name} ({stage.index + 1}/{len(plan)}, steps {stage.start + 1}-"
+                    f"{stage.end})")
+            lr = eng.optimizer.param_groups[0]["lr"]
+            eng.optimizer.last_skipped = False  # ZeRO-1/2 may skip before our optimizer is even called
+            heartbeat.beat(step, "data")
+            if fault:
+                fault.maybe_fire(rank, step + 1)
+            start = time.perf_counter()
+            mbs = train_batches.step(consumed)
+            heartbeat.beat(step, "forward-backward")
+            loss = train_step(eng, mbs)
+            elapsed = time.perf_counter() - start
+            step += 1
+            heartbeat.beat(step, "log", elapsed)
+            step_times.add(elapsed)
+            consumed += t.global_batch
 
-        grad_norm = eng.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0 without fp16)
-        grad_norm = float(grad_norm) if grad_norm is not None else None
-        bad_norm = grad_norm is not None and not math.isfinite(grad_norm)
-        skipped = (not math.isfinite(loss)) or eng.optimizer.last_skipped or bad_norm
-        if skipped:
-            nan_skips_total += 1
-            consecutive_skips += 1
-        else:
-            consecutive_skips = 0
-        tflops = flops / elapsed / world / 1e12
-        record = {
-            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": _loss_scale(eng),
-            "tokens_per_s": tokens_per_step / elapsed, "tflops_per_gpu": tflops,
-            "mfu": tflops / recipe.cluster.peak_tflops, "mem_gb": _memory_gb(device), "step_time_s": elapsed,
-            "consumed_samples": consumed, "skipped": skipped, "nan_skips_total": nan_skips_total,
-        }
-        if stage is not None:  # the report draws the stage boundaries from this
-            record["stage"] = stage.name
-        if step % t.log_interval == 0:  # every rank, the same steps: a collective
-            record.update(step_times.gather(device))
-        if step % t.log_interval == 0 or skipped:
-            log.write(record, step)
-        if progress is not None:
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", skipped=nan_skips_total)
-        if skipped:
-            logger.info(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update skipped "
-                        f"({consecutive_skips} in a row, {nan_skips_total} in total)")
-            if consecutive_skips >= t.max_consecutive_nan_skips:
-                raise NonFiniteLossError(
-                    f"{consecutive_skips} consecutive steps had a non-finite loss or gradient (limit "
-                    f"training.max_consecutive_nan_skips = {t.max_consecutive_nan_skips}); "
-                    "lower training.optimizer.lr, "
-                    "use bf16 instead of fp16, or resume from an earlier checkpoint")
+            grad_norm = eng.engine.get_global_grad_norm()  # None where DeepSpeed keeps no norm (ZeRO-0 without fp16)
+            grad_norm = float(grad_norm) if grad_norm is not None else None
+            bad_norm = grad_norm is not None and not math.isfinite(grad_norm)
+            skipped = (not math.isfinite(loss)) or eng.optimizer.last_skipped or bad_norm
+            if skipped:
+                nan_skips_total += 1
+                consecutive_skips += 1
+            else:
+                consecutive_skips = 0
+            tflops = flops / elapsed / world / 1e12
+            record = {
+                "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": _loss_scale(eng),
+                "tokens_per_s": tokens_per_step / elapsed, "tflops_per_gpu": tflops,
+                "mfu": tflops / recipe.cluster.peak_tflops, "mem_gb": _memory_gb(device), "step_time_s": elapsed,
+                "consumed_samples": consumed, "skipped": skipped, "nan_skips_total": nan_skips_total,
+            }
+            if stage is not None:  # the report draws the stage boundaries from this
+                record["stage"] = stage.name
+            if step % t.log_interval == 0:  # every rank, the same steps: a collective
+                record.update(step_times.gather(device))
+            if step % t.log_interval == 0 or skipped:
+                log.write(record, step)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", skipped=nan_skips_total)
+            if skipped:
+                logger.info(f"step {step}: non-finite loss/gradient (loss {loss}, grad norm {grad_norm}); update "
+                            f"skipped ({consecutive_skips} in a row, {nan_skips_total} in total)")
+                if consecutive_skips >= t.max_consecutive_nan_skips:
+                    raise NonFiniteLossError(
+                        f"{consecutive_skips} consecutive steps had a non-finite loss or gradient (limit "
+                        f"training.max_consecutive_nan_skips = {t.max_consecutive_nan_skips}); "
+                        "lower training.optimizer.lr, "
+                        "use bf16 instead of fp16, or resume from an earlier checkpoint")
 
-        if valid_batches is not None and eval_iters and step % t.eval_interval == 0:
-            heartbeat.beat(step, "eval")
-            val = eval_loss(eng, valid_batches, eval_iters, t.global_batch)
-            log.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}, step)
-            say(f"step {step}: validation loss {val:.4f}, perplexity {math.exp(min(val, 50.0)):.2f}")
+            if valid_batches is not None and eval_iters and step % t.eval_interval == 0:
+                heartbeat.beat(step, "eval")
+                val = eval_loss(eng, valid_batches, eval_iters, t.global_batch)
+                log.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}, step)
+                say(f"step {step}: validation loss {val:.4f}, perplexity {math.exp(min(val, 50.0)):.2f}")
 
-        heartbeat.beat(step, "sync")
-        stopping = stop.agreed(device)
-        if saver:
-            saver.poll()  # an async save from an earlier step: complete once every rank's files are durable
-        periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
-        evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
-        if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
-            if eval_pending is not None and saver.finish() == eval_pending:
-                # an async save still in flight for an evaluation: complete it (this save would anyway) and start
-                # its evaluation now, before this save replaces it as the pending one (or prunes it)
+            heartbeat.beat(step, "sync")
+            stopping = stop.agreed(device)
+            if saver:
+                saver.poll()  # an async save from an earlier step: complete once every rank's files are durable
+            periodic = recipe.checkpoint.save_interval and step % recipe.checkpoint.save_interval == 0
+            evaluate = evaluation.due(step, total_steps) and not stopping  # evaluates the checkpoint saved now
+            if ckpt_dir and (periodic or stopping or step == total_steps or evaluate):
+                if stopping:
+                    # no new evaluation on a stop: start() would wait without limit for the previous one
+                    saver.finish()
+                    eval_pending = None
+                elif eval_pending is not None and saver.finish() == eval_pending:
+                    # an async save still in flight for an evaluation: complete it (this save would anyway) and start
+                    # its evaluation now, before this save replaces it as the pending one (or prunes it)
+                    evaluation.start(eval_pending)
+                    eval_pending = None
+                save_now(capped=not (stopping or step == total_steps))  # uncapped when the run waits for it
+                if stopping or step == total_steps:
+                    saver.finish()  # a stop or the end waits for the disk: the run leaves a complete checkpoint
+            if evaluate:
+                eval_pending = step
+            if eval_pending is not None and saver and saver.completed == eval_pending:
                 evaluation.start(eval_pending)
                 eval_pending = None
-            save_now()
-            if stopping or step == total_steps:
-                saver.finish()  # a stop or the end waits for the disk: the run leaves a complete checkpoint
-        if evaluate:
-            eval_pending = step
-        if eval_pending is not None and saver and saver.completed == eval_pending:
-            evaluation.start(eval_pending)
-            eval_pending = None
-        if stopping:
-            evaluation.cancel()
-            logger.info(f"stopped by signal after step {step}; resume with the same command")
-            break
+            if stopping:
+                evaluation.cancel()
+                logger.info(f"stopped by signal after step {step}; resume with the same command")
+                break
 
-    heartbeat.beat(step, "done")
-    if progress is not None:
-        progress.close()
-    redirect.close()
-    say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
-    log.close()
-    if saver:
-        saver.close()  # its writer process and shared-memory arena go now, not at interpreter exit
+        heartbeat.beat(step, "done")
+        if progress is not None:
+            progress.close()
+        redirect.close()
+        say(f"done: step {step}/{total_steps}, {consumed} samples, {nan_skips_total} skipped steps")
+        log.close()
+        if saver:
+            saver.close()  # its writer process and shared-memory arena go now, not at interpreter exit
+    finally:
+        if saver:  # an error on the way: stop the writer now, no collective and no save completed (the ranks
+            saver.abandon()  # may not all be here); a no-op after close()
     shutdown_distributed()
     evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: the other ranks need not wait)
     return 0
