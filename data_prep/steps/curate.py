@@ -241,7 +241,8 @@ def cluster_pass(ctx: CurateContext) -> None:
                  for b in range(ctx.steps.buckets)]
         allx = np.concatenate(edges) if edges else np.zeros(0, dd.PAIR_DTYPE)
         _save_npy(_path(ctx, step.name, "removed", "npy"), dd.clusters_removed(allx))
-    io.atomic_write(cluster_marker(ctx), orjson.dumps({"fingerprint": ctx.fp}))
+    # Two bucket tasks finishing together may both run this pass: identical content, one temporary name each.
+    io.atomic_write(cluster_marker(ctx), orjson.dumps({"fingerprint": ctx.fp}), shared=True)
 
 
 # --- pass 4: the filter decision per document ---------------------------------------------------------------------
