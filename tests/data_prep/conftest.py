@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from tests.support.data_prep import TRICKY
+from tests.support.data_prep import TRICKY, train_byte_level_bpe
 
 
 @pytest.fixture(scope="session")
@@ -56,16 +56,9 @@ def sp_model_unigram(corpus_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_bpe(texts, tmp_path_factory):
     """A byte-level BPE (GPT-2 style pre-tokenizer) built and trained with the tokenizers library."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import pre_tokenizers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts[:60], trainer)
-    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
-    tok.save(str(path))
-    return str(path)
+    return train_byte_level_bpe(texts, tmp_path_factory.mktemp("hf"), pre_tokenizers.ByteLevel(add_prefix_space=False),
+                                800, "<|endoftext|>")
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import sentencepiece as spm
-from tests.support.data_prep import TRICKY
+from tests.support.data_prep import TRICKY, train_byte_level_bpe
 
 from data_prep.steps.fast_path import FastEncoder
 from data_prep.steps.tiktoken_bpe import ByteLevelTiktoken, SentencePieceTiktoken
@@ -35,21 +35,13 @@ def _docs(texts):
 @pytest.fixture(scope="session")
 def hf_llama3_style(texts, tmp_path_factory):
     """Byte-level BPE with Llama-3's pre-tokenizer: Split(its regex, Isolated) then ByteLevel without regex."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, pre_tokenizers
 
     pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=["<|end_of_text|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts[:60], trainer)
-    path = tmp_path_factory.mktemp("hf3") / "tokenizer.json"
-    tok.save(str(path))
-    return str(path)
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return train_byte_level_bpe(texts, tmp_path_factory.mktemp("hf3"), pre, 900, "<|end_of_text|>")
 
 
 @pytest.mark.parametrize("model", ["sp_model", "sp_model_nfkc", "sp_model_nfkc_cf", "hf_bpe", "hf_llama3_style"])

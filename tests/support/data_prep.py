@@ -101,3 +101,18 @@ def write_duplicated_corpus(d, files=4, per_file=5, seed=11):
     with open(steps, "w") as fh:
         json.dump(DEDUP_STEP_LIST, fh)
     return str(d), os.path.abspath(steps)
+
+
+def train_byte_level_bpe(texts, out_dir, pre_tokenizer, vocab_size: int, special: str) -> str:
+    """A byte-level BPE trained with the tokenizers library on ``texts[:60]``, saved as ``out_dir/tokenizer.json``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[special],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts[:60], trainer)
+    path = os.path.join(str(out_dir), "tokenizer.json")
+    tok.save(path)
+    return path
