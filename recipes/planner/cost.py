@@ -433,6 +433,7 @@ class _FetchPass:
         self.comm_free = self.compute_end = self.work = 0.0
         self.starts: list[float] = []
         self.elems: list[float] = []
+        self.reach = 1  # the furthest back (in modules) a fetch has been issued from
 
     def _issued_at(self, j: int) -> float:
         """When module j's fetch can be issued: the start of the earliest module k < j whose prefetch reaches it
@@ -443,6 +444,7 @@ class _FetchPass:
         while k > 0 and between + self.elems[k] < self.bucket:
             between += self.elems[k]
             k -= 1
+        self.reach = max(self.reach, j - k)
         return self.starts[k]
 
     def run(self, modules: list[tuple[float, float, float]]) -> None:
@@ -459,20 +461,34 @@ class _FetchPass:
     def waited(self) -> float:
         return max(self.compute_end, self.comm_free) - self.work
 
+    def state(self) -> tuple:
+        """Everything the next modules' times depend on, relative to now (the end of the last compute)."""
+        t = self.compute_end
+        return (self.comm_free - t,) + tuple(x - t for x in self.starts[-(self.reach + 1):])
+
+
+def _same_state(a: tuple, b: tuple, scale: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= 1e-12 * (1.0 + scale) for x, y in zip(a, b))
+
 
 def _pass_wait(before: list, layer: list, after: list, layers: int, bucket_elements: float) -> float:
-    """Seconds waited over [before, layer x layers, after]. The layers are identical, so the wait per layer settles
-    after a few: simulate up to 6 of them and count the rest at the settled rate (exact once settled)."""
+    """Seconds waited over [before, layer x layers, after]. The layers are identical: once a layer leaves the pass in
+    the same state (relative to its end) as the layer before it did, every later layer repeats it shifted in time, so
+    the rest are counted at that layer's wait instead of simulated (exact)."""
     sim = _FetchPass(bucket_elements)
     sim.run(before)
-    done, per_layer = 0, 0.0
-    while done < min(layers, 6):
+    previous = None
+    for done in range(1, layers + 1):
         waited = sim.waited
         sim.run(layer)
-        done += 1
-        per_layer = sim.waited - waited
+        state = sim.state()
+        if previous is not None and _same_state(state, previous, sim.compute_end):
+            per_layer = sim.waited - waited
+            sim.run(after)
+            return sim.waited + (layers - done) * per_layer
+        previous = state
     sim.run(after)
-    return sim.waited + (layers - done) * per_layer
+    return sim.waited
 
 
 def zero3_exposed_seconds(model_cfg, layout: Layout, link: "_DPLink", t_model_mb: float, t_recompute_mb: float,

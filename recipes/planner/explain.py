@@ -165,6 +165,9 @@ def data_parallel_wins(plan: Plan) -> Optional[str]:
     lay = rec.layout
     if lay.model_parallel_size > 1:
         return None
+    if lay.dp == 1:
+        return ("One GPU: nothing is split or communicated; the weights, gradients, optimizer states and activations "
+                "all sit on it.")
     why = (f"Plain data parallelism wins: no layer is split, so there is no tensor-parallel all-reduce and no pipeline "
            f"bubble; ZeRO-{lay.zero_stage} shards {_SHARDS[lay.zero_stage]} over {lay.dp} ranks.")
     lower = _best(plan.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < lay.zero_stage)

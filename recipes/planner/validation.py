@@ -65,7 +65,8 @@ def cross_field(recipe, world_size: int | None = None) -> tuple[list[str], list[
             f"automatically, the {padded - m.vocab_size} extra rows are never a target", level="info"))
 
     # --- the parallel layout: its rules live in Layout ---------------------------------------------------------------
-    layout, problems = resolve_layout(recipe, world, max_tp=cl.gpus_per_node)
+    source = None if world_size is None else "the ranks launched"
+    layout, problems = resolve_layout(recipe, world, world_source=source, max_tp=cl.gpus_per_node)
     errors += [str(p) for p in problems]
 
     # --- precision ---------------------------------------------------------------------------------------------------
