@@ -101,9 +101,9 @@ def _shard_problems(field: str, path: Path, prefixes: list[str]) -> list[Problem
     if not missing:
         return []
     names = ", ".join(Path(p).name for p in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    folder = Path(missing[0]).parent
     return [Problem(field, f"{field}: {len(missing)} of the {len(prefixes)} shards {path} lists lack their .bin/.idx "
-                    f"({names}, under {Path(missing[0]).parent})",
-                    f"copy them back, or rebuild: `{rebuild_command(path.parent)}`")]
+                    f"({names}, under {folder})", f"copy them back, or rebuild: `{rebuild_command(folder)}`")]
 
 
 def check_manifest(field: str, entry: str) -> tuple[_Tokenizer | None, list[Problem]]:

@@ -169,8 +169,8 @@ def checkpoint_problems(recipe, layout: Layout | None) -> list[Problem]:
     if steps * step_s <= CHECKPOINT_REQUIRED_AFTER_S:
         return []
     return [Problem("checkpoint.dir", f"checkpoint.dir: not set, and this run is predicted to take "
-                    f"{format_duration(steps * step_s)} ({steps:,} steps x {step_s:.2f} s at {layout.describe()} on "
-                    f"{cl.nodes} x {cl.gpus_per_node} {cl.gpu}): a failure would lose all of it",
+                    f"{format_duration(steps * step_s)} ({steps:,} steps x {step_s:.2f} s at {layout.describe()}, "
+                    f"{cl.gpu}): a failure would lose all of it",
                     "set checkpoint.dir=DIR (a directory every node sees) and checkpoint.save_interval=N (`recipes "
                     "plan ... --checkpoint-dir DIR --write-recipe F` sets both), or checkpoint.require_dir=false to "
                     "run without checkpoints")]

@@ -150,6 +150,7 @@ def test_export_tokenizer_path_and_blends_and_stages(tmp_path):
     p = one(tmp_path, f"data.manifests=[{m}]", f"data.blend=[[1.0,{tmp_path / 'gone' / 'shard'}]]")
     assert f"data.blend: 1 of the 1 shards data.blend lists lack their .bin/.idx (shard, under {tmp_path / 'gone'})" \
         in str(p)
+    assert p.fix == f"copy them back, or rebuild: `python -m data_prep tokenize INPUTS -o {tmp_path / 'gone'} -t TOKENIZER`"
     lone = problems(tmp_path, f"data.blend=[[1.0,{tmp_path / 'd' / 'shard_000000'}]]")
     assert [str(x) for x in lone] == ["data.blend is given without manifests: the tokenizer's end-of-document id is "
                                       "unknown; add the manifest the prefixes come from to data.manifests"]
