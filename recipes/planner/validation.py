@@ -97,18 +97,27 @@ def cross_field(recipe, world_size: int | None = None) -> tuple[list[str], list[
 
     # --- memory: only for GPU clusters with a well-formed layout --------------------------------------------------------
     if not errors and cl.device == "cuda" and layout is not None:
-        est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
-        if not est.fits:
-            errors.append(f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds "
-                          f"cluster.gpu_memory_gb={cl.gpu_memory_gb:g} ({device_memory(cl)}) for "
-                          f"{layout.describe()}: {format_memory(est.memory_gib)}; " + _memory_fixes(recipe, layout))
-        elif est.tight:
-            warnings.append(RecipeWarning(
-                "parallel", f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB for {layout.describe()} "
-                f"fits the {device_memory(cl)} but not the {est.memory_budget_gib:.1f} GiB budget that leaves "
-                f"{Assumptions().memory_headroom:.0%} headroom: an allocator peak can still run out; "
-                + _memory_fixes(recipe, layout, headroom=True)))
+        errors_m, warnings_m = _memory(recipe, layout)
+        errors += errors_m
+        warnings += warnings_m
     return errors, warnings
+
+
+def _memory(recipe, layout: Layout) -> tuple[list[str], list[RecipeWarning]]:
+    """Predicted memory per GPU over the device (an error) or inside the headroom (a warning)."""
+    m, cl, tr = recipe.model, recipe.cluster, recipe.training
+    est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
+    if not est.fits:
+        return [f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds cluster.gpu_memory_gb="
+                f"{cl.gpu_memory_gb:g} ({device_memory(cl)}) for {layout.describe()}: {format_memory(est.memory_gib)}; "
+                + _memory_fixes(recipe, layout)], []
+    if est.tight:
+        return [], [RecipeWarning(
+            "parallel", f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB for {layout.describe()} fits the "
+            f"{device_memory(cl)} but not the {est.memory_budget_gib:.1f} GiB budget that leaves "
+            f"{Assumptions().memory_headroom:.0%} headroom: an allocator peak can still run out; "
+            + _memory_fixes(recipe, layout, headroom=True))]
+    return [], []
 
 
 def _memory_fixes(recipe, layout: Layout, headroom: bool = False) -> str:
