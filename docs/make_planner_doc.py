@@ -99,7 +99,7 @@ def why_a() -> str:
     p = plan_of(A)
     rec, lay = p.rec, p.rec.layout
     params = count_parameters(p.model)
-    z3 = ex._best(p.ests, lambda l: l.model_parallel_size == 1)
+    z3 = ex.best_fitting(p.ests, lambda l: l.model_parallel_size == 1)
     frac = rec.tokens_per_s * 90 * 86400 / p.corpus["tokens"]
     return (
         f"**Why.** 16 bytes per parameter of model states ({16 * params / 2**40:.1f} TiB) cannot live on one GPU of "
@@ -125,8 +125,8 @@ def why_short(key: str) -> str:
     rate = f"{rec.tokens_per_s / 1e6:.2f}M" if rec.tokens_per_s >= 1e6 else f"{rec.tokens_per_s / 1e3:.1f}k"
     head = f"{rec.memory_gib['total']:.1f} GiB per GPU; {rate} tokens/s, {rec.mfu:.0%} MFU; "
     if rec.layout.model_parallel_size > 1:
-        z3 = ex._best(p.ests, lambda l: l.model_parallel_size == 1)
-        plain = ex._best(p.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < 3)
+        z3 = ex.best_fitting(p.ests, lambda l: l.model_parallel_size == 1)
+        plain = ex.best_fitting(p.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < 3)
         if plain is not None:
             return head + f"the best pure DP layout reaches {plain.tokens_per_s / rec.tokens_per_s:.0%}"
         if z3 is not None:
@@ -135,12 +135,12 @@ def why_short(key: str) -> str:
         return head + "no TP=PP=1 layout fits"
     z = rec.layout.zero_stage
     why = head + f"plain DP, ZeRO-{z} over {rec.layout.dp} ranks"
-    lower = ex._best(p.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < z)
+    lower = ex.best_fitting(p.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < z)
     if lower is not None:
         why += f"; the best lower ZeRO stage reaches {lower.tokens_per_s / rec.tokens_per_s:.0%}"
     elif z > 0:
         why += "; no lower ZeRO stage fits"
-    mp = ex._best(p.ests, lambda l: l.model_parallel_size > 1)
+    mp = ex.best_fitting(p.ests, lambda l: l.model_parallel_size > 1)
     return why + (f"; the best model-parallel layout reaches {mp.tokens_per_s / rec.tokens_per_s:.0%}" if mp else "")
 
 

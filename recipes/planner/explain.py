@@ -78,7 +78,7 @@ def simpler_because(a: Estimate, b: Estimate) -> str:
     return f"{simple.layout.describe()} has {_SIMPLER[i]}"
 
 
-def _best(ests: list[Estimate], pred: Callable[[Layout], bool]) -> Estimate | None:
+def best_fitting(ests: list[Estimate], pred: Callable[[Layout], bool]) -> Estimate | None:
     """The fastest layout matching `pred` that fits with the headroom."""
     return max((e for e in ests if e.fits_with_headroom and pred(e.layout)), key=lambda e: e.tokens_per_s,
                default=None)
@@ -170,7 +170,7 @@ def data_parallel_wins(plan: Plan) -> Optional[str]:
                 "all sit on it.")
     why = (f"Plain data parallelism wins: no layer is split, so there is no tensor-parallel all-reduce and no pipeline "
            f"bubble; ZeRO-{lay.zero_stage} shards {_SHARDS[lay.zero_stage]} over {lay.dp} ranks.")
-    lower = _best(plan.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < lay.zero_stage)
+    lower = best_fitting(plan.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < lay.zero_stage)
     if lower is not None:
         return why + f" The best lower ZeRO stage ({lower.layout.describe()}) {compare(lower, rec, plan.model)}."
     priced = [e for e in plan.ests if e.layout.model_parallel_size == 1 and e.layout.zero_stage < lay.zero_stage]
@@ -191,7 +191,7 @@ def _unpriced_data_parallel(plan: Plan) -> str:
     text = f"TP=PP=1 (DP={world}) was not priced: {why}."
     ests = [estimate(m, c, lay, admit, precision=plan.recipe.training.precision, assume=plan.assume)
             for lay in candidate_layouts(m, c, admit, plan.assume) if lay.model_parallel_size == 1]
-    best = _best(ests, lambda l: True)
+    best = best_fitting(ests, lambda l: True)
     if best is not None:
         return text + (f" At global batch {admit} it would fit: {best.layout.describe()} needs "
                        f"{best.memory_gib['total']:.1f} GiB per GPU at {best.tokens_per_s:,.0f} tokens/s.")
@@ -216,10 +216,10 @@ def why_model_parallel(plan: Plan) -> Optional[str]:
                 f"micro-batches and recompute) exceed the {rec.memory_budget_gib:.1f} GiB budget; the leanest "
                 f"({lean.layout.describe()}) needs {lean.memory_gib['total']:.1f} GiB "
                 f"({format_memory(lean.memory_gib)}).")
-    plain = _best(plan.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < 3)
+    plain = best_fitting(plan.ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < 3)
     if plain is None:
         lean = min((e for e in dp_only if e.layout.zero_stage < 3), key=lambda e: e.memory_gib["total"])
-        z3 = _best(plan.ests, lambda l: l.model_parallel_size == 1)
+        z3 = best_fitting(plan.ests, lambda l: l.model_parallel_size == 1)
         return (f"Without ZeRO-3, TP=PP=1 does not fit: the leanest ({lean.layout.describe()}) needs "
                 f"{lean.memory_gib['total']:.1f} GiB, over the {rec.memory_budget_gib:.1f} GiB budget; ZeRO-3 over "
                 f"all {plan.cluster.world_size} GPUs fits ({z3.layout.describe()}, {z3.memory_gib['total']:.1f} GiB) "
@@ -230,7 +230,7 @@ def why_model_parallel(plan: Plan) -> Optional[str]:
 def simplest_near_fastest(plan: Plan) -> Optional[str]:
     """When a faster layout exists within NEAR_BEST, say so and why the recommended one was preferred."""
     rec = plan.rec
-    fastest = _best(plan.ests, lambda l: True) if rec.fits_with_headroom else max(
+    fastest = best_fitting(plan.ests, lambda l: True) if rec.fits_with_headroom else max(
         (e for e in plan.ests if e.fits), key=lambda e: e.tokens_per_s)
     if fastest is None or fastest is rec or fastest.tokens_per_s <= rec.tokens_per_s:
         return None

@@ -51,7 +51,7 @@ def test_zero3_comparison_names_the_term_that_really_dominates():
     plan = plan_of(*L70)
     line = ex.why_model_parallel(plan)
     assert "because it all-gathers" not in line and "0.0 s exposed" not in line
-    z3 = ex._best(plan.ests, lambda l: l.model_parallel_size == 1)
+    z3 = ex.best_fitting(plan.ests, lambda l: l.model_parallel_size == 1)
     assert z3.layout.zero_stage == 3 and z3.layout.recompute == "full"
     # the terms, recomputed here from the two layouts' own estimates: recompute is the largest addition
     mine = estimate(plan.model, plan.cluster, z3.layout, 1024).time_s
@@ -144,7 +144,7 @@ def test_data_parallel_wins_only_without_model_parallelism():
 
 def test_lower_zero_stage_comparison_or_why_none_fits():
     b = ex.data_parallel_wins(plan_of(*B))  # ZeRO-2 recommended; ZeRO-1 fits only with full recompute
-    lower = ex._best(plan_of(*B).ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < 2)
+    lower = ex.best_fitting(plan_of(*B).ests, lambda l: l.model_parallel_size == 1 and l.zero_stage < 2)
     assert f"The best lower ZeRO stage ({lower.layout.describe()})" in b and "do not fit" not in b
     c = ex.data_parallel_wins(plan_of(*C))  # ZeRO-1 recommended; ZeRO-0 keeps 16 bytes per parameter
     lean = min((e for e in plan_of(*C).ests if e.layout.zero_stage == 0 and e.layout.model_parallel_size == 1),
