@@ -191,6 +191,9 @@ class DataConfig(_Section):
 class CheckpointConfig(_Section):
     dir: Optional[str] = None
     save_interval: Optional[PositiveInt] = None
+    # A run predicted to take more than an hour is refused before start without checkpoint.dir (a failure would
+    # lose all of it); false says "I know, run without checkpoints".
+    require_dir: bool = True
     keep_last: PositiveInt = 2
     auto_resume: bool = True
     # launch/stop.sh and launch/train.sh wait this long after SIGTERM (the ranks save a checkpoint and exit) before
@@ -238,6 +241,11 @@ class ClusterConfig(_Section):
     inter_node_gbps: PositiveFloat = 400.0  # GB/s per node (e.g. 8 x 400 Gb/s NDR = 400 GB/s)
     backend: Literal["nccl", "gloo"] = "nccl"
     device: Literal["cuda", "cpu"] = "cuda"
+    # For the save interval `recipes plan --write-recipe` sets (Young/Daly, recipes.planner.save_interval): how often
+    # a node fails (failures per node per day; the presets say where their figure comes from) and how fast each node
+    # writes a checkpoint to its storage (GB/s). None = Llama 3's figures, and the plan says so.
+    node_failures_per_day: Optional[PositiveFloat] = None
+    checkpoint_write_gbps_per_node: Optional[PositiveFloat] = None
 
     @property
     def world_size(self) -> int:

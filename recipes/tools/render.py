@@ -3,7 +3,10 @@
     DIR/ds_config.json   the DeepSpeed config (recipes.parallel.ds_config.build_ds_config at the recipe's layout)
     DIR/resolved.yaml    the fully resolved recipe: every `extends` merged, overrides applied, defaults filled in
 
-The recipe is validated first; errors exit with code 2, warnings are printed to stderr.
+The recipe is checked first as a launch would check it (`recipes.planner.validation.validate_for_launch`: the layout
+and memory, a train length, the data manifests, a checkpoint directory for a run over an hour); problems exit with
+code 2 and write nothing, warnings are printed to stderr. `--layout-only` checks the layout and memory alone, for a
+recipe whose data or checkpoint directory is still to come.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import yaml
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, load_recipe
-from recipes.planner.validation import validate
+from recipes.planner.validation import launch_refusal, validate, validate_for_launch
 
 
 def main(argv=None) -> int:
@@ -26,12 +29,17 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. parallel.tp=2 training.global_batch=64")
     ap.add_argument("--out", required=True, help="directory to write ds_config.json and resolved.yaml into")
     ap.add_argument("--world-size", type=int, help="GPUs of the run (default: cluster.nodes x gpus_per_node)")
+    ap.add_argument("--layout-only", action="store_true",
+                    help="check the layout and memory only (not the data, train length or checkpoint directory)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no warnings or summary on stderr")
     args = ap.parse_intermixed_args(argv)
     if args.world_size is not None and args.world_size <= 0:
         ap.error(f"--world-size must be positive, got {args.world_size}")
     try:
         recipe = load_recipe(args.recipe, args.overrides)
+        problems = [] if args.layout_only else validate_for_launch(recipe, args.world_size)
+        if problems:
+            raise RecipeError(launch_refusal(recipe, problems))
         warnings = validate(recipe, args.world_size)
         layout = Layout.from_recipe(recipe, args.world_size)
         ds = build_ds_config(recipe, layout)

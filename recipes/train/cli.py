@@ -119,6 +119,12 @@ def main(args: list[str] | None = None) -> int:
     try:
         recipe = load_recipe(ns.config, ns.overrides)
         world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
+        from recipes.planner.validation import launch_refusal, validate_for_launch
+
+        problems = validate_for_launch(recipe, world)  # before any worker or process group exists
+        if problems:
+            print(f"error: {launch_refusal(recipe, problems)}", file=sys.stderr)
+            return 2
         # Warnings once: from the --local launcher, or from rank 0 under a launcher.
         validate_recipe(recipe, world, show_warnings=bool(ns.local) or os.environ.get("RANK", "0") == "0"
                         and not os.environ.get("RECIPES_LOCAL_WORKER"))

@@ -120,7 +120,7 @@ def test_cli_exit_codes_in_a_real_process(tmp_path):
 
 def test_render_writes_ds_config_and_resolved_recipe(tmp_path, capsys):
     overrides = ["parallel.zero_stage=2", "parallel.micro_batch=2", "parallel.recompute=full"]
-    rc = render.main([str(EXAMPLES / "c-llama-7b-one-node.yaml"), *overrides, "--out", str(tmp_path)])
+    rc = render.main([str(EXAMPLES / "c-llama-7b-one-node.yaml"), *overrides, "--out", str(tmp_path), "--layout-only"])
     assert rc == 0, capsys.readouterr().err
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert ds["train_batch_size"] == 256 and ds["train_micro_batch_size_per_gpu"] == 2
@@ -138,6 +138,6 @@ def test_render_writes_ds_config_and_resolved_recipe(tmp_path, capsys):
 def test_a_recipe_with_a_layout_is_compared_with_the_recommendation(capsys):
     doc = plan_json(capsys, REPO / "configs" / "runs" / "llama-7b-1node-a100.yaml")
     own = doc["recipe_layout"]
-    assert own["layout"]["zero_stage"] == 1 and own["layout"]["micro_batch"] == 2 and own["fits"]
+    assert own["layout"]["zero_stage"] == 1 and own["layout"]["micro_batch"] == 1 and own["fits"]
     assert any("The recipe's own layout" in line and "ranks" in line for line in doc["explanation"])
     assert plan_json(capsys, EXAMPLES / "c-llama-7b-one-node.yaml")["recipe_layout"] is None  # sets no layout

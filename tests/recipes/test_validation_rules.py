@@ -194,3 +194,16 @@ def test_rope_scaling_fields_are_checked():
         load_recipe(tiny, ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=2"])
     with pytest.raises(RecipeError, match=r"rope_scaling is set but model.position_embedding=learned; remove"):
         load_recipe(tiny, ["model.position_embedding=learned", "model.rope_scaling.factor=8"])
+
+
+def test_memory_inside_the_headroom_warns_and_over_the_device_refuses():
+    """Llama-7B on one 8 x A100-80GB node: PP=2 x DP=4 with ZeRO-0 is predicted at ~72.8 GiB, within the device's
+    80 GB = 74.5 GiB but above the 67.1 GiB budget that keeps 10% free: a warning with a fix, not an error."""
+    tight = load_recipe("configs/examples/c-llama-7b-one-node.yaml",
+                        ["parallel.pp=2", "parallel.zero_stage=0", "parallel.micro_batch=1"])
+    (w,) = [w for w in validate(tight) if w.level == "warning"]
+    assert w.field == "parallel" and "fits the 80 GB (74.5 GiB) but not the 67.1 GiB budget" in w.message
+    assert "these single changes would fit:" in w.message and "parallel.zero_stage=1 (44.1 GiB)" in w.message
+    over = load_recipe("configs/examples/c-llama-7b-one-node.yaml", ["parallel.micro_batch=2"])  # ~75.0 GiB
+    msg = errors_of(over)
+    assert "exceeds cluster.gpu_memory_gb=80 (80 GB (74.5 GiB))" in msg and "parallel.micro_batch=1" in msg
