@@ -19,6 +19,7 @@ from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import free_port
 from recipes.train import signals
+from recipes.train.evaluation import check_include_path_origin
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ def main(args: list[str] | None = None) -> int:
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
     try:
         recipe = load_recipe(ns.config, ns.overrides)
+        check_include_path_origin(ns.config, ns.overrides, recipe.evaluation.include_path)  # a task folder is code
         world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
         # Warnings once: from the --local launcher, or from rank 0 under a launcher.
         validate_recipe(recipe, world, show_warnings=bool(ns.local) or os.environ.get("RANK", "0") == "0"
