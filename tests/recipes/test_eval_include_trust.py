@@ -68,6 +68,7 @@ def tiny_model(out: Path, texts: list[str]) -> Path:
 
     from tests.support.data_prep import train_byte_level_bpe
 
+    out.mkdir(parents=True)
     tok_file = train_byte_level_bpe(texts, out, pre_tokenizers.ByteLevel(add_prefix_space=False), 300,
                                     "<|endoftext|>")
     tok = PreTrainedTokenizerFast(tokenizer_file=tok_file, eos_token="<|endoftext|>")
