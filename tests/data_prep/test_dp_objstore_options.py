@@ -91,14 +91,21 @@ def test_presigned_urls_are_refused_naming_the_parameter_without_echoing_it(url)
 
 def test_cli_refuses_presigned_inputs_output_and_endpoint_before_writing_anything(tmp_path):
     """The filter of userinfo let these through: they reached plan.json, manifests and the rendered Slurm script."""
+    import argparse
+
+    from data_prep.cli import _storage_option
+    from data_prep.settings import Settings
+
     url = PRESIGNED[0]
-    for args, flag in ((["tokenize", url, "-o", tmp_path / "o"], "input "),
-                       (["tokenize", tmp_path, "-o", url], "-o/--output "),
-                       (["tokenize", tmp_path, "-o", "s3://b/o", "--storage-option", f"endpoint_url={url}"],
-                        "--storage-option endpoint_url "),
+    for args, flag in ((["tokenize", tmp_path, "-o", url], "-o/--output "),
                        (["slurm", "--tasks", 2, "--dry-run", "--scripts-dir", tmp_path / "scripts", "--", "tokenize",
                          url, "-o", tmp_path / "o"], "input ")):
         r = run_cli(*args, "-t", "tok.model", check=False)
         assert r.returncode == 2 and flag + "https://" in r.stderr and "presigned or signed URL" in r.stderr, r.stderr
         assert "SENT" not in r.stderr + r.stdout
     assert not (tmp_path / "o").exists() and not (tmp_path / "scripts").exists()
+    with pytest.raises(ValueError, match="^input https://.*presigned") as e:
+        Settings(inputs=[url], output_dir=str(tmp_path / "o"), tokenizer="tok.model")
+    with pytest.raises(argparse.ArgumentTypeError, match="^--storage-option endpoint_url https://.*presigned") as e2:
+        _storage_option(f"endpoint_url={url}")
+    assert "SENT" not in str(e.value) + str(e2.value)
