@@ -352,6 +352,16 @@ def cmd_curate(a) -> int:
     return 0
 
 
+def _version() -> str:
+    """data_prep ships in the llm-recipes distribution: its version (pyproject.toml), from the install's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"data_prep (llm-recipes {version('llm-recipes')})"
+    except PackageNotFoundError:
+        return "data_prep (llm-recipes, not installed: pip install -e .)"
+
+
 def _log_to_stderr() -> None:
     """data_prep's diagnostics (what a run does, failed units) on stderr as plain lines; results stay on stdout."""
     logger = logging.getLogger("data_prep")
@@ -366,6 +376,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _log_to_stderr()
     ap = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    ap.add_argument("-V", "--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("tokenize", help="tokenize inputs into Megatron .bin/.idx shards + manifest.json")

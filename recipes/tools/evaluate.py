@@ -17,7 +17,6 @@ training run's metrics.jsonl (one record: step + eval/<task>/<metric>) and Tenso
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def log_scores(scores: dict[str, float], step: int, metrics_file: str | None, tb
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes evaluate", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes evaluate", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a transformers model directory (e.g. an export-hf output)")
     src.add_argument("--checkpoint", help="a training checkpoint directory: exported to a temporary directory first")
