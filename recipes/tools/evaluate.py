@@ -11,9 +11,10 @@ file, both `dataset_path: json` over files shipped next to their YAML). `--text 
 your own .jsonl ({"text": ...} per line) or .txt (one document); `--include-path DIR` adds your own task YAMLs (their
 data_files must be absolute or local to the working directory). A task folder is code: lm-eval imports the .py files
 its YAMLs name with `!function`, so give only a folder you trust; a task, group or tag in it named like one lm-eval
-ships (arc_easy...) or one shipped here is refused, naming it (lm-eval would let it replace the known task). A checkpoint is exported to a temporary directory
-with `recipes.hf.export` first. Scores go to stdout, to --out as JSON, and with --log-metrics / --tensorboard into a
-training run's metrics.jsonl (one record: step + eval/<task>/<metric>) and TensorBoard, where the report plots them.
+ships (arc_easy...) or one shipped here is refused, naming it (lm-eval would let it replace the known task). A
+checkpoint is exported to a temporary directory with `recipes.hf.export` first. Scores go to stdout, to --out as JSON,
+and with --log-metrics / --tensorboard into a training run's metrics.jsonl (one record: step + eval/<task>/<metric>)
+and TensorBoard, where the report plots them.
 """
 from __future__ import annotations
 

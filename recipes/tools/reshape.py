@@ -134,7 +134,8 @@ def _positive(value: str) -> int:
 EXAMPLES = (  # shown by --help
     "python -m recipes reshape --checkpoint /shared/ckpt/run1 --out /shared/ckpt/run1-dp36 --to tp=4,pp=5,dp=36",
     "python -m recipes reshape --checkpoint runs/tiny --tag global_step6 --out runs/tiny-2x1x4 --to tp=2,pp=1,dp=4",
-    "python -m recipes train --config runs/tiny-2x1x4/recipe.yaml --local 8 checkpoint.dir=runs/tiny-2x1x4   # resume there",
+    "python -m recipes train --config runs/tiny-2x1x4/recipe.yaml --local 8 checkpoint.dir=runs/tiny-2x1x4"
+    "   # resume there",
 )
 
 

@@ -118,7 +118,8 @@ def _die_with_parent() -> None:
 
 EXAMPLES = (  # shown by --help
     "python -m data_prep demo out/demo   # shards + manifest.json to train on",
-    "python -m recipes train --config configs/runs/tiny-cpu.yaml --local 8 data.manifests=[out/demo/shards/manifest.json] \\\n"
+    "python -m recipes train --config configs/runs/tiny-cpu.yaml --local 8 "
+    "data.manifests=[out/demo/shards/manifest.json] \\\n"
     "      model.vocab_size=3000 parallel.tp=2 parallel.pp=2 checkpoint.dir=runs/tiny   # 8 CPU ranks (gloo) here",
     "torchrun --nproc-per-node 8 -m recipes train --config RUN.yaml checkpoint.dir=/shared/ckpt/run1   # one GPU node",
     "launch/train.sh RUN.yaml --hostfile hosts -- checkpoint.dir=/shared/ckpt/run1   # many nodes (docs/cluster.md)",
