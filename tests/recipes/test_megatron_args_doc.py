@@ -7,7 +7,6 @@ import typing
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 
 from recipes.config.schema import Recipe
 
