@@ -48,7 +48,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local: a process pool of --workers; ray: one Ray task per unit")
     p.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
+                   help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a private local one "
+                        "(loopback only, Ray token auth; RAY_ADDRESS alone is not followed)")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
     p.add_argument("--storage-option", dest="storage_options", action="append", default=[], type=_storage_option,
@@ -317,7 +318,7 @@ def _add_curate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=_size_arg, default="256M", help="input bytes per work unit")
     p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
-    p.add_argument("--ray-address", default=None)
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private local one (as tokenize)")
     p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
                    help="this node's share: units (hash, filter) or buckets (buckets) with index %% N == I")
     p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
@@ -352,6 +353,16 @@ def cmd_curate(a) -> int:
     return 0
 
 
+def _version() -> str:
+    """data_prep ships in the llm-recipes distribution: its version (pyproject.toml), from the install's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"data_prep (llm-recipes {version('llm-recipes')})"
+    except PackageNotFoundError:
+        return "data_prep (llm-recipes, not installed: pip install -e .)"
+
+
 def _log_to_stderr() -> None:
     """data_prep's diagnostics (what a run does, failed units) on stderr as plain lines; results stay on stdout."""
     logger = logging.getLogger("data_prep")
@@ -366,6 +377,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _log_to_stderr()
     ap = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    ap.add_argument("-V", "--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("tokenize", help="tokenize inputs into Megatron .bin/.idx shards + manifest.json")

@@ -65,23 +65,57 @@ def _netloc(url: str) -> str:
     return str(url).partition("://")[2].split("/", 1)[0]
 
 
+# Query parameters that carry a credential: presigned / signed URLs (S3 SigV4 X-Amz-Signature, X-Amz-Credential,
+# X-Amz-Security-Token; S3 SigV2 Signature + AWSAccessKeyId; GCS X-Goog-Signature / Signature; Azure SAS sig) and any
+# parameter named like a secret (access_token, key...). Such a URL is a bearer credential: whoever reads it can
+# read (or write) the object until it expires.
+_SIGNATURE_PARAMS = ("sig", "signature")
+
+
+def _secret_query_params(url: str) -> list[str]:
+    """Names of the query parameters of ``url`` that carry a credential (case-insensitive), in order."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    query = urlsplit(str(url)).query
+    names = [name for name, _ in parse_qsl(query, keep_blank_values=True)]
+    return [n for n in names if n.lower() in _SIGNATURE_PARAMS or "signature" in n.lower()
+            or any(w in n.lower() for w in SECRET_WORDS)]
+
+
 def redact(url: str) -> str:
-    """The URL with any user:password@ replaced by ***@ (for messages)."""
+    """The URL with any user:password@ replaced by ***@ and the value of every credential-carrying query parameter
+    (presigned URLs) by *** (for messages)."""
+    url = str(url)
     netloc = _netloc(url)
-    if "@" not in netloc:
-        return str(url)
-    scheme = str(url).partition("://")[0]
-    return f"{scheme}://***@{netloc.rpartition('@')[2]}{str(url)[len(scheme) + 3 + len(netloc):]}"
+    if "@" in netloc:
+        scheme = url.partition("://")[0]
+        url = f"{scheme}://***@{netloc.rpartition('@')[2]}{url[len(scheme) + 3 + len(netloc):]}"
+    secret = {n.lower() for n in _secret_query_params(url)}
+    if secret:
+        base, _, query = url.partition("?")
+        query, _, fragment = query.partition("#")
+        parts = [f"{k}=***" if k.lower() in secret else f"{k}{sep}{v}"
+                 for k, sep, v in (item.partition("=") for item in query.split("&"))]
+        url = base + "?" + "&".join(parts) + (f"#{fragment}" if fragment else "")
+    return url
 
 
 def check_url(url: str, what: str = "URL") -> None:
-    """Refuse a URL carrying credentials (``s3://user:pass@bucket/...``, ``http://user:pass@host``): inputs and the
-    output are recorded in plan.json, manifests, Slurm scripts and error messages. The message never echoes them."""
+    """Refuse a URL carrying credentials (``s3://user:pass@bucket/...``, ``http://user:pass@host``, a presigned
+    ``https://...?X-Amz-Signature=...``): inputs and the output are recorded in plan.json, manifests, Slurm scripts and
+    error messages. The message never echoes them."""
     # a bucket or host name cannot contain "@" (S3, GCS, Azure naming rules): one in the authority is userinfo
     if "://" in str(url) and "@" in _netloc(url):
         raise ValueError(f"{what} {redact(url)}: credentials in a URL are refused (they would be recorded in "
                          f"plan.json, manifests, Slurm scripts and errors); remove the user:password@ part and use "
                          f"the provider's own chain instead: {CREDENTIAL_CHAINS}")
+    secret = sorted(_secret_query_params(url), key=lambda n: "sig" not in n.lower()) if "://" in str(url) else []
+    if secret:  # name the signature first: the parameter users recognise
+        raise ValueError(f"{what} {redact(url)}: a presigned or signed URL is refused: its {secret[0]}= parameter "
+                         "is a credential (anyone who reads the URL can use it until it expires) and would be "
+                         "recorded in plan.json, manifests, Slurm scripts and errors; give the plain object URL "
+                         "(s3://bucket/key, gs://bucket/key, az://container/key) and let the provider's own chain "
+                         f"supply the credential: {CREDENTIAL_CHAINS}")
 
 
 def check_options(options: Dict[str, object]) -> None:

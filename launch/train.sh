@@ -12,6 +12,7 @@ usage() {
   cat >&2 <<EOF
 usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value ...]
 $usage_common
+  --version                print the llm-recipes version and exit
   --no-preflight           skip the ssh/repo reachability check of every node
   --quiet                  write rank output to the logs only, not to the terminal
   --max-restarts N         restart the job from the newest complete checkpoint after a failure or a hang, up to N
@@ -29,6 +30,7 @@ args=()
 while [ $# -gt 0 ]; do  # this script's own options (before --); the rest are the common ones of lib.sh
   case "$1" in
     --) args+=("$@"); break ;;
+    --version) exec "$PY" -m recipes --version ;;
     --quiet) QUIET=1; shift ;;
     --max-restarts) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--max-restarts '${2:-}': give the number of restarts allowed (0 or more)" 2
       MAX_RESTARTS_OPT=$2; shift 2 ;;

@@ -12,7 +12,6 @@ CKPT_DIR/recipe.yaml (the merged recipe, for pretrain --config and export).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import warnings
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError, load_recipe
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes import-hf", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes import-hf", __doc__)
     ap.add_argument("--hf", required=True, help="transformers model directory (Llama, Qwen2 or Mistral)")
     ap.add_argument("--out", required=True, help="training checkpoint directory to create")
     ap.add_argument("--config", required=True, help="recipe for training/data/layout (model comes from --hf)")

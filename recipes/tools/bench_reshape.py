@@ -13,7 +13,6 @@ directory, removed afterwards.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -22,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from recipes.config.cli_help import command_parser
 
 
 def _children(pid: int) -> list[int]:
@@ -79,7 +80,7 @@ def _sizes(ckpt: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes bench-reshape", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes bench-reshape", __doc__)
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--to", required=True, help="target layout, e.g. tp=2,pp=2,dp=4")
     ap.add_argument("--workers", default="1", help="comma-separated worker counts to compare, e.g. 1,2 (default 1)")

@@ -38,6 +38,7 @@ import warnings
 from pathlib import Path
 
 from recipes.parallel.rendezvous import free_port
+from recipes.config.cli_help import command_parser
 
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
 
@@ -193,7 +194,7 @@ def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes measure-save-stall", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes measure-save-stall", __doc__)
     ap.add_argument("overrides", nargs="*", help="recipe overrides (after the default ~110M model's)")
     ap.add_argument("--config", default=RECIPE)
     ap.add_argument("--ranks", type=int, default=1)

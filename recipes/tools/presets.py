@@ -4,12 +4,12 @@ Presets are plain YAML (configs/models/*.yaml, configs/clusters/*.yaml); a recip
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from recipes.config.loading import CONFIGS_DIR, RecipeError, deep_merge, load_raw, recipe_from_dict
 from recipes.model.shape import count_parameters
+from recipes.config.cli_help import command_parser
 
 
 def model_presets() -> list[dict]:
@@ -35,7 +35,7 @@ def cluster_presets() -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes presets", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes presets", __doc__)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:

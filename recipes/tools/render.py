@@ -10,7 +10,6 @@ recipe whose data or checkpoint directory is still to come.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,10 +20,18 @@ from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.planner.validation import launch_refusal, validate, validate_for_launch
+from recipes.config.cli_help import command_parser
+
+
+EXAMPLES = (  # shown by --help
+    "python -m recipes render configs/runs/llama-7b-1node-a100.yaml --out /tmp/render"
+    "   # ds_config.json + resolved.yaml",
+    "python -m recipes render configs/runs/tiny-cpu.yaml parallel.tp=2 parallel.pp=2 --world-size 8 --out /tmp/tiny",
+)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes render", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes render", __doc__, EXAMPLES)
     ap.add_argument("recipe", help="recipe file or preset (configs/runs/tiny-cpu.yaml)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. parallel.tp=2 training.global_batch=64")
     ap.add_argument("--out", required=True, help="directory to write ds_config.json and resolved.yaml into")

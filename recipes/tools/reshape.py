@@ -24,6 +24,7 @@ from pathlib import Path
 
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,16 @@ def _positive(value: str) -> int:
     return int(value)
 
 
+EXAMPLES = (  # shown by --help
+    "python -m recipes reshape --checkpoint /shared/ckpt/run1 --out /shared/ckpt/run1-dp36 --to tp=4,pp=5,dp=36",
+    "python -m recipes reshape --checkpoint runs/tiny --tag global_step6 --out runs/tiny-2x1x4 --to tp=2,pp=1,dp=4",
+    "python -m recipes train --config runs/tiny-2x1x4/recipe.yaml --local 8 checkpoint.dir=runs/tiny-2x1x4"
+    "   # resume there",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes reshape", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes reshape", __doc__, EXAMPLES)
     ap.add_argument("--checkpoint", required=True, help="source training checkpoint directory")
     ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
     ap.add_argument("--out", required=True, help="new checkpoint directory (becomes checkpoint.dir of the resumed run)")
