@@ -24,9 +24,10 @@ from recipes.config.cli_help import command_parser
 
 
 EXAMPLES = (  # shown by --help
-    "python -m recipes render configs/runs/llama-7b-1node-a100.yaml --out /tmp/render"
+    "python -m recipes render configs/runs/llama-7b-1node-a100.yaml --layout-only --out /tmp/render"
     "   # ds_config.json + resolved.yaml",
-    "python -m recipes render configs/runs/tiny-cpu.yaml parallel.tp=2 parallel.pp=2 --world-size 8 --out /tmp/tiny",
+    "python -m recipes render configs/runs/tiny-cpu.yaml parallel.tp=2 parallel.pp=2 --world-size 8 --layout-only "
+    "--out /tmp/tiny",
 )
 
 
