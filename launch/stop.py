@@ -140,23 +140,32 @@ def stop_run(target: str, by_launcher: bool = False, environ=os.environ) -> int:
     return rc
 
 
-def _slurm_state(job_id: str) -> str:
+def _slurm_state(job_id: str) -> str | None:
+    """The job's state; "" when it is no longer queued; None when squeue did not answer (a busy controller)."""
     r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    return r.stdout.strip().split("\n")[0] if r.returncode == 0 else ""
+    if r.returncode == 0:
+        return r.stdout.strip().split("\n")[0]
+    return "" if "Invalid job id" in r.stderr else None
+
+
+def _running(job_id: str) -> bool:
+    state = _slurm_state(job_id)
+    return state is None or state in _SLURM_ACTIVE
 
 
 def stop_slurm(job_id: str, grace: float) -> int:
-    """SIGTERM to the job's steps (not the batch script: it sees the stop and ends the job itself), up to `grace`
-    seconds for the ranks' pre-emption save, then SIGKILL to whatever is left, then the job is cancelled."""
+    """SIGTERM to the job's steps (not the batch script: it sees RUN_DIR/stop_requested and ends the job itself), up
+    to `grace` seconds for the ranks' pre-emption save, then SIGKILL to whatever is left, then the job is cancelled.
+    (A plain scancel would give the ranks only Slurm's KillWait.)"""
     if not job_id.isdigit():
         raise LaunchError(f"slurm_job_id '{job_id}' is not a job id", 2)
-    if _slurm_state(job_id) in _SLURM_ACTIVE:
+    if _slurm_state(job_id) != "PENDING" and _running(job_id):
         subprocess.run(["scancel", "--signal=TERM", job_id])
         end = time.monotonic() + grace
-        while _slurm_state(job_id) in _SLURM_ACTIVE and time.monotonic() < end:
+        while _running(job_id) and time.monotonic() < end:
             time.sleep(1)
-        if _slurm_state(job_id) in _SLURM_ACTIVE:
+        if _running(job_id):
             subprocess.run(["scancel", "--signal=KILL", "--full", job_id])
-    rc = subprocess.run(["scancel", job_id]).returncode if _slurm_state(job_id) else 0  # pending, or still there
+    rc = subprocess.run(["scancel", job_id]).returncode if _slurm_state(job_id) != "" else 0  # pending, or still there
     print(f"stopped Slurm job {job_id}", flush=True)
     return rc
