@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from launch.gpu_check import offline  # a plain directory of scripts: a namespace package
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_CHECK = REPO / "launch" / "gpu_check"
-from launch.gpu_check import offline  # a plain directory of scripts: a namespace package
 
 # prepare.sh downloads from PyPI, the dry run builds clean venvs: processes, not in-process checks
 pytestmark = pytest.mark.multiproc
