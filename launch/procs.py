@@ -39,22 +39,29 @@ class NodeProcess:
         return f
 
     @staticmethod
-    def _tee(pipe, log) -> None:
-        fd = pipe.fileno()
+    def _echo(data: bytes) -> bool:
+        """To the terminal; False once it is gone (a closed pipe must not stop the copy into the logs, or the node's
+        output would back up and block its ranks)."""
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _tee(self, pipe, log) -> None:
+        fd, echo = pipe.fileno(), True
         while chunk := os.read(fd, 1 << 16):
             log.write(chunk)
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+            echo = echo and self._echo(chunk)
 
-    @staticmethod
-    def _demux(pipe, logs: dict, launcher_log, quiet: bool) -> None:
+    def _demux(self, pipe, logs: dict, launcher_log, quiet: bool) -> None:
+        echo = not quiet
         for line in pipe:  # bytes, split at \n only (a progress bar's \r stays inside its line)
             host, sep, text = line.partition(b": ")
             target = logs.get(host) if sep else None
             (target or launcher_log).write(text if target else line)
-            if not quiet:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
+            echo = echo and self._echo(line)
 
     def poll(self) -> int | None:
         return self.popen.poll()
