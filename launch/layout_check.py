@@ -21,7 +21,7 @@ class Facts:
     backoff_s: float = 10.0
     backoff_max_s: float = 300.0
     hang_timeout_s: float = 0.0      # 0: no hang watchdog
-    stop_grace_s: int = 60
+    stop_grace_s: float = 60         # a stop's wait for the ranks' save (LAUNCH_STOP_GRACE overrides it)
 
 
 def _as_ranks_see(path: str) -> str:

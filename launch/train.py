@@ -97,6 +97,14 @@ def _nodes(opts: Options, ssh: Ssh) -> plan.NodePlan:
     return plan.NodePlan(world, addr, spares)
 
 
+def _stop_grace(recipe_s: float) -> float:
+    """How long a stop waits for the ranks' pre-emption save: LAUNCH_STOP_GRACE, else the recipe's."""
+    text = os.environ.get("LAUNCH_STOP_GRACE") or str(recipe_s)
+    if not text.replace(".", "", 1).isdigit():
+        raise LaunchError(f"LAUNCH_STOP_GRACE='{text}': give the seconds a stop waits for the ranks' save", 2)
+    return float(text)
+
+
 def _slurm_grace() -> int:
     text = os.environ.get("LAUNCH_SLURM_GRACE", "300")
     if not text.isdigit():
@@ -110,6 +118,7 @@ def setup(opts: Options, ssh: Ssh) -> tuple[Launch, Backend, layout_check.Facts]
     environment.check_names(opts.env_names, os.environ)
     nodes = _nodes(opts, ssh)
     facts = layout_check.check(opts.recipe, nodes.world_size, opts.overrides)
+    facts.stop_grace_s = _stop_grace(facts.stop_grace_s)
     grace = _slurm_grace() if opts.backend == "slurm" else 300
     run_id = _run_id(opts)
     port = opts.master_port or pick_port(run_id, opts.backend, nodes.hosts[0], ssh, opts.dry_run)
@@ -232,7 +241,7 @@ def start(opts: Options, launch: Launch, backend: Backend, facts: layout_check.F
     (d / "backend").write_text(backend.name + "\n")
     take_lease(facts, launch.run_id)
     # How long a stop waits for the ranks' pre-emption save; stop.sh reads it from the run directory.
-    grace = float(os.environ.get("LAUNCH_STOP_GRACE") or facts.stop_grace_s)
+    grace = facts.stop_grace_s
     (d / "stop_grace").write_text(f"{grace:g}\n")
     secret = str(d / "secret.env") if launch.secret_names else None
     if secret:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from launch.plan import NodePlan
@@ -42,7 +42,6 @@ class Launch:
     slurm_grace_s: int = 300
     attempt: int = 0                       # 0: no attempt yet (a dry run, a Slurm job script)
     attempt_dir: Path | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def nodes(self):
