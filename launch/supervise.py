@@ -270,6 +270,9 @@ class Supervisor:
             for line in failures.report(rec, self.log_dir, f" all ranks were stopped ({stop_seconds} s)."):
                 say(line)
             return from_record(rec)
+        if trigger[0] != "node":  # a record seen earlier that vanished since: say so rather than guess
+            say(f"FAILED: a rank failed, but its exit record is gone; all ranks were stopped. See {self.log_dir}/.")
+            return Failure("a rank failed")
         name, rc = trigger[1], trigger[2]
         say(f"FAILED: node {name} (exit {rc}) before any rank reported; all ranks were stopped. See {self.log_dir}/.")
         log = self.log_dir / f"{name}.log"
@@ -283,9 +286,9 @@ class Supervisor:
         """Every process of the run on every node, by run id; what the nodes say goes to launcher.log."""
         launch, grace = self.launch, self.policy.stop_grace_s
         if self.backend.name == "local":
-            text, rc = stop_local(launch.run_id, grace) + "\n", 0
+            text = stop_local(launch.run_id, grace) + "\n"
         else:
-            rc, text = stop_hosts(self.ssh, launch.plan.hosts, launch.run_id, grace)
+            text = stop_hosts(self.ssh, launch.plan.hosts, launch.run_id, grace)[1]
         with open(self.log_dir / "launcher.log", "a") as f:
             f.write(text)
 
