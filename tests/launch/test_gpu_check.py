@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from launch.gpu_check import offline  # a plain directory of scripts: a namespace package
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_CHECK = REPO / "launch" / "gpu_check"
-sys.path.insert(0, str(GPU_CHECK))
-import offline  # noqa: E402
 
 # prepare.sh downloads from PyPI, the dry run builds clean venvs: processes, not in-process checks
 pytestmark = pytest.mark.multiproc
