@@ -244,7 +244,7 @@ def cmd_probe(a) -> int:
     """Probe the inputs and the output of a run as `slurm` does before submitting (for launch/prep.sh, or by hand)."""
     command, _, _, settings = _forwarded(a.command_args, "probe")
     for line in _preflight(settings):
-        print(f"ok: {line}")
+        print(f"probed: {line}")
     print(f"{command}: the inputs can be read and the output written")
     return 0
 
