@@ -234,9 +234,10 @@ def _forwarded(command_args: list, who: str):
 def _preflight(settings) -> list:
     """The inputs and the output probed once from here (executors/preflight.py), before anything is submitted."""
     from data_prep.executors.preflight import preflight
+    from data_prep.objstore import UPLOAD_PART
 
     return preflight(settings.inputs, settings.output_dir, settings.text_field,
-                     getattr(settings, "storage_options", None), getattr(settings, "upload_part_size", 64 << 20),
+                     getattr(settings, "storage_options", None), getattr(settings, "upload_part_size", UPLOAD_PART),
                      settings.max_record_size)
 
 
@@ -322,7 +323,8 @@ def cmd_plan(a) -> int:
         if not tok:
             from data_prep.steps.train_tokenizer import train
 
-            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20)
+            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20,
+                        text_field=a.text_field)
     cal = calibrate(sample, tok, io.parse_size(a.sample_size), text_field=a.text_field)
     print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
