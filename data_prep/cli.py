@@ -1,5 +1,9 @@
 """python -m data_prep <command>: tokenize, train-tokenizer, verify, stats/inspect, sample-corpus, demo, bench,
-bench-executors, merge, blend, plan, slurm."""
+bench-executors, merge, blend, plan, slurm, probe, curate.
+
+Exit codes: 0 done (or, for one slice of many, its share done); 1 units failed (the rest is complete: rerun to
+retry them); 2 refused: a bad argument, an input that cannot give documents, no documents written or too many
+rejected, storage without credentials or access (one line naming the file or URL and the fix)."""
 
 from __future__ import annotations
 
@@ -19,13 +23,27 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _fraction_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"wants a fraction in 0..1 (e.g. 0.5), got {text!r}")
+    return value
+
+
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="files, directories or quoted globs (.jsonl/.json[.gz|.zst], .parquet, "
                                              ".txt, datasets save_to_disk directories)")
     p.add_argument("-o", "--output", required=True, help="output directory (shards, manifest.json, rejects.jsonl)")
     p.add_argument("-t", "--tokenizer", required=True, help="sentencepiece .model, tokenizer.json or a local "
                                                             "transformers directory")
-    p.add_argument("--text-field", default="text")
+    p.add_argument("--text-field", default="text", help="the record field (parquet/dataset column) holding the "
+                                                         "document; checked on the first records before any work")
+    p.add_argument("--max-reject-fraction", type=_fraction_arg, default=1.0, metavar="F",
+                   help="fail (exit 2, no manifest) when more than this share of the records is rejected; the "
+                        "default 1.0 fails only a run that writes no document")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--shard-size", type=_size_arg, default="256M",
                    help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at "
@@ -105,7 +123,7 @@ def cmd_tokenize(a) -> int:
     from data_prep.pipeline import RunFailed, run
 
     try:
-        m = run(_settings_from(a))
+        m = run(_settings_from(a), max_reject_fraction=a.max_reject_fraction)
     except (RunFailed, CurationFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -195,30 +213,55 @@ def _settings_from(a):
                     steps=a.steps, stage=a.stage)
 
 
-def cmd_slurm(a) -> int:
-    from data_prep.executors.slurm import render
-
-    args = a.command_args[1:] if a.command_args[:1] == ["--"] else a.command_args
+def _forwarded(command_args: list, who: str):
+    """(command, its arguments, parsed, settings) from the arguments after ``--`` of `slurm` or `probe`:
+    ``[tokenize|curate] ARGS...`` (bare arguments are tokenize's). Raises ValueError (exit 2) when there are none or
+    they carry a per-task flag."""
+    args = command_args[1:] if command_args[:1] == ["--"] else command_args
     command = args[0] if args[:1] in (["tokenize"], ["curate"]) else "tokenize"  # bare arguments: tokenize's
     args = args[1:] if args[:1] == [command] else args
     if not args:
-        print("error: give the tokenize (or curate) arguments after --", file=sys.stderr)
-        return 2
+        raise ValueError("give the tokenize (or curate) arguments after --")
     for flag in ("--slice", "--stage", "--merge-only"):
         if any(x == flag or x.startswith(flag + "=") for x in args):
-            print(f"error: {flag} is set per array task by `slurm`: remove it from the {command} arguments",
-                  file=sys.stderr)
-            return 2
+            raise ValueError(f"{flag} is set per task by `{who}`: remove it from the {command} arguments")
+    if command == "curate":
+        parsed = _curate_parser().parse_args(args)
+        return command, args, parsed, _curate_settings_from(parsed)
+    parsed = _tokenize_parser().parse_args(args)
+    return command, args, parsed, _settings_from(parsed)
+
+
+def _preflight(settings) -> list:
+    """The inputs and the output probed once from here (executors/preflight.py), before anything is submitted."""
+    from data_prep.executors.preflight import preflight
+    from data_prep.objstore import UPLOAD_PART
+
+    return preflight(settings.inputs, settings.output_dir, settings.text_field,
+                     getattr(settings, "storage_options", None), getattr(settings, "upload_part_size", UPLOAD_PART),
+                     settings.max_record_size)
+
+
+def cmd_probe(a) -> int:
+    """Probe the inputs and the output of a run as `slurm` does before submitting (for launch/prep.sh, or by hand)."""
+    command, _, _, settings = _forwarded(a.command_args, "probe")
+    for line in _preflight(settings):
+        print(f"probed: {line}")
+    print(f"{command}: the inputs can be read and the output written")
+    return 0
+
+
+def cmd_slurm(a) -> int:
+    from data_prep.executors.slurm import render
+
+    command, args, parsed, settings = _forwarded(a.command_args, "slurm")
+    # a 4,000-task array must not start for a bucket it cannot read or write, or a text field the inputs lack
+    for line in _preflight(settings):
+        print(f"# probed: {line}")
     if command == "curate":
         from data_prep.curate import incomplete_slices
-
-        parsed = _curate_parser().parse_args(args)
-        settings = _curate_settings_from(parsed)
     else:
         from data_prep.pipeline import incomplete_slices
-
-        parsed = _tokenize_parser().parse_args(args)
-        settings = _settings_from(parsed)
     stages = ()
     if parsed.steps:  # the dedup passes are global: one array per pass, each after the previous
         from data_prep.executors.slurm import CURATION_STAGES
@@ -271,6 +314,8 @@ def cmd_plan(a) -> int:
 
     sample = a.sample
     tok = a.tokenizer
+    if sample:  # read (and credentials) checked, and the text field, before any calibration
+        _check_sample(sample, a.text_field)
     if not sample or not tok:
         import tempfile
 
@@ -279,8 +324,9 @@ def cmd_plan(a) -> int:
         if not tok:
             from data_prep.steps.train_tokenizer import train
 
-            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20)
-    cal = calibrate(sample, tok, io.parse_size(a.sample_size))
+            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20,
+                        text_field=a.text_field)
+    cal = calibrate(sample, tok, io.parse_size(a.sample_size), text_field=a.text_field)
     print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
     if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
@@ -291,6 +337,18 @@ def cmd_plan(a) -> int:
                                        tokenize_mb_per_s=cal["mb_per_s_per_core"],
                                        bytes_per_token=cal["bytes_per_token"])))
     return 0
+
+
+def _check_sample(sample: list, text_field: str) -> None:
+    """The plan's sample must give documents: probed as a run's inputs, then at least one document read."""
+    from data_prep.read.probe import probe_inputs
+    from data_prep.read.units import list_inputs
+    from data_prep.steps.train_tokenizer import sample_texts
+
+    probe_inputs(list_inputs(sample), text_field)
+    if next(iter(sample_texts(sample, text_field, 1)), None) is None:
+        raise ValueError(f"--sample {' '.join(sample)}: no document in the sample (every record is empty or "
+                         f"rejected with --text-field {text_field}); give files of the corpus with text in that field")
 
 
 # --- curate: filter and dedup steps (data_prep/curate.py) ------------------------------------------------------------
@@ -465,6 +523,7 @@ def main(argv=None) -> int:
     p.add_argument("--sample", nargs="*", help="sample files of the corpus (default: the embedded stdlib sample)")
     p.add_argument("-t", "--tokenizer", help="default: one trained on the sample")
     p.add_argument("--sample-size", default="8M")
+    p.add_argument("--text-field", default="text", help="the field (column) of the sample holding the document")
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
     p.add_argument("--cores-per-node", type=int, default=96)
     p.add_argument("--shard-size", type=_size_arg, default="256M")
@@ -493,6 +552,13 @@ def main(argv=None) -> int:
     p.add_argument("command_args", nargs=argparse.REMAINDER,
                    help="-- then the tokenize arguments, or -- curate and the curate arguments")
     p.set_defaults(fn=cmd_slurm)
+
+    p = sub.add_parser("probe", help="probe a run's inputs and output once, as `slurm` does before submitting: "
+                                     "list the inputs, read the first records (the text field), write and delete a "
+                                     "probe object in the output; exit 2 with the fix if any fails")
+    p.add_argument("command_args", nargs=argparse.REMAINDER,
+                   help="-- then the tokenize arguments, or -- curate and the curate arguments")
+    p.set_defaults(fn=cmd_probe)
 
     _add_curate_args(sub)
 
