@@ -100,6 +100,7 @@ def prep(argv: list[str]) -> int:
     def cmd_of(i, slots, stage):
         return command_for(cmd, args, prep_id, i, len(nodes), slots, stage)
 
+    probe(cmd, args)
     if o["dry_run"]:
         for stage in stages:
             if stage:
@@ -109,6 +110,15 @@ def prep(argv: list[str]) -> int:
         print(f"local: {python()} -m data_prep {cmd} {''.join(shlex.quote(a) + ' ' for a in args)}--merge-only")
         return 0
     return run(o, cmd, args, nodes, stages, prep_id, cmd_of)
+
+
+def probe(cmd: str, args: list[str]) -> None:
+    """The inputs and the output probed once from here before any node starts (or a dry run prints): a bucket that
+    cannot be read or written, or a text field the inputs lack, must not cost every node a failed slice."""
+    p = subprocess.run([python(), "-m", "data_prep", "probe", "--", cmd, *args], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise LaunchError(f"data prep inputs/output probe failed, nothing was started:\n{p.stderr.strip()}", 2)
 
 
 def run(o: dict, cmd: str, args: list[str], nodes, stages, prep_id: str, cmd_of) -> int:

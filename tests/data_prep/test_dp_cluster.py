@@ -277,3 +277,19 @@ def test_curate_on_ray_equals_local(tmp_path, corpus):
                                   steps=steps, workers=workers, executor=kind, shard_size=30_000, quiet=True))
         assert m["totals"]["removed"]["exact_dedup"]["duplicate"] >= 1
     assert tree_bytes(outs["ray"]) == tree_bytes(outs["local"])
+
+
+@pytest.mark.multiproc
+def test_prep_sh_probes_inputs_before_any_node_starts(tmp_path, corpus, sp_model):
+    """A text field the inputs lack is refused by launch/prep.sh (dry run and real run) before any node is contacted:
+    the hostfile's hosts do not even resolve, so a started slice would fail differently."""
+    (tmp_path / "hosts").write_text("no-such-node-a slots=1\nno-such-node-b slots=1\n")
+    out = tmp_path / "out"
+    for extra in (["--dry-run"], []):
+        r = subprocess.run(["bash", f"{REPO}/launch/prep.sh", "--hostfile", str(tmp_path / "hosts"), "--log-dir",
+                            str(tmp_path / "logs"), *extra, "--", *_targs(corpus, out, sp_model),
+                            "--text-field", "content"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert "nothing was started" in r.stderr and "--text-field" in r.stderr, r.stderr
+        assert "no-such-node" not in r.stdout  # no per-node command printed, none run
+        assert not (tmp_path / "logs").exists() and not out.exists()
