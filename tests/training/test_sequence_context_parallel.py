@@ -49,7 +49,7 @@ def assert_same_losses(ref_dir, run_dir, name):
     ref_val, got_val = val_losses(ref_dir), val_losses(run_dir)  # validation through the same engine path
     assert sorted(got_val) == sorted(ref_val) == [4, 8]
     assert all(abs(got_val[s] - ref_val[s]) <= REL_TOL * ref_val[s] for s in ref_val), (name, got_val, ref_val)
-    return worst
+    print(f"{name}: worst relative loss difference vs 1 process {worst:.2e} over {STEPS} steps")  # for docs (-rP)
 
 
 SP_LAYOUTS = {
