@@ -93,6 +93,7 @@ class ParallelConfig(_Section):
     dp: Optional[PositiveInt] = None  # None = derived from the world size
     zero_stage: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = False
+    cp: PositiveInt = 1  # context parallelism: each sequence split over cp ranks (recipes.model.context)
     recompute: Literal["none", "selective", "full"] = "none"
     pipeline_partition: Literal["uniform", "parameters"] = "uniform"  # see recipes.parallel.partition
     micro_batch: PositiveInt = 1

@@ -61,7 +61,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     from recipes.train.cli import validate_recipe
 
     p = recipe.parallel
-    world = p.tp * p.pp * p.dp
+    world = p.tp * p.cp * p.pp * p.dp  # CP ranks write their DP x CP share of the optimizer like DP ranks
     validate_recipe(recipe, world)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):

@@ -2,8 +2,10 @@
 return structured problems (field, what is wrong with the values, the fix) that validation, the planner, the launcher's
 world-size check and the engine only format.
 
-Rank order is TP fastest, then DP, then PP (megatron-core `parallel_state` order "tp-dp-pp" with cp=ep=1, and
-DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model]).
+Rank order is TP fastest, then CP, then DP, then PP (megatron-core `parallel_state` order "tp-cp-ep-dp-pp" with
+ep=1, and DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model] whose data axis is DP x CP: context
+parallelism has no parameters of its own, so for DeepSpeed a CP rank is one more data-parallel rank, see
+recipes.model.context).
 """
 from __future__ import annotations
 
@@ -30,10 +32,16 @@ class Layout:
     micro_batch: int = 1
     sequence_parallel: bool = False
     recompute: str = "none"  # none | selective | full
+    cp: int = 1  # context parallelism: each micro-batch's sequence split over cp ranks (recipes.model.context)
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def data_axis(self) -> int:
+        """DeepSpeed's data-parallel size: DP x CP (gradients are reduced and ZeRO shards over both)."""
+        return self.dp * self.cp
 
     @property
     def model_parallel_size(self) -> int:
@@ -83,6 +91,7 @@ class Layout:
             out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",
                                      "set parallel.sequence_parallel=false or tp >= 2"))
+        out += self._sequence_split_problems(model_cfg)
         if global_batch is not None and global_batch % (self.micro_batch * self.dp):
             per = self.micro_batch * self.dp
             out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
@@ -91,16 +100,34 @@ class Layout:
                                      f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
         return out
 
+    def _sequence_split_problems(self, model_cfg) -> list[LayoutProblem]:
+        """CP cuts each sequence into 2 x cp equal chunks (rank i holds chunks i and 2cp-1-i); SP then splits a CP
+        rank's s / cp tokens over the TP ranks."""
+        out: list[LayoutProblem] = []
+        s, cp, tp = model_cfg.seq_length, self.cp, self.tp
+        if cp > 1 and s % (2 * cp):
+            fits = [c for c in range(1, min(s // 2, 2 * cp) + 1) if s % (2 * c) == 0]
+            out.append(LayoutProblem("parallel.cp", f"model.seq_length={s} is not divisible by 2 x parallel.cp = "
+                                     f"{2 * cp} (each CP rank holds two equal chunks of the sequence)",
+                                     f"use cp in {fits} or a model.seq_length divisible by {2 * cp}"))
+        elif self.sequence_parallel and tp > 1 and (s // cp) % tp:
+            out.append(LayoutProblem("parallel.sequence_parallel", f"parallel.sequence_parallel=true splits each "
+                                     f"rank's model.seq_length / cp = {s // cp} tokens over parallel.tp={tp}, which "
+                                     f"does not divide them", f"use a model.seq_length divisible by {tp * cp} or "
+                                     "set parallel.sequence_parallel=false"))
+        return out
+
     def coords(self, rank: int) -> dict[str, int]:
-        """(tp, dp, pp) coordinates of a global rank."""
+        """(tp, cp, dp, pp) coordinates of a global rank."""
         return {
             "tp": rank % self.tp,
-            "dp": (rank // self.tp) % self.dp,
-            "pp": rank // (self.tp * self.dp),
+            "cp": (rank // self.tp) % self.cp,
+            "dp": (rank // (self.tp * self.cp)) % self.dp,
+            "pp": rank // (self.tp * self.cp * self.dp),
         }
 
-    def rank(self, tp: int, dp: int, pp: int) -> int:
-        return tp + self.tp * (dp + self.dp * pp)
+    def rank(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
 
     def describe(self) -> str:
         extra = []
@@ -109,7 +136,9 @@ class Layout:
         if self.recompute != "none":
             extra.append(f"recompute={self.recompute}")
         tail = (", " + ", ".join(extra)) if extra else ""
-        return f"TP={self.tp} x PP={self.pp} x DP={self.dp}, ZeRO-{self.zero_stage}, micro-batch {self.micro_batch}{tail}"
+        cp = f" x CP={self.cp}" if self.cp > 1 else ""
+        return (f"TP={self.tp}{cp} x PP={self.pp} x DP={self.dp}, ZeRO-{self.zero_stage}, micro-batch "
+                f"{self.micro_batch}{tail}")
 
     @classmethod
     def from_recipe(cls, recipe, world_size: int | None = None) -> "Layout":
@@ -119,9 +148,9 @@ class Layout:
             dp = p.dp
         else:
             ws = world_size if world_size is not None else recipe.cluster.world_size
-            mp = p.tp * p.pp
+            names, values, mp = _replica(p)
             if ws % mp:
-                raise ValueError(f"world size {ws} is not divisible by tp x pp = {p.tp} x {p.pp}")
+                raise ValueError(f"world size {ws} is not divisible by {names} = {values}")
             dp = ws // mp
         return cls(
             tp=p.tp,
@@ -131,6 +160,7 @@ class Layout:
             micro_batch=p.micro_batch,
             sequence_parallel=p.sequence_parallel,
             recompute=p.recompute,
+            cp=p.cp,
         )
 
 
@@ -142,31 +172,38 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
     p, cl = recipe.parallel, recipe.cluster
     world = world_size if world_size is not None else cl.world_size
     source = world_source or f"{cl.nodes} nodes x {cl.gpus_per_node} GPUs"
-    mp = p.tp * p.pp
+    names, values, mp = _replica(p)
     problems: list[LayoutProblem] = []
     dp = None
     if p.dp is not None:
         if mp * p.dp != world:
             fix = (f"set parallel.dp={world // mp} or remove parallel.dp to derive it" if world % mp == 0
                    else "remove parallel.dp to derive it") + f", or launch {mp * p.dp} ranks"
-            problems.append(LayoutProblem("parallel.dp", f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = "
+            problems.append(LayoutProblem("parallel.dp", f"parallel.{names} x dp = {values} x {p.dp} = "
                                           f"{mp * p.dp} but the world size is {world} ({source})", fix))
         else:
             dp = p.dp
     elif world % mp:
-        problems.append(LayoutProblem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel.tp x "
-                                      f"pp = {p.tp} x {p.pp}", f"launch a multiple of tp x pp = {mp} ranks, or choose "
-                                      f"tp x pp among the divisors of {world}: {_divisors_upto(world, world)}"))
+        problems.append(LayoutProblem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel."
+                                      f"{names} = {values}", f"launch a multiple of {names} = {mp} ranks, or choose "
+                                      f"{names} among the divisors of {world}: {_divisors_upto(world, world)}"))
     else:
         dp = world // mp
     lay = None if dp is None else Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute)
+                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp)
     probe = lay or Layout(tp=p.tp, pp=p.pp, dp=1, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                          sequence_parallel=p.sequence_parallel, recompute=p.recompute)
+                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp)
     # Without a valid dp the batch rule cannot be judged; the rest can.
     problems += probe.problems(recipe.model, recipe.training.global_batch if lay else None,
                                p.pipeline_partition, max_tp)
     return lay, problems
+
+
+def _replica(p) -> tuple[str, str, int]:
+    """The degrees of one data-parallel replica (tp x pp, and cp when used): their names, values and product."""
+    if p.cp > 1:
+        return "tp x cp x pp", f"{p.tp} x {p.cp} x {p.pp}", p.tp * p.cp * p.pp
+    return "tp x pp", f"{p.tp} x {p.pp}", p.tp * p.pp
 
 
 def _divisors_upto(n: int, limit: int) -> list[int]:

@@ -13,6 +13,9 @@ at the target layout by an engine built there (one CPU process per target rank),
 recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
 divisible by micro_batch x dp) are refused with the validator's reason before anything is written.
 Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
+Context parallelism holds no parameters and DeepSpeed's data axis is DP x CP, so a CP run's files are those of a run
+at DP x CP: a CP source is read as one, and a target `cp=N` (default 1) is written as DP x CP data ranks, its recipe
+stored with its cp.
 """
 from __future__ import annotations
 
@@ -30,13 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def parse_target(spec: str) -> dict:
-    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1}."""
+    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1} (and 'cp': N when given; default 1)."""
     out = {}
     for part in filter(None, spec.split(",")):
         key, _, value = part.partition("=")
         key = {"zero": "zero_stage"}.get(key.strip(), key.strip())
-        if key not in ("tp", "pp", "dp", "zero_stage") or not value.strip().isdigit():
-            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,zero=N], got '{part}'")
+        if key not in ("tp", "pp", "dp", "cp", "zero_stage") or not value.strip().isdigit():
+            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,cp=N][,zero=N], got '{part}'")
         out[key] = int(value)
     for key in ("tp", "pp", "dp"):
         if key not in out:
@@ -53,15 +56,28 @@ def target_recipe(recipe, target: dict, source_zero: int):
         raise RecipeError("reshape writes ZeRO-0/1/2 checkpoints; use zero=1 or zero=2 (a ZeRO-3 run can resume "
                           "from a ZeRO-1/2 reshape only through export/import of the weights)")
     data = recipe.model_dump(mode="json")
-    data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero)
+    data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero,
+                            cp=target.get("cp", 1))
     new = type(recipe).model_validate(data)
-    world = target["tp"] * target["pp"] * target["dp"]
+    world = target["tp"] * new.parallel.cp * target["pp"] * target["dp"]
     try:
         validate_recipe(new, world)
     except (RecipeError, ValueError) as e:
         raise RecipeError(f"cannot reshape to tp={target['tp']}, pp={target['pp']}, dp={target['dp']}, "
-                          f"ZeRO-{zero}: {e}") from e
+                          f"cp={new.parallel.cp}, ZeRO-{zero}: {e}") from e
     return new, world
+
+
+def as_data_parallel(recipe):
+    """The recipe with CP folded into DP (dp x cp, cp 1): the DeepSpeed files of a CP run are those of a run at
+    DP x CP (CP has no parameters; DeepSpeed's data axis is DP x CP), so a CP source reads as one and a CP target is
+    written as one (recipes.model.context)."""
+    p = recipe.parallel
+    if p.cp == 1:
+        return recipe
+    data = recipe.model_dump(mode="json")
+    data["parallel"].update(dp=(p.dp or 1) * p.cp, cp=1)
+    return type(recipe).model_validate(data)
 
 
 def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False,
@@ -76,25 +92,33 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
     tag_dir = resolve_tag(ckpt_dir, tag)
-    source = detect_layout(tag_dir)
+    source = detect_layout(tag_dir)  # a CP run's files read as DP x CP data-parallel ranks
     new, world = target_recipe(recipe, target, source.zero_stage)
+    written = as_data_parallel(new)  # what the writers lay out; `new` (with its cp) is the recipe stored
     why_not = unsupported(source, recipe, new.parallel.zero_stage)
     if writer == "stream" and why_not:
         raise RecipeError(f"--writer stream cannot re-lay this checkpoint: {why_not}; use --writer engine")
     streaming = writer != "engine" and not why_not
-    log.info(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
+    log.info(f"reshape: {source.describe()} -> TP={target['tp']} x CP={new.parallel.cp} x PP={target['pp']} x "
+             f"DP={target['dp']}, "
         f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer" if streaming else
                                               f"engine writer, {world} processes" + (f" ({why_not})" if why_not else "")))
     if streaming:
-        _stream(tag_dir, out, new, world, quiet, workers)
+        _stream(tag_dir, out, written, world, quiet, workers)
     else:
         from recipes.checkpoint.read import read_full_state
         from recipes.train.state_writer import publish_checkpoint
 
         state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
-        publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
+        publish_checkpoint(out, world, state.weights, state.meta, written, state.exp_avg, state.exp_avg_sq,
+                           quiet=quiet)
+    if written is not new:
+        from recipes.checkpoint.recipe_file import write_recipe
+
+        write_recipe(new, out)  # the run resumes at the target's cp
     log.info(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
-        f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.zero_stage={new.parallel.zero_stage} "
+        f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.cp={new.parallel.cp} "
+        f"parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
     return out
 
@@ -144,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", required=True, help="source training checkpoint directory")
     ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
     ap.add_argument("--out", required=True, help="new checkpoint directory (becomes checkpoint.dir of the resumed run)")
-    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,zero=1]")
+    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,cp=2][,zero=1] (cp default 1)")
     ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
     ap.add_argument("--writer", choices=("auto", "stream", "engine"), default="auto",
                     help="stream: tensor by tensor, no engine (ZeRO-1/2 to ZeRO-1/2); engine: one process per target "

@@ -43,10 +43,6 @@ def _check_runs_here(recipe) -> None:
                           "checkpoint.dir is not set; set checkpoint.dir=DIR or remove evaluation.interval")
 
     on_cpu = recipe.cluster.device == "cpu" or not torch.cuda.is_available()
-    if on_cpu and recipe.parallel.sequence_parallel and recipe.parallel.tp > 1:
-        # megatron-core's sequence-parallel linears gather into a CUDA-only buffer (GlobalMemoryBuffer).
-        raise RecipeError("parallel.sequence_parallel = true needs CUDA GPUs (megatron-core's sequence-parallel "
-                          "linears use a CUDA buffer); set parallel.sequence_parallel=false for CPU runs")
     if on_cpu and recipe.training.precision == "fp16":
         raise RecipeError("training.precision = fp16 is not supported by DeepSpeed on CPU; use training.precision=bf16 "
                           "or fp32 for CPU runs (fp16 with dynamic loss scaling runs on GPUs)")

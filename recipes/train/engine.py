@@ -16,6 +16,7 @@ import torch
 
 from recipes.config.stages import stage_plan, with_stage_lr
 from recipes.model.fast_path import any_non_finite, check_attention_backend, compile_decoder_layers
+from recipes.parallel.cpu_buffers import place_sequence_parallel_buffers_on_cpu
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.parallel.partition import UNEVEN_GROUPS_FIX, uneven_group_problem
@@ -86,25 +87,29 @@ def shutdown_distributed() -> None:
 
 
 def init_parallel_state(layout: Layout) -> None:
-    """megatron-core process groups, rank order tp-dp-pp (TP fastest), the same order DeepSpeed's topology uses."""
+    """megatron-core process groups, rank order tp-cp-(ep)-dp-pp (TP fastest), the order DeepSpeed's topology uses
+    (its data axis is DP x CP)."""
     from megatron.core import parallel_state
 
     world = torch.distributed.get_world_size()
     if world != layout.world_size:
-        raise RuntimeError(f"world size {world} != TP x PP x DP = {layout.describe()}; start {layout.world_size} "
-                           "processes or change parallel.tp/pp/dp")
+        raise RuntimeError(f"world size {world} != TP x CP x PP x DP = {layout.describe()}; start "
+                           f"{layout.world_size} processes or change parallel.tp/cp/pp/dp")
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     minutes = {} if _GROUP_TIMEOUT is None else {
         "distributed_timeout_minutes": max(1, round(_GROUP_TIMEOUT.total_seconds() / 60))}  # the recipe's
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp, order="tp-dp-pp",
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp, order="tp-cp-ep-dp-pp",
         create_gloo_process_groups=False, **minutes)  # the default backend is gloo on CPU already; NCCL runs need none
 
 
 class MegatronMPU:
     """The `mpu` object DeepSpeed asks for, over megatron-core's groups: "model parallel" = TP (PP = 1 path), so ZeRO
-    shards optimizer state and gradients over the data-parallel group only."""
+    shards optimizer state and gradients over the data-parallel group only; "data parallel" = DP x CP (megatron-core's
+    `with_context_parallel` groups): CP ranks hold the same parameters and their gradients are reduced like DP's
+    (recipes.model.context)."""
 
     def __init__(self):
         from megatron.core import parallel_state as ps
@@ -128,13 +133,13 @@ class MegatronMPU:
         return self.ps.get_tensor_model_parallel_src_rank()
 
     def get_data_parallel_rank(self):
-        return self.ps.get_data_parallel_rank()
+        return self.ps.get_data_parallel_rank(with_context_parallel=True)
 
     def get_data_parallel_world_size(self):
-        return self.ps.get_data_parallel_world_size()
+        return self.ps.get_data_parallel_world_size(with_context_parallel=True)
 
     def get_data_parallel_group(self):
-        return self.ps.get_data_parallel_group()
+        return self.ps.get_data_parallel_group(with_context_parallel=True)
 
     def get_data_parallel_group_ranks(self):
         return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())
@@ -265,6 +270,8 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     from recipes.parallel.pipeline import build_pipeline_module
 
     ds_config = build_ds_config(recipe, layout, device.type)
+    if device.type == "cpu" and layout.sequence_parallel and layout.tp > 1:
+        place_sequence_parallel_buffers_on_cpu()  # megatron-core's SP collectives allocate on CUDA otherwise
     attention_backend = check_attention_backend(recipe, device)  # before building: a refusal costs nothing
     is_pipe = layout.pp > 1
     if is_pipe:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.multiproc
     (["parallel.tp=3"], "parallel.tp"),                            # 4 ranks cannot hold TP=3
     (["parallel.pp=2", "parallel.zero_stage=2"], "zero_stage"),    # DeepSpeed's pipeline engine refuses ZeRO-2/3
     (["training.global_batch=6", "parallel.tp=1"], "global_batch"),  # 6 samples over DP=4
-    (["parallel.tp=2", "parallel.sequence_parallel=true"], "sequence_parallel"),  # CUDA-only in megatron-core
+    (["parallel.cp=4", "model.seq_length=36"], "parallel.cp"),     # 36 tokens are not 2 x 4 equal chunks
     (["training.precision=fp16", "training.loss_scale=0"], "fp16"),  # DeepSpeed has no fp16 on CPU
 ])
 def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_path):
