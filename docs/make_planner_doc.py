@@ -320,6 +320,16 @@ def measured_block(measure: bool) -> str:
     return current[start:current.index("```\n", start + 4) + 4]
 
 
+def causal_gap() -> str:
+    """How much the whole-block count exceeds the causal one, at 2K tokens (example a) and at 128K (example e)."""
+    from recipes.model.shape import model_flops_per_step
+
+    gaps = [(plan_of(k).model, k) for k in (A, E)]
+    a, e = (model_flops_per_step(m, 1, causal=False) / model_flops_per_step(m, 1) for m, _ in gaps)
+    return (f"the whole block counts {a - 1:.1%} more for example (a) at {gaps[0][0].seq_length:,} tokens, "
+            f"{e:.2f}x for example (e), the 8B at {gaps[1][0].seq_length:,}")
+
+
 def planner_md(measured: str) -> str:
     from recipes.planner.cost import Assumptions
 
@@ -344,9 +354,8 @@ python -m recipes render RECIPE [section.key=value ...] --out DIR [--world-size 
 ```
 
 Presets: `models/` gpt-125m, gpt-350m, gpt-1.3b, gpt-2.7b, gpt-6.7b, gpt-13b, gpt-175b (GPT-3 shapes), llama-7b,
-llama-13b, llama-70b (Llama-2 shapes), llama-3.1-8b and llama-3.1-405b (RoPE theta 500000 + llama3 scaling), qwen2-7b
-(q/k/v bias),
-glm-130b, tiny, tiny-gpt; `clusters/` a100-40gb, a100-80gb, h100-80gb, h200-141gb (8 GPUs per node, datasheet peak,
+llama-13b, llama-70b (Llama-2 shapes), llama-3.1-8b and llama-3.1-405b (RoPE theta 500000 + llama3 scaling),
+qwen2-7b (q/k/v bias), glm-130b, tiny, tiny-gpt; `clusters/` a100-40gb, a100-80gb, h100-80gb, h200-141gb (8 GPUs per node, datasheet peak,
 NVLink, InfiniBand per node, a failure rate and a checkpoint write bandwidth), cpu-local. Exit code 2 for anything
 the user must fix (unknown preset, bad YAML with line:column, missing or non-positive sizes, no layout fits, a bad
 `--data` manifest).
@@ -359,19 +368,18 @@ the user must fix (unknown preset, bad YAML with line:column, missing or non-pos
   reproduced.
 - **FLOPs**: model FLOPs per step (forward + backward = 3x forward; MFU uses it), with causal attention counted as
   the lower triangle of the s x s block, as Megatron-LM counts today ("only half of the attention matrix is
-  non-zero"); counting the whole block gives Korthikanti's 72 B L s h^2 (1 + s/6h + V/12hL) for GPT shapes (the two
-  differ by s/12h: 1% at 2K tokens for h = 12288, 2x at 128K for the 8B). Hardware FLOPs add the recompute (full:
+  non-zero"); counting the whole block gives Korthikanti's 72 B L s h^2 (1 + s/6h + V/12hL) for GPT shapes
+  ({{causal_gap}}). Hardware FLOPs add the recompute (full:
   Megatron Eq. 3, the output layer is not recomputed) and count what the kernels execute: flash kernels skip the
   masked half, kernels that compute the scores and then mask them do not.
 - **Memory per GPU** of the most loaded rank: parameters, gradients and optimizer states per ZeRO stage (K = 12, the
   ZeRO paper's Table 1 is reproduced within 2%); activations per Korthikanti et al. Table 2 generalised to GQA and
   SwiGLU, with 1F1B in-flight micro-batches min(p, m) on the first stage and the fp32 logits on the last; under CP
   every tensor holds the rank's s / cp tokens, plus the other ranks' keys and values the attention keeps for
-  backward, and ZeRO shards over DP x CP (DeepSpeed's data axis); buffers:
-  the CUDA context and cuBLAS workspaces, NCCL's buffers for each communicator the rank uses (default group, DP, TP,
-  the CP group, the model-parallel group, two pipeline neighbours and the tied-embedding group: 2 for plain DP, 7
-  for TP x PP x DP),
-  DeepSpeed's buckets and ZeRO-3's gathered layers; then allocator fragmentation.
+  backward, and ZeRO shards over DP x CP (DeepSpeed's data axis); buffers: the CUDA context and cuBLAS workspaces,
+  NCCL's buffers for each communicator the rank uses (default group, DP, TP, the CP group, the model-parallel group,
+  two pipeline neighbours and the tied-embedding group: 2 for plain DP, 7 for TP x PP x DP), DeepSpeed's buckets and
+  ZeRO-3's gathered layers; then allocator fragmentation.
 - **Against the device**: `cluster.gpu_memory_gb` is the datasheet's decimal GB (80 GB = 74.5 GiB, the unit of every
   estimate). A layout **fits** when its total is within the device, and is recommended only within the **budget**
   that keeps `--headroom` (default 10%) free: 67.1 GiB of an 80 GB GPU. Layouts between the budget and the device are
@@ -473,9 +481,10 @@ exits with code 2. It checks the cross-field rules of
 ## Long context: CP against more TP or PP
 
 CP splits the sequence, TP the layers' matrices, PP the layers: the planner prices all three against each other from
-8K tokens. The cases below, and when to use which, are in [long_context.md](long_context.md); what CP costs is one
-all-gather of K and V per layer (forward, again under full recompute) and the reduce-scatter of their gradients,
-not overlapped: with GQA (8 groups) a few percent of the step.
+8K tokens. Four cases (examples d and e, a 405B model at 8K and at 128K) and when to use which are in
+[long_context.md](long_context.md). What CP costs is one all-gather of K and V per layer (forward, again under full
+recompute) and the reduce-scatter of their gradients, not overlapped; each plan's CP sentence gives its share of the
+step (3% for example (e)).
 
 **Held out: Llama 3 405B (Dubey et al. 2024, Table 4).** Nothing was fitted to these runs. Each layout is priced as
 Meta ran it: interleaved 1F1B with 8 one-layer chunks per pipeline rank (126 layers = 16 ranks x 8 chunks, less
@@ -510,7 +519,7 @@ schedule, the planner prices plain 1F1B. Attention is priced as they ran it: bat
 s x s block (`flash_attention=False`).
 
 {{megatron}}"""\
-        .replace("{{assumptions}}", assumptions).replace("{{QUICKSTART}}", block(QUICKSTART)) \
+        .replace("{{assumptions}}", assumptions).replace("{{causal_gap}}", causal_gap()).replace("{{QUICKSTART}}", block(QUICKSTART)) \
         .replace("{{A}}", block(A)).replace("{{why_a}}", why_a()).replace("{{B}}", block(B)) \
         .replace("{{C}}", block(C)).replace("{{D}}", block(D)).replace("{{E}}", block(E)) \
         .replace("{{llama3}}", llama3_table()).replace("{{llama3_note}}", llama3_note()).replace("{{NOFIT}}", block(NOFIT)) \

@@ -2,6 +2,7 @@
 
 import pytest
 
+from recipes.config.loading import load_recipe
 from recipes.config.schema import ClusterConfig, ModelConfig
 from recipes.parallel.layout import Layout
 from recipes.model.shape import count_parameters, hardware_flops_per_step, model_flops_per_step
@@ -85,13 +86,17 @@ def test_qwen2_and_llama3_counts_equal_the_published_checkpoints():
     qwen2 = {494_032_768: (24, 896, 14, 2, 4864, 151936, True), 1_543_714_304: (28, 1536, 12, 2, 8960, 151936, True),
              7_615_616_512: (28, 3584, 28, 4, 18944, 152064, False)}
     llama3 = {1_235_814_400: (16, 2048, 32, 8, 8192, 128256, True),
-              8_030_261_248: (32, 4096, 32, 8, 14336, 128256, False)}
+              8_030_261_248: (32, 4096, 32, 8, 14336, 128256, False),
+              405_853_388_800: (126, 16384, 128, 8, 53248, 128256, False)}
     for bias, shapes in ((True, qwen2), (False, llama3)):
         for published, (l, h, a, g, f, v, tied) in shapes.items():
             cfg = ModelConfig(num_layers=l, hidden_size=h, num_attention_heads=a, num_query_groups=g,
                               ffn_hidden_size=f, vocab_size=v, seq_length=4096, tied_embeddings=tied,
                               add_qkv_bias=bias)
             assert count_parameters(cfg) == published, (published, count_parameters(cfg) - published)
+    # the presets are those shapes
+    for preset, published in (("models/llama-3.1-8b", 8_030_261_248), ("models/llama-3.1-405b", 405_853_388_800)):
+        assert count_parameters(load_recipe(preset, ["training.global_batch=8"]).model) == published
 
 
 def test_qkv_bias_is_split_over_tp_and_implied_by_add_bias_linear():
