@@ -147,8 +147,8 @@ def _row(i: int, e: Estimate) -> str:
     lay = e.layout
     tc = e.time_s
     fits = "tight" if e.tight else ("yes" if e.fits else "NO")
-    return (f"{i:>3} {lay.tp:>3} {lay.cp:>3} {lay.pp:>3} {lay.dp:>5} {lay.zero_stage:>4} {lay.micro_batch:>3} "
-            f"{lay.recompute:>9} {'y' if lay.sequence_parallel else 'n':>2} {e.memory_gib['total']:>7.1f} "
+    return (f"{i:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>5} {lay.zero_stage:>4} {lay.micro_batch:>3} "
+            f"{lay.recompute:>9} {'y' if lay.sequence_parallel else 'n':>2} {lay.cp:>3} {e.memory_gib['total']:>7.1f} "
             f"{fits:>5} {tc['step']:>8.2f} {e.tokens_per_s:>11,.0f} {e.tflops_per_gpu:>6.0f} "
             f"{e.mfu:>5.0%} {e.bubble_fraction:>6.1%} {_comm_seconds(tc):>7.2f}"
             + (f" {format_duration(e.days * 86400):>11}" if e.days is not None else ""))
@@ -166,7 +166,7 @@ def format_report(plan: Plan, lines: list[str], top: int) -> str:
             f"| global batch {recipe.training.global_batch} x {m.seq_length} tokens | {len(ests)} layouts, "
             f"{sum(e.fits_with_headroom for e in ests)} fit with {assume.memory_headroom:.0%} headroom "
             f"({rec.memory_budget_gib:.1f} of {device_memory(c)}), {sum(e.tight for e in ests)} tight", "",
-            ("  # ·TP ·CP ·PP ···DP ZeRO ·mb recompute SP mem·GiB ·fits ··step·s ···tokens/s TFLOP·MFU bubble "
+            ("  # ·TP ·PP ···DP ZeRO ·mb recompute SP ·CP mem·GiB ·fits ··step·s ···tokens/s TFLOP·MFU bubble "
              "comm·s").replace("·", " ") + ("   run time" if plan.tokens else "")]
     shown = ests[:top]
     if rec not in shown:
