@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from recipes.model.shape import hardware_flops_per_step, layer_parameters, model_flops_per_step, norm_params
+from recipes.model.shape import (
+    attention_flops_per_step, hardware_flops_per_step, layer_parameters, model_flops_per_step, norm_params,
+)
 from recipes.parallel.ds_config import zero_comm_settings
 from recipes.parallel.layout import Layout
 
@@ -75,15 +77,17 @@ def zero_model_state_bytes(params: float, dp: int, zero_stage: int, precision: s
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none", *, ffn: int | None = None,
                                query_groups: int | None = None, gated: bool = False, dropout: bool = True,
-                               flash_attention: bool = False) -> float:
+                               flash_attention: bool = False, kv_seq: int | None = None) -> float:
     """Activation bytes one transformer layer keeps for backward (16-bit activations), Korthikanti et al. Table 2.
 
     With the defaults (f = 4h, MHA, gelu, dropout, no flash attention) this is exactly their Table 2. The keyword
     arguments generalise the same per-tensor accounting: GQA shrinks K and V by groups/heads, SwiGLU keeps gate and
     up projections (6f/h instead of 4f/h), no dropout drops the two 1-byte masks (and the attention dropout output),
-    a fused flash-attention kernel stores no s x s score matrix.
+    a fused flash-attention kernel stores no s x s score matrix. `kv_seq` is the keys each query sees when it differs
+    from `seq` (context parallelism: a rank's seq / cp queries score all seq keys).
     """
     s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    kv = kv_seq or s
     f = ffn or 4 * h
     g = query_groups or a
     sbh = s * b * h
@@ -96,7 +100,7 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
     unsplit = 8.0 + (2.0 if dropout else 0.0)
     score = 0.0
     if not flash_attention and recompute != "selective":
-        score = (5.0 if dropout else 2.0) * a * s / h  # softmax out (2) + dropout mask (1) + dropout out (2)
+        score = (5.0 if dropout else 2.0) * a * kv / h  # softmax out (2) + dropout mask (1) + dropout out (2)
     if sequence_parallel:
         return sbh * ((unsplit + split) / t + score / t)
     return sbh * (unsplit + split / t + score / t)
@@ -124,7 +128,14 @@ class Assumptions:
     overlap_efficiency: float = 0.8
     latency_intra_s: float = 2e-6  # NCCL latency per ring step over NVLink
     latency_inter_s: float = 5e-6  # NCCL latency per ring step over InfiniBand
-    flash_attention: bool = True  # SDPA/flash kernels on GPU: no s x s score matrix is stored
+    # SDPA/flash kernels on GPU: no s x s score matrix is stored, and causal attention skips the masked upper
+    # triangle (half the attention FLOPs). False prices kernels that compute the scores and then mask them.
+    flash_attention: bool = True
+    # Share of peak the flash attention kernels reach, forward and backward: FlashAttention-2, which torch's SDPA flash
+    # backend is built on, reaches 35% of an H100's (Shah et al. 2024, FlashAttention-3, abstract; FA3 reaches 75%,
+    # and FA2 reaches more of an A100's). It matters at long context: at 128K attention is most of a small model's
+    # FLOPs. Without flash kernels the scores are batched GEMMs at the GEMM efficiency.
+    attention_efficiency: float = 0.35
     dropout: bool = False  # recipes.model.layers builds with hidden/attention dropout 0.0
     # Fixed memory per GPU: the CUDA context (lazy module loading) and cuBLAS/cuBLASLt workspaces, then NCCL's buffers
     # per communicator the rank uses (Simple 4 MiB + LL128 ~4.5 MiB + LL per channel and peer, up to 32 channels).
@@ -138,6 +149,10 @@ class Assumptions:
     # device but not this margin are listed as "tight" and recommended only when nothing else fits.
     memory_headroom: float = 0.10
     max_micro_batch: int = 16
+    # Model chunks per pipeline rank (Megatron's interleaved 1F1B: bubble (p-1)/(v m), v x the sends, more in flight).
+    # DeepSpeed's pipeline engine, which recipes.train runs, has 1; other values only price published runs that
+    # interleaved (Llama 3 405B: 126 layers in 16 x 8 chunks).
+    virtual_stages: int = 1
 
     @classmethod
     def for_device(cls, device_type: str, **changes) -> "Assumptions":
@@ -155,7 +170,8 @@ class StepTerms:
     here (a field), its price in `estimate` and its words in `recipes.planner.explain.TERM_WORDS`."""
     compute: float = 0.0  # the model's FLOPs on the slowest pipeline stage, all micro-batches
     recompute: float = 0.0  # the forward again under recompute=full (selective: the attention scores)
-    tp_comm: float = 0.0  # tensor-parallel all-reduces (not overlapped)
+    tp_comm: float = 0.0  # tensor-parallel all-reduces, or SP's all-gathers and reduce-scatters (not overlapped)
+    cp_comm: float = 0.0  # context-parallel K/V all-gathers and their gradients' reduce-scatters (not overlapped)
     bubble: float = 0.0  # 1F1B fill and drain: (p-1) micro-batch slots
     pp_comm: float = 0.0  # stage-to-stage sends
     dp_comm: float = 0.0  # data-parallel traffic the compute does not hide
@@ -199,7 +215,8 @@ class Estimate:
 
     @property
     def time_s(self) -> dict[str, float]:
-        """The step's terms and their sum, in seconds (compute, recompute, tp_comm, bubble, pp_comm, dp_comm, step)."""
+        """The step's terms and their sum, in seconds (compute, recompute, tp_comm, cp_comm, bubble, pp_comm, dp_comm,
+        step)."""
         return self.terms.as_dict()
 
     @property
@@ -237,9 +254,10 @@ def deepspeed_bucket_bytes(params: float, zero_stage: int, dp: int, elem_bytes: 
 
 def communicators(layout: Layout, model_cfg) -> int:
     """NCCL communicators one rank initialises (torch creates one per process group on first use, each with its own
-    buffers): the default group, DP gradient traffic, TP all-reduces, the pipeline's two neighbour groups and the
-    tied-embedding group, and the model-parallel group DeepSpeed reduces the gradient norm over."""
-    n = 1 + (layout.dp > 1) + (layout.tp > 1) + (layout.model_parallel_size > 1)
+    buffers): the default group, gradient traffic over the data axis (DP x CP), TP all-reduces, the CP group's K/V
+    gathers, the pipeline's two neighbour groups and the tied-embedding group, and the model-parallel group DeepSpeed
+    reduces the gradient norm over."""
+    n = 1 + (layout.data_axis > 1) + (layout.tp > 1) + (layout.cp > 1) + (layout.model_parallel_size > 1)
     if layout.pp > 1:
         n += 2 + bool(model_cfg.tied_embeddings)
     return n
@@ -291,16 +309,22 @@ def _activation_kwargs(model_cfg, assume: Assumptions) -> dict:
 
 def activation_bytes(model_cfg, layout: Layout, priced: Layout, m: int, act_bytes: int,
                      assume: Assumptions) -> float:
-    """Activation bytes of the most loaded stage: 1F1B keeps min(p, m) micro-batches in flight on the first stage;
-    the last stage adds the logits (bf16 + the fp32 copy of the vocab-parallel loss)."""
-    s, b, h, t = model_cfg.seq_length, layout.micro_batch, model_cfg.hidden_size, layout.tp
-    heads, sp, p = model_cfg.num_attention_heads, layout.sequence_parallel, layout.pp
-    kw = _activation_kwargs(model_cfg, assume)
+    """Activation bytes of the most loaded stage: 1F1B keeps min(p, m) micro-batches in flight on the first stage
+    (the interleaved schedule x (1 + (p-1)/(p v)), Korthikanti et al.); the last stage adds the logits (bf16 + the fp32
+    copy of the vocab-parallel loss). Under CP every tensor holds the rank's s / cp tokens, plus the gathered K/V."""
+    s, b, h, t = model_cfg.seq_length // layout.cp, layout.micro_batch, model_cfg.hidden_size, layout.tp
+    heads, sp, p, v = model_cfg.num_attention_heads, layout.sequence_parallel, layout.pp, assume.virtual_stages
+    kw = dict(_activation_kwargs(model_cfg, assume), kv_seq=model_cfg.seq_length)
+    kept_kv = cp_gathered_kv_bytes(model_cfg, layout, act_bytes)  # K/V of the other CP ranks, kept for backward
     per_layer = activation_bytes_per_layer(s, b, h, heads, t, sp, priced.recompute, **kw) * act_bytes / 2
+    full_layer = activation_bytes_per_layer(s, b, h, heads, t, sp, "none", **kw) * act_bytes / 2 + kept_kv
+    if priced.recompute != "full":
+        per_layer += kept_kv
     n_l = _stage_layers(model_cfg.num_layers, p)
-    first = n_l * per_layer * min(p, m)
+    in_flight = min(p, m) * (1 + (p - 1) / (p * v) if v > 1 and m >= p else 1)
+    first = n_l * per_layer * in_flight
     if priced.recompute == "full":  # the layer being recomputed needs its full activations once
-        first += activation_bytes_per_layer(s, b, h, heads, t, sp, "none", **kw) * act_bytes / 2
+        first += full_layer
     logits = 6.0 * s * b * model_cfg.padded_vocab_size(t) / t
     last = (n_l * per_layer + logits) if p > 1 else 0.0
     return max(first + (logits if p == 1 else 0.0), last)
@@ -312,7 +336,7 @@ def memory_per_gpu(model_cfg, layout: Layout, priced: Layout, m: int, precision:
     allocator's fragmentation on top of them."""
     act_bytes = 2 if precision != "fp32" else 4
     psi = params_per_gpu(model_cfg, layout.tp, layout.pp)
-    states = zero_model_state_bytes(psi, layout.dp, layout.zero_stage, precision)
+    states = zero_model_state_bytes(psi, layout.data_axis, layout.zero_stage, precision)  # ZeRO shards over DP x CP
     activations = activation_bytes(model_cfg, layout, priced, m, act_bytes, assume)
     gathered = 0.0
     if layout.zero_stage == 3:  # live gathered layer + the prefetched one
@@ -320,7 +344,8 @@ def memory_per_gpu(model_cfg, layout: Layout, priced: Layout, m: int, precision:
         gathered = 2 * 2 * (split / layout.tp + rep)
     buffers = {"cuda_context": assume.cuda_context_gib * GiB,
                "communicators": communicators(layout, model_cfg) * assume.gib_per_communicator * GiB,
-               "deepspeed_buckets": deepspeed_bucket_bytes(psi, layout.zero_stage, layout.dp, act_bytes, assume),
+               "deepspeed_buckets": deepspeed_bucket_bytes(psi, layout.zero_stage, layout.data_axis, act_bytes,
+                                                           assume),
                "zero3_gathered": gathered}
     subtotal = sum(states.values()) + activations + sum(buffers.values())
     frag = assume.fragmentation * subtotal
@@ -331,59 +356,38 @@ def memory_per_gpu(model_cfg, layout: Layout, priced: Layout, m: int, precision:
 
 
 def compute_efficiency(model_cfg, layout: Layout, assume: Assumptions) -> float:
-    """Achieved / peak FLOP/s: thinner per-GPU hidden slices (h/t), fewer tokens per micro-batch and small hidden
-    sizes (where memory-bound element-wise work weighs more) all lower it."""
-    h, s, b = model_cfg.hidden_size, model_cfg.seq_length, layout.micro_batch
+    """Achieved / peak FLOP/s: thinner per-GPU hidden slices (h/t), fewer tokens per micro-batch on a GPU (b s / cp)
+    and small hidden sizes (where memory-bound element-wise work weighs more) all lower it."""
+    h, s, b = model_cfg.hidden_size, model_cfg.seq_length // layout.cp, layout.micro_batch
     d = h / layout.tp
     return (assume.kernel_efficiency * d / (d + assume.gemm_falloff) * (b * s) / (b * s + assume.gemm_falloff)
             * h / (h + assume.elementwise_hidden))
 
 
-def _micro_batch_seconds(model_cfg, cluster, layout: Layout, priced: Layout, eff: float) -> tuple[float, float]:
-    """(model compute, recompute) seconds of one micro-batch on the slowest stage (it sets the pipeline's pace)."""
+def _micro_batch_seconds(model_cfg, cluster, layout: Layout, priced: Layout, eff: float,
+                         assume: Assumptions) -> tuple[float, float]:
+    """(model compute, recompute) seconds of one micro-batch on the slowest stage (it sets the pipeline's pace): its
+    FLOPs as the kernels execute them (causal attention: half the s x s block under flash kernels, at the attention
+    kernel's efficiency; the rest at the GEMM efficiency `eff`) over the TP x CP ranks that share it (the
+    load-balanced CP split gives every rank the same causal work)."""
     b, L = layout.micro_batch, model_cfg.num_layers
     share = _stage_layers(L, layout.pp) / L  # uneven partitions cost here
-    per_second = cluster.peak_tflops * 1e12 * eff * layout.tp
-    model = hardware_flops_per_step(model_cfg, b, "none") * share / per_second
-    total = hardware_flops_per_step(model_cfg, b, priced.recompute) * share / per_second
-    return model, total - model
+    ranks = cluster.peak_tflops * 1e12 * layout.tp * layout.cp
+    flash = assume.flash_attention
+    attn_rate = ranks * (assume.attention_efficiency if flash else eff)
 
+    def seconds(recompute: str) -> float:
+        attention = attention_flops_per_step(model_cfg, b, recompute, flash)
+        rest = hardware_flops_per_step(model_cfg, b, recompute, flash) - attention
+        return share * (rest / (ranks * eff) + attention / attn_rate)
 
-def _tp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: int, assume: Assumptions,
-                notes: list[str]) -> float:
-    """Tensor-parallel all-reduces of one micro-batch (4 per layer, 6 with full recompute), on the critical path:
-    Megatron does not overlap them."""
-    t = layout.tp
-    if t <= 1:
-        return 0.0
-    s, b, h = model_cfg.seq_length, layout.micro_batch, model_cfg.hidden_size
-    collectives = 4 + (2 if priced.recompute == "full" else 0)
-    spans = t > cluster.gpus_per_node
-    bw = _group_bus_gbps(cluster, assume, min(t, cluster.gpus_per_node), spans)
-    lat = assume.latency_inter_s if spans else assume.latency_intra_s
-    if spans:
-        notes.append("TP crosses nodes: its all-reduces run over InfiniBand")
-    n_l = _stage_layers(model_cfg.num_layers, layout.pp)
-    return n_l * collectives * ring_seconds(s * b * h * act_bytes, t, bw, "all_reduce", step_latency_s=lat)
-
-
-def _pp_seconds(model_cfg, cluster, layout: Layout, m: int, act_bytes: int, assume: Assumptions) -> float:
-    """Pipeline p2p: activations forward, gradients backward, per micro-batch, not overlapped."""
-    p, t = layout.pp, layout.tp
-    if p <= 1:
-        return 0.0
-    spans = t * layout.dp >= cluster.gpus_per_node  # neighbouring stages sit t*dp ranks apart
-    # Across nodes every GPU sends its own p2p at the same time: each gets its share of the node's NICs.
-    bw = _group_bus_gbps(cluster, assume, 1, spans)
-    msg = model_cfg.seq_length * layout.micro_batch * model_cfg.hidden_size * act_bytes / (
-        t if layout.sequence_parallel else 1)
-    lat = assume.latency_inter_s if spans else assume.latency_intra_s
-    return 2 * (m + p - 2) * (msg / (bw * 1e9) + lat)
+    model = seconds("none")
+    return model, seconds(priced.recompute) - model
 
 
 @dataclass(frozen=True)
-class _DPLink:
-    """The DP group's collectives: n ranks at bus_gbps, latency_s per ring step."""
+class _Link:
+    """One process group's collectives: n ranks at bus_gbps, latency_s per ring step (nccl-tests ring formulas)."""
     n: int
     bus_gbps: float
     latency_s: float
@@ -395,15 +399,117 @@ class _DPLink:
         return nbytes / (self.bus_gbps * 1e9) * steps / self.n + calls * steps * self.latency_s
 
 
-def _dp_link(cluster, layout: Layout, assume: Assumptions) -> _DPLink:
-    t, n_dp, gpn = layout.tp, layout.dp, cluster.gpus_per_node
-    per_node = max(1, min(n_dp, gpn // t)) if t <= gpn else 1
-    spans = t * n_dp > gpn
-    return _DPLink(n_dp, _group_bus_gbps(cluster, assume, per_node, spans),
-                   assume.latency_inter_s if spans else assume.latency_intra_s)
+def _strided_link(cluster, n: int, stride: int, assume: Assumptions) -> _Link:
+    """A group of n ranks `stride` global ranks apart (rank order TP, CP, DP, PP: a CP group is TP apart, the data
+    axis DP x CP too). Across nodes each member gets its share of the node's NICs: every GPU of a node is in a group
+    of this kind, all of them communicating at once."""
+    gpn = cluster.gpus_per_node
+    per_node = max(1, min(n, gpn // stride)) if stride <= gpn else 1
+    spans = stride * n > gpn
+    return _Link(n, _group_bus_gbps(cluster, assume, per_node, spans),
+                 assume.latency_inter_s if spans else assume.latency_intra_s)
 
 
-def zero3_modules(model_cfg, tp: int) -> tuple[list, list, list]:
+def _column_dgrad_seconds(model_cfg, layout: Layout, eff: float, peak_tflops: float) -> tuple[float, float]:
+    """Seconds of the input-gradient GEMMs of the two column-parallel linears (qkv, fc1) of one layer, one
+    micro-batch on one rank: what megatron-core's SP re-gather of their inputs overlaps with."""
+    h, heads, f = model_cfg.hidden_size, model_cfg.num_attention_heads, model_cfg.ffn_size
+    qkv_out = h + 2 * model_cfg.query_groups * (h // heads)
+    fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
+    tokens = model_cfg.seq_length // layout.cp * layout.micro_batch
+    rate = peak_tflops * 1e12 * eff
+    return tuple(2.0 * tokens * h * out / layout.tp / rate for out in (qkv_out, fc1_out))
+
+
+def _tp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: int, assume: Assumptions,
+                eff: float, notes: list[str]) -> float:
+    """Tensor-parallel collectives of one micro-batch on the slowest stage, as megatron-core runs them. Without SP:
+    two all-reduces per layer forward (row-parallel outputs) and two backward (column-parallel input gradients),
+    two more under full recompute (its forward runs again). With SP each all-reduce is an all-gather + a
+    reduce-scatter of the same volume (the ring all-reduce is exactly those two); the backward also all-gathers the
+    column-parallel inputs again for their weight gradients (SP saves only the rank's slice), overlapped with the
+    input-gradient GEMM: its part that GEMM does not hide counts. Priced on the critical path otherwise (megatron-core
+    issues the backward input-gradient reductions async beside the weight-gradient GEMM: a conservative price)."""
+    t = layout.tp
+    if t <= 1:
+        return 0.0
+    spans = t > cluster.gpus_per_node
+    link = _Link(t, _group_bus_gbps(cluster, assume, min(t, cluster.gpus_per_node), spans),
+                 assume.latency_inter_s if spans else assume.latency_intra_s)
+    if spans:
+        notes.append("TP crosses nodes: its collectives run over InfiniBand")
+    full = model_cfg.seq_length // layout.cp * layout.micro_batch * model_cfg.hidden_size * act_bytes
+    passes = 3 if priced.recompute == "full" else 2  # forward, backward (+ the recompute forward)
+    n_l = _stage_layers(model_cfg.num_layers, layout.pp)
+    if not layout.sequence_parallel:
+        return n_l * passes * 2 * link.seconds(full, "all_reduce")
+    pairs = passes * 2 * (link.seconds(full, "all_gather") + link.seconds(full, "reduce_scatter"))
+    gather = link.seconds(full, "all_gather")
+    regather = sum(max(0.0, gather - assume.overlap_efficiency * dgrad)
+                   for dgrad in _column_dgrad_seconds(model_cfg, layout, eff, cluster.peak_tflops))
+    return n_l * (pairs + regather)
+
+
+def _pp_seconds(model_cfg, cluster, layout: Layout, m: int, act_bytes: int, assume: Assumptions) -> float:
+    """Pipeline p2p: activations forward, gradients backward, per micro-batch (v times with v model chunks per
+    rank), not overlapped. A message is one micro-batch's s / cp tokens (/ t under SP)."""
+    p, t, v = layout.pp, layout.tp, assume.virtual_stages
+    if p <= 1:
+        return 0.0
+    spans = t * layout.cp * layout.dp >= cluster.gpus_per_node  # neighbouring stages sit t*cp*dp ranks apart
+    # Across nodes every GPU sends its own p2p at the same time: each gets its share of the node's NICs.
+    bw = _group_bus_gbps(cluster, assume, 1, spans)
+    msg = model_cfg.seq_length // layout.cp * layout.micro_batch * model_cfg.hidden_size * act_bytes / (
+        t if layout.sequence_parallel else 1)
+    lat = assume.latency_inter_s if spans else assume.latency_intra_s
+    return 2 * (v * m + p - 2) * (msg / (bw * 1e9) + lat)
+
+
+def _dp_link(cluster, layout: Layout, assume: Assumptions) -> _Link:
+    """The data axis DeepSpeed reduces gradients and shards ZeRO over: DP x CP ranks, TP apart."""
+    return _strided_link(cluster, layout.data_axis, layout.tp, assume)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Context parallelism (recipes.model.context_attention): its own terms, so other kinds of parallelism add theirs
+# ---------------------------------------------------------------------------------------------------------------------
+
+def cp_kv_bytes(model_cfg, layout: Layout, act_bytes: int) -> float:
+    """Bytes of one layer's gathered keys and values on one rank: the whole sequence's K and V of this TP rank's
+    query groups (the all-gather's output; the reduce-scatter of their gradients moves the same)."""
+    head_dim = model_cfg.hidden_size // model_cfg.num_attention_heads
+    groups = model_cfg.query_groups / layout.tp
+    return model_cfg.seq_length * layout.micro_batch * 2 * groups * head_dim * act_bytes
+
+
+def cp_gathered_kv_bytes(model_cfg, layout: Layout, act_bytes: int) -> float:
+    """Activation bytes a layer keeps for backward beyond its own chunks under CP: the other ranks' K and V, which
+    the attention kernel saves (the local share is already in the per-layer activations)."""
+    if layout.cp <= 1:
+        return 0.0
+    return cp_kv_bytes(model_cfg, layout, act_bytes) * (1 - 1 / layout.cp)
+
+
+def _cp_link(cluster, layout: Layout, assume: Assumptions) -> _Link:
+    return _strided_link(cluster, layout.cp, layout.tp, assume)
+
+
+def cp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: int, assume: Assumptions) -> float:
+    """CP collectives of one micro-batch on the slowest stage, as recipes.model.context_attention runs them: per
+    layer one all-gather of K and V (one collective for both) in the forward, again in the recompute forward under
+    full recompute, and one reduce-scatter of their gradients in the backward. None is overlapped with compute (a
+    ring would hide its transfers behind blocks of attention; the gather keeps document masks simple, Llama 3's
+    choice), so all of it is on the critical path."""
+    if layout.cp <= 1:
+        return 0.0
+    link = _cp_link(cluster, layout, assume)
+    kv = cp_kv_bytes(model_cfg, layout, act_bytes)
+    gathers = 2 if priced.recompute == "full" else 1
+    per_layer = gathers * link.seconds(kv, "all_gather") + link.seconds(kv, "reduce_scatter")
+    return _stage_layers(model_cfg.num_layers, layout.pp) * per_layer
+
+
+def zero3_modules(model_cfg, tp: int, causal: bool = False) -> tuple[list, list, list]:
     """The modules ZeRO-3 fetches one by one in a forward pass, as (parameters per GPU, share of the forward FLOPs):
     (before the layers, one decoder layer, after the layers). recipes/parallel/ds_config.py sets
     stage3_param_persistence_threshold 0, so every module with parameters (norms included) is gathered before it
@@ -414,7 +520,7 @@ def zero3_modules(model_cfg, tp: int) -> tuple[list, list, list]:
     fc1 = h * f * (2 if model_cfg.activation == "swiglu" else 1)
     vocab = model_cfg.padded_vocab_size(tp) * h
     norm = norm_params(model_cfg)
-    attention = 2 * s * h  # QK^T and scores x V per token, counted with the projection after them
+    attention = 2 * s * h * (0.5 if causal else 1.0)  # QK^T and scores x V per token, with the projection after
     total = L * (qkv + h * h + attention + fc1 + f * h) + vocab
     layer = [(norm, 0.0), (qkv / tp, qkv / total), (h * h / tp, (h * h + attention) / total), (norm, 0.0),
              (fc1 / tp, fc1 / total), (f * h / tp, f * h / total)]
@@ -491,14 +597,14 @@ def _pass_wait(before: list, layer: list, after: list, layers: int, bucket_eleme
     return sim.waited
 
 
-def zero3_exposed_seconds(model_cfg, layout: Layout, link: "_DPLink", t_model_mb: float, t_recompute_mb: float,
+def zero3_exposed_seconds(model_cfg, layout: Layout, link: _Link, t_model_mb: float, t_recompute_mb: float,
                           act_bytes: int, assume: Assumptions) -> float:
     """ZeRO-3's wait per micro-batch, module by module: each module's weights are all-gathered (one collective,
     one latency per ring step) before its forward and again before its backward, its gradients reduce-scattered
     after its backward (in reduce buckets); a fetch hides behind the modules running before it, as far as the
     prefetch bucket reaches. What is left waits: the first fetches, and every fetch slower than the compute it
     overlaps."""
-    parts = zero3_modules(model_cfg, layout.tp)
+    parts = zero3_modules(model_cfg, layout.tp, assume.flash_attention)
     bwd_work = t_model_mb * 2 / 3 + t_recompute_mb
 
     def forward(mods):
@@ -516,8 +622,8 @@ def zero3_exposed_seconds(model_cfg, layout: Layout, link: "_DPLink", t_model_mb
 
 def _dp_exposed_seconds(model_cfg, cluster, layout: Layout, m: int, t_model_mb: float, t_recompute_mb: float,
                         act_bytes: int, assume: Assumptions) -> float:
-    """Data-parallel traffic per step that the compute does not hide, by ZeRO stage."""
-    if layout.dp <= 1:
+    """Data-parallel traffic per step that the compute does not hide, by ZeRO stage, over the data axis DP x CP."""
+    if layout.data_axis <= 1:
         return 0.0
     link = _dp_link(cluster, layout, assume)
     z = layout.zero_stage
@@ -546,11 +652,13 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     budget = capacity * (1 - assume.memory_headroom)
 
     eff = compute_efficiency(model_cfg, layout, assume)
-    t_model, t_recompute = _micro_batch_seconds(model_cfg, cluster, layout, priced, eff)
-    t_tp = _tp_seconds(model_cfg, cluster, layout, priced, act_bytes, assume, notes)
+    t_model, t_recompute = _micro_batch_seconds(model_cfg, cluster, layout, priced, eff, assume)
+    t_tp = _tp_seconds(model_cfg, cluster, layout, priced, act_bytes, assume, eff, notes)
+    t_cp = cp_seconds(model_cfg, cluster, layout, priced, act_bytes, assume)
+    v = assume.virtual_stages
     terms = StepTerms(
-        compute=m * t_model, recompute=m * t_recompute, tp_comm=m * t_tp,
-        bubble=(p - 1) * (t_model + t_recompute + t_tp),
+        compute=m * t_model, recompute=m * t_recompute, tp_comm=m * t_tp, cp_comm=m * t_cp,
+        bubble=(p - 1) / v * (t_model + t_recompute + t_tp + t_cp),
         pp_comm=_pp_seconds(model_cfg, cluster, layout, m, act_bytes, assume),
         dp_comm=_dp_exposed_seconds(model_cfg, cluster, layout, m, t_model, t_recompute, act_bytes, assume))
 
@@ -558,7 +666,8 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     world = layout.world_size
     tokens_per_s = global_batch * model_cfg.seq_length / step
     tflops = model_flops_per_step(model_cfg, global_batch) / step / world / 1e12
-    hw = hardware_flops_per_step(model_cfg, global_batch, priced.recompute) / step / world / 1e12
+    executed = hardware_flops_per_step(model_cfg, global_batch, priced.recompute, assume.flash_attention)
+    hw = executed / step / world / 1e12
     days = gpu_hours = None
     if train_tokens:
         days = train_tokens / tokens_per_s / 86400
@@ -567,7 +676,7 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
         layout=layout, fits=mem["total"] <= capacity, tight=budget < mem["total"] <= capacity, memory_gib=mem,
         buffers_gib=buffers, communicators=communicators(layout, model_cfg), gpu_memory_gib=capacity,
         memory_budget_gib=budget, params_per_gpu=params_per_gpu(model_cfg, layout.tp, layout.pp), micro_batches=m,
-        terms=terms, compute_efficiency=eff, bubble_fraction=(p - 1) / m, tokens_per_s=tokens_per_s,
+        terms=terms, compute_efficiency=eff, bubble_fraction=(p - 1) / (v * m), tokens_per_s=tokens_per_s,
         tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw, mfu=tflops * 1e12 / (cluster.peak_tflops * 1e12),
         days=days, gpu_hours=gpu_hours, notes=notes)
 
@@ -594,30 +703,50 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+CP_SEARCH_FROM = 8192  # sequence length from which the search tries context parallelism
+CP_MIN_TOKENS = 2048  # the search stops splitting a sequence below this many tokens per CP rank (thin GEMMs)
+
+
+def cp_degrees(model_cfg, ranks: int) -> list[int]:
+    """CP degrees the search tries with `ranks` GPUs left for CP x PP x DP: 1 below CP_SEARCH_FROM tokens; from there
+    every divisor that splits the sequence into 2 x cp equal chunks of at least CP_MIN_TOKENS / 2 tokens."""
+    s = model_cfg.seq_length
+    if s < CP_SEARCH_FROM:
+        return [1]
+    return [c for c in _divisors(ranks) if s % (2 * c) == 0 and s // c >= CP_MIN_TOKENS]
+
+
 def candidate_layouts(model_cfg, cluster, global_batch: int, assume: Assumptions = Assumptions()) -> list[Layout]:
-    """Every layout worth pricing: TP within a node, any PP that divides the rest, ZeRO 0-3 (2/3 only without PP),
-    power-of-two micro-batches, the recompute modes that differ (selective only without flash attention), SP
-    whenever TP > 1 (same traffic, less memory)."""
+    """Every layout worth pricing: TP within a node, CP from 8K tokens (`cp_degrees`), any PP that divides the rest,
+    ZeRO 0-3 (2/3 only without PP), power-of-two micro-batches, the recompute modes that differ (selective only
+    without flash attention), SP whenever TP > 1 (the same volume as TP's all-reduces, less memory)."""
     world = cluster.world_size
     out = []
     for t in _divisors(cluster.gpus_per_node):
         if world % t:
             continue
-        for p in _divisors(world // t):
-            if p > model_cfg.num_layers:
-                break
-            dp = world // (t * p)
-            for z in ((0, 1, 2, 3) if p == 1 else (0, 1)):
-                b = 1
-                while b <= min(assume.max_micro_batch, global_batch // dp):
-                    for r in ("none", "selective", "full"):
-                        lay = Layout(tp=t, pp=p, dp=dp, zero_stage=z, micro_batch=b, sequence_parallel=t > 1,
-                                     recompute=r)
-                        if effective_layout(lay, assume) != lay:
-                            continue  # runs as another candidate: listing it would show the same layout twice
-                        if not layout_problems(model_cfg, cluster, lay, global_batch):
-                            out.append(lay)
-                    b *= 2
+        for c in cp_degrees(model_cfg, world // t):
+            for p in _divisors(world // (t * c)):
+                if p > model_cfg.num_layers:
+                    break
+                out += _layouts_at(model_cfg, global_batch, t, c, p, world // (t * c * p), assume)
+    return out
+
+
+def _layouts_at(model_cfg, global_batch: int, t: int, c: int, p: int, dp: int, assume: Assumptions) -> list[Layout]:
+    """The valid layouts with these degrees: ZeRO stages, micro-batches and recompute modes."""
+    out = []
+    for z in ((0, 1, 2, 3) if p == 1 else (0, 1)):
+        b = 1
+        while b <= min(assume.max_micro_batch, global_batch // dp):
+            for r in ("none", "selective", "full"):
+                lay = Layout(tp=t, cp=c, pp=p, dp=dp, zero_stage=z, micro_batch=b, sequence_parallel=t > 1,
+                             recompute=r)
+                if effective_layout(lay, assume) != lay:
+                    continue  # runs as another candidate: listing it would show the same layout twice
+                if not lay.problems(model_cfg, global_batch):
+                    out.append(lay)
+            b *= 2
     return out
 
 
@@ -654,7 +783,7 @@ def _same_cost_key(e: Estimate) -> tuple:
     """Degrees and micro-batch plus every priced figure: equal keys = the same layout priced twice."""
     lay = e.layout
     figures = sorted(e.memory_gib.items()) + sorted(e.time_s.items())
-    return (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.sequence_parallel,
+    return (lay.tp, lay.cp, lay.pp, lay.dp, lay.micro_batch, lay.sequence_parallel,
             tuple((k, round(v, 9)) for k, v in figures))
 
 
@@ -668,8 +797,10 @@ def what_would_fit(model_cfg, cluster, global_batch: int, *, precision: str = "b
                 f"({model_cfg.num_layers}); and global batch {global_batch} must be a multiple of micro-batch x dp "
                 f"with tp x pp x dp = {cluster.world_size}: pick a global batch that is a multiple of the GPU count")
     smallest = min(ests, key=lambda e: e.memory_gib["total"])
-    msg = (f"the leanest layout searched ({smallest.layout.describe()}; ZeRO-3, full recompute and micro-batch 1 "
-           f"were all tried) needs {smallest.memory_gib['total']:.1f} GiB per GPU "
+    tried = "ZeRO-3, full recompute, micro-batch 1" + (
+        f" and CP up to {max(e.layout.cp for e in ests)}" if model_cfg.seq_length >= CP_SEARCH_FROM else "")
+    msg = (f"the leanest layout searched ({smallest.layout.describe()}; {tried} were all tried) needs "
+           f"{smallest.memory_gib['total']:.1f} GiB per GPU "
            f"({format_memory(smallest.memory_gib)}) but each {cluster.gpu} has {device_memory(cluster)}")
     nodes = cluster.nodes
     while nodes < max_nodes:

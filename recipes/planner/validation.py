@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
-from recipes.planner.cost import Assumptions, device_memory, estimate, format_memory
+from recipes.planner.cost import CP_SEARCH_FROM, Assumptions, device_memory, estimate, format_memory
 from recipes.planner.data_checks import Problem, data_problems
 from recipes.planner.units import format_duration
 
@@ -137,17 +137,35 @@ def _memory_fixes(recipe, layout: Layout, headroom: bool = False) -> str:
         tries.append(("parallel.zero_stage=1", replace(layout, zero_stage=1)))
     if layout.tp > 1 and not layout.sequence_parallel:
         tries.append(("parallel.sequence_parallel=true", replace(layout, sequence_parallel=True)))
+    tries += _context_parallel_tries(recipe, layout)
     fits = []
     for label, lay in tries:
-        if tr.global_batch % (lay.micro_batch * lay.dp):
+        if lay.problems(m, tr.global_batch):
             continue
         e = estimate(m, cl, lay, tr.global_batch, precision=tr.precision, assume=Assumptions())
         if e.fits_with_headroom if headroom else e.fits:
             fits.append(f"{label} ({e.memory_gib['total']:.1f} GiB)")
     if fits:
         return "these single changes would fit: " + ", ".join(fits)
-    return ("no single change (micro_batch=1, recompute=full, ZeRO-3, SP) fits; more GPUs, more tp/pp, or run "
-            "`python -m recipes plan` on this recipe to search all layouts")
+    return ("no single change (micro_batch=1, recompute=full, ZeRO-3, SP, a higher cp) fits; more GPUs, more "
+            "tp/pp, or run `python -m recipes plan` on this recipe to search all layouts")
+
+
+def _context_parallel_tries(recipe, layout: Layout) -> list[tuple[str, Layout]]:
+    """From CP_SEARCH_FROM tokens: the same GPUs with 2x, 4x, 8x the CP degree (DP gives up the ranks), which divides
+    every layer's activations."""
+    from dataclasses import replace
+
+    if recipe.model.seq_length < CP_SEARCH_FROM:
+        return []
+    out = []
+    for f in (2, 4, 8):
+        if layout.dp % f:
+            break
+        lay = replace(layout, cp=layout.cp * f, dp=layout.dp // f)
+        dp = f" parallel.dp={lay.dp}" if recipe.parallel.dp is not None else ""
+        out.append((f"parallel.cp={lay.cp}{dp}", lay))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------

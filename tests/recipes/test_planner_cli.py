@@ -71,7 +71,8 @@ def test_example_c_7b_on_one_node(capsys):
 def test_example_d_continued_pretraining_of_llama31_on_one_node(capsys):
     doc = plan_json(capsys, EXAMPLES / "d-llama-3.1-8b-continued.yaml")
     rec = doc["recommended"]
-    assert rec["layout"]["tp"] * rec["layout"]["pp"] * rec["layout"]["dp"] == 8 and rec["fits"]
+    lay = rec["layout"]
+    assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 8 and rec["fits"]
     assert doc["parameters"] == 8_030_261_248  # the released Llama-3.1-8B
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from recipes.config.loading import load_recipe
 from recipes.config.schema import ClusterConfig, ModelConfig
 from recipes.parallel.layout import Layout
 from recipes.model.shape import count_parameters, hardware_flops_per_step, model_flops_per_step
@@ -85,13 +86,17 @@ def test_qwen2_and_llama3_counts_equal_the_published_checkpoints():
     qwen2 = {494_032_768: (24, 896, 14, 2, 4864, 151936, True), 1_543_714_304: (28, 1536, 12, 2, 8960, 151936, True),
              7_615_616_512: (28, 3584, 28, 4, 18944, 152064, False)}
     llama3 = {1_235_814_400: (16, 2048, 32, 8, 8192, 128256, True),
-              8_030_261_248: (32, 4096, 32, 8, 14336, 128256, False)}
+              8_030_261_248: (32, 4096, 32, 8, 14336, 128256, False),
+              405_853_388_800: (126, 16384, 128, 8, 53248, 128256, False)}
     for bias, shapes in ((True, qwen2), (False, llama3)):
         for published, (l, h, a, g, f, v, tied) in shapes.items():
             cfg = ModelConfig(num_layers=l, hidden_size=h, num_attention_heads=a, num_query_groups=g,
                               ffn_hidden_size=f, vocab_size=v, seq_length=4096, tied_embeddings=tied,
                               add_qkv_bias=bias)
             assert count_parameters(cfg) == published, (published, count_parameters(cfg) - published)
+    # the presets are those shapes
+    for preset, published in (("models/llama-3.1-8b", 8_030_261_248), ("models/llama-3.1-405b", 405_853_388_800)):
+        assert count_parameters(load_recipe(preset, ["training.global_batch=8"]).model) == published
 
 
 def test_qkv_bias_is_split_over_tp_and_implied_by_add_bias_linear():
@@ -135,9 +140,14 @@ def test_eq3_equals_hand_computation():
     assert megatron_eq3_flops(B, s, l, h, V) == pytest.approx(4 * layers + 3 * logits, rel=1e-12)
     assert korthikanti_model_flops(B, s, l, h, V) == pytest.approx(3 * fwd, rel=1e-12)
     cfg = gpt_shape(l, h, 24, vocab=V, seq=s)
-    assert model_flops_per_step(cfg, B) == pytest.approx(3 * fwd, rel=1e-12)
+    assert model_flops_per_step(cfg, B, causal=False) == pytest.approx(3 * fwd, rel=1e-12)
     assert hardware_flops_per_step(cfg, B, "full") == pytest.approx(4 * layers + 3 * logits, rel=1e-12)
     assert hardware_flops_per_step(cfg, B, "none") == pytest.approx(3 * fwd, rel=1e-12)
+    # causal attention: QK^T and scores x V over the lower triangle only, half of 2 x 2 B s^2 h per layer
+    causal_layers = layers - l * 2 * B * s * s * h
+    assert model_flops_per_step(cfg, B) == pytest.approx(3 * (causal_layers + logits), rel=1e-12)
+    assert hardware_flops_per_step(cfg, B, "full", causal=True) == pytest.approx(
+        4 * causal_layers + 3 * logits, rel=1e-12)
 
 
 def test_swiglu_gqa_flops_follow_the_weights():
@@ -146,7 +156,9 @@ def test_swiglu_gqa_flops_follow_the_weights():
                       vocab_size=32000, seq_length=4096)
     weights = 32 * (4096 * 3 * 4096 + 4096 * 4096 + 3 * 4096 * 11008) + 32000 * 4096
     per_token = 6 * weights + 12 * 32 * 4096 * 4096
-    assert model_flops_per_step(cfg, 8) == pytest.approx(8 * 4096 * per_token, rel=1e-12)
+    assert model_flops_per_step(cfg, 8, causal=False) == pytest.approx(8 * 4096 * per_token, rel=1e-12)
+    # causal (the MFU default, as Megatron-LM counts today): the attention term halves
+    assert model_flops_per_step(cfg, 8) == pytest.approx(8 * 4096 * (6 * weights + 6 * 32 * 4096 * 4096), rel=1e-12)
 
 
 # Korthikanti et al. 2022, Table 2, written out here independently of the planner.
@@ -260,7 +272,8 @@ def test_compute_efficiency_stays_calibrated_to_megatron_table1():
         cl = ClusterConfig(nodes=n // 8, gpus_per_node=8, gpu_memory_gb=80, peak_tflops=312, intra_node_gbps=600,
                            inter_node_gbps=200)
         lay = Layout(tp=t, pp=p, dp=n // (t * p), zero_stage=1, micro_batch=1, recompute="full")
-        e = estimate(gpt_shape(l, h, a), cl, lay, batch)
+        # Megatron-LM 2021 computed the s x s scores as batched GEMMs and masked them (no flash kernels)
+        e = estimate(gpt_shape(l, h, a), cl, lay, batch, assume=Assumptions(flash_attention=False))
         assert e.fits, billions
         assert abs(e.hardware_tflops_per_gpu / published - 1) < 0.08, (billions, e.hardware_tflops_per_gpu)
 
@@ -271,11 +284,12 @@ def test_compute_efficiency_stays_calibrated_to_megatron_table1():
 
 def test_step_terms_add_up_and_compute_splits_from_recompute():
     cfg = gpt_shape(32, 4096, 32, seq=2048)
-    full = estimate(cfg, H100, Layout(pp=2, dp=4, zero_stage=1, micro_batch=2, recompute="full"), 256)
+    unfused = Assumptions(flash_attention=False)  # one efficiency for every FLOP: time is proportional to FLOPs
+    full = estimate(cfg, H100, Layout(pp=2, dp=4, zero_stage=1, micro_batch=2, recompute="full"), 256, assume=unfused)
     t = full.time_s
     assert t["step"] == pytest.approx(sum(v for k, v in t.items() if k != "step"))
     # compute is the model's FLOPs, recompute the forward again: its share of the layers' FLOPs is 1/3 of the rest
-    none = estimate(cfg, H100, Layout(pp=2, dp=4, zero_stage=1, micro_batch=2), 256)
+    none = estimate(cfg, H100, Layout(pp=2, dp=4, zero_stage=1, micro_batch=2), 256, assume=unfused)
     assert t["compute"] == pytest.approx(none.time_s["compute"])
     extra = hardware_flops_per_step(cfg, 256, "full") - hardware_flops_per_step(cfg, 256, "none")
     assert t["recompute"] / t["compute"] == pytest.approx(extra / hardware_flops_per_step(cfg, 256, "none"))
