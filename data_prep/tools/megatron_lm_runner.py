@@ -22,5 +22,6 @@ if __name__ == "__main__":
         return lambda *a, **k: None
 
     stub.__getattr__ = any_kernel
+    sys.modules[name] = stub
     script, sys.argv = sys.argv[1], sys.argv[1:]
     runpy.run_path(script, run_name="__main__")
