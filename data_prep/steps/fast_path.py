@@ -224,25 +224,31 @@ class FastEncoder:
         self.reason: Optional[str] = "disabled by --no-fast-path" if not enabled else None
         self.tiktoken_reason: Optional[str] = None  # why tiktoken is not used
         self.gigatoken_reason: Optional[str] = None  # why gigatoken is not used
-        if enabled:
-            if gigatoken:
-                self.gigatoken, self.gigatoken_reason = GigatokenBPE.build(tok)
-            if isinstance(tok, HFTokenizer):
-                self.tiktoken, self.tiktoken_reason = ByteLevelTiktoken.build(tok.tok)
+        if enabled and gigatoken:
+            self.gigatoken, self.gigatoken_reason = GigatokenBPE.build(tok)
+        # The slower ways are built only when needed (gigatoken refused, or failing its self-check): building tiktoken's
+        # ranks and the piece cache's checks costs seconds of start-up for a 32k vocabulary.
+        if enabled and self.gigatoken is None:
+            self._build_fallbacks()
+
+    def _build_fallbacks(self) -> None:
+        tok = self.tok
+        if isinstance(tok, HFTokenizer):
+            self.tiktoken, self.tiktoken_reason = ByteLevelTiktoken.build(tok.tok)
+        if isinstance(tok, SentencePieceTokenizer):
+            splitter = _SentencePiecePieces(tok)
+        elif isinstance(tok, HFTokenizer):
+            splitter = _ByteLevelPieces(tok)
+        else:
+            splitter = None
+        if splitter is None:
+            self.reason = "unknown tokenizer type"
+        elif splitter.reason:
+            self.reason = splitter.reason
+        else:
+            self.splitter = splitter
             if isinstance(tok, SentencePieceTokenizer):
-                splitter = _SentencePiecePieces(tok)
-            elif isinstance(tok, HFTokenizer):
-                splitter = _ByteLevelPieces(tok)
-            else:
-                splitter = None
-            if splitter is None:
-                self.reason = "unknown tokenizer type"
-            elif splitter.reason:
-                self.reason = splitter.reason
-            else:
-                self.splitter = splitter
-                if isinstance(tok, SentencePieceTokenizer):
-                    self.tiktoken, self.tiktoken_reason = SentencePieceTiktoken.build(tok.sp, splitter.normalize)
+                self.tiktoken, self.tiktoken_reason = SentencePieceTiktoken.build(tok.sp, splitter.normalize)
 
     @property
     def active(self) -> bool:
@@ -364,6 +370,7 @@ class FastEncoder:
                 return
             self.gigatoken = None
             self.gigatoken_reason = f"self-check mismatch on sample document {bad}"
+            self._build_fallbacks()
         if self.tiktoken is not None:
             bad = _first_difference(want, self._encode_tiktoken(texts))
             if bad is None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -80,15 +81,13 @@ class GigatokenBPE:
         self._load = load_hf_json
         self.json = tokenizer_json
         self.specials = specials  # texts holding one go to the library
+        self._specials_re = None
         self.bound = bound or CacheBound()
         # whitespace the model's normalizer keeps: a text ending in it goes through ``normalize`` and ``raw_json``
         self.survivors, self.normalize = survivors, normalize
         self.trailing = survivors + "\u2581" if normalize is not None else ""
-        self.raw_json = None
-        if normalize is not None:
-            cfg = json.loads(tokenizer_json)
-            cfg["normalizer"] = None
-            self.raw_json = json.dumps(cfg, ensure_ascii=False)
+        self.raw_json = None  # made on first need (most texts never need it)
+        self.raw = None
         self._reset_cache()
 
     @classmethod
@@ -124,16 +123,28 @@ class GigatokenBPE:
             return None, f"gigatoken refused it ({e})"
 
     def _reset_cache(self) -> None:
+        had_raw = self.raw is not None
         self.backend = self.raw = None  # the old caches are freed before the new encoders are built
         self.backend = self._load(self.json)
-        self.raw = self._load(self.raw_json) if self.raw_json else None
+        if had_raw:
+            self._load_raw()
+
+    def _load_raw(self):
+        if self.raw_json is None:
+            cfg = json.loads(self.json)
+            cfg["normalizer"] = None
+            self.raw_json = json.dumps(cfg, ensure_ascii=False)
+        self.raw = self._load(self.raw_json)
+        return self.raw
 
     def _ends_in_kept_whitespace(self, text: str) -> bool:
         t = text.strip(" ")
         return bool(t) and (t[0] in self.survivors or t[-1] in self.trailing)
 
     def _has_special(self, text: str) -> bool:
-        return any(s in text for s in self.specials)
+        if self._specials_re is None:
+            self._specials_re = re.compile("|".join(map(re.escape, self.specials)))
+        return self._specials_re.search(text) is not None
 
     def encode_flat(self, texts: List[str], library) -> Tuple[np.ndarray, np.ndarray]:
         """(ids of all texts, one after another, as uint32; offsets, len(texts) + 1 int64). ``library(texts)``
@@ -155,7 +166,8 @@ class GigatokenBPE:
         if not raw and not lib:
             out = _flat(self.backend, texts)
         else:
-            groups = [(normal, _flat(self.backend, [texts[i] for i in normal])), (raw, _flat(self.raw, normalized))]
+            raw_backend = self.raw if self.raw is not None else self._load_raw()
+            groups = [(normal, _flat(self.backend, [texts[i] for i in normal])), (raw, _flat(raw_backend, normalized))]
             if lib:
                 whole = [np.asarray(ids, dtype=np.uint32) for ids in library([texts[i] for i in lib])]
                 offsets = np.zeros(len(lib) + 1, dtype=np.int64)

@@ -25,7 +25,7 @@ def _docs(texts):
 def test_sentencepiece_fast_path_is_identical(model, texts, request):
     path = request.getfixturevalue(model)
     tok = load_tokenizer(path)
-    enc = FastEncoder(tok, max_cache=500)  # small cache: clearing mid-stream must not change ids
+    enc = FastEncoder(tok, max_cache=500, gigatoken=False)  # small cache: clearing mid-stream must not change ids
     enc.tiktoken = enc.gigatoken = None
     assert enc.active, enc.reason
     docs = _docs(texts)
@@ -56,7 +56,7 @@ def test_llama_style_settings_are_the_ones_tested(sp_model):
 def test_hf_byte_level_bpe_fast_path_is_identical(hf_bpe, texts):
     from tokenizers import Tokenizer
 
-    enc = FastEncoder(load_tokenizer(hf_bpe), max_cache=500)
+    enc = FastEncoder(load_tokenizer(hf_bpe), max_cache=500, gigatoken=False)
     enc.tiktoken = enc.gigatoken = None
     assert enc.active, enc.reason
     docs = _docs(texts)
@@ -87,7 +87,7 @@ def test_not_exact_tokenizers_fall_back(tmp_path, hf_bpe, texts):
 
 
 def test_self_check_disables_a_wrong_fast_path(sp_model, texts):
-    enc = FastEncoder(load_tokenizer(sp_model))
+    enc = FastEncoder(load_tokenizer(sp_model), gigatoken=False)
     enc.tiktoken = enc.gigatoken = None
     enc.splitter.runs = not enc.splitter.runs  # simulate a wrong decision about the model's settings
     enc.self_check(texts[:20] + TRICKY)
@@ -129,7 +129,7 @@ def test_verify_fraction_stops_on_a_mismatch(tmp_path, texts, sp_model, monkeypa
 def test_second_level_cut_is_used_and_identical(model, texts, request):
     """Texts are cut into letter / digit / other runs where the vocabulary allows it (decided from its pieces)."""
     path = request.getfixturevalue(model)
-    enc = FastEncoder(load_tokenizer(path), max_cache=300)
+    enc = FastEncoder(load_tokenizer(path), max_cache=300, gigatoken=False)
     enc.tiktoken = enc.gigatoken = None
     assert enc.active and enc.splitter.fine is not None
     docs = _docs(texts)
@@ -155,7 +155,7 @@ def test_documents_cut_into_parts_give_the_same_ids(model, coarse, texts, reques
     starts whatever the text around. With parts of ~40 characters (many cuts in every document) the ids are still
     the library's, for the fine (letter/digit/other) and the coarse (word) cut."""
     path = request.getfixturevalue(model)
-    enc = FastEncoder(load_tokenizer(path), max_cache=300)
+    enc = FastEncoder(load_tokenizer(path), max_cache=300, gigatoken=False)
     assert enc.active, enc.reason
     if coarse:
         enc.splitter.fine = None

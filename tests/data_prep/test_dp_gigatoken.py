@@ -39,18 +39,33 @@ def test_control_pieces_and_kept_whitespace_at_the_ends(model, request):
     assert [a.tolist() for a in enc.encode_arrays(docs)] == _library_ids(path, docs)
 
 
+class Always(CacheBound):
+    def after_batch(self, nbytes):
+        self.resets += 1
+        return True
+
+
+def test_cache_bound_resets_when_memory_grows_past_its_budget():
+    b = CacheBound(budget_mb=10, warm_bytes=100)
+    assert not b.after_batch(50)  # warming up
+    assert not b.after_batch(60)  # takes the base
+    assert not b.after_batch(10)
+    b.base -= 11  # as if RSS had grown 11 MB since
+    assert b.after_batch(10) and b.resets == 1
+
+
 def test_cache_reset_keeps_ids(hf_bpe, sp_model_nfkc_cf, texts):
     for path in (hf_bpe, sp_model_nfkc_cf):
         tok = load_tokenizer(path)
         g, why = GigatokenBPE.build(tok)
         assert why is None
-        g.bound = CacheBound(budget_mb=-1, warm_bytes=0)  # every batch over budget: a fresh cache each time
+        g.bound = Always()  # a fresh cache after every batch
         docs = _docs(texts)
         got = []
         for i in range(0, len(docs), 16):
             flat, off = g.encode_flat(docs[i : i + 16], tok.encode_batch)
             got += [flat[a:b].tolist() for a, b in zip(off[:-1], off[1:])]
-        assert g.bound.resets >= 5  # (RSS may fall below the base after a reset)
+        assert g.bound.resets == -(-len(docs) // 16)
         assert got == _library_ids(path, docs)
 
 
