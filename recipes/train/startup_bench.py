@@ -1,6 +1,6 @@
 """Start-up over many shards: ``python -m recipes.train.startup_bench OUT --shards 10000 [--per-prefix]``.
 
-Writes N tiny shards and their manifest (once, kept in OUT), then times ``build_datasets`` for the tiny CPU recipe in
+Writes N tiny shards and their manifest (once, kept in OUT; past the first 1,000, hard links to those), then times ``build_datasets`` for the tiny CPU recipe in
 one process: cold (empty index cache) and warm (the cache built). ``--per-prefix`` also times megatron-core's own
 way, one GPTDataset per shard (what training did before shard_set.py; give a small N: it takes minutes at 10,000).
 Prints wall and CPU seconds, the peak RSS and the load average beside them.
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 
-def write_shards(root: Path, shards: int, docs: int = 4, seed: int = 0) -> Path:
+def write_shards(root: Path, shards: int, docs: int = 4, seed: int = 0, distinct: int = 1000) -> Path:
+    """``distinct`` shards written, the rest hard links to them (a start-up bench reads every .idx all the same)."""
     from data_prep.write.shards import ShardWriter
 
     if (root / "manifest.json").is_file():
@@ -28,10 +29,16 @@ def write_shards(root: Path, shards: int, docs: int = 4, seed: int = 0) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     entries = []
     for i in range(shards):
-        w = ShardWriter(str(root / f"shard_{i:06d}"), np.uint16, fsync=False)
+        name = f"shard_{i:06d}"
+        if i >= distinct:
+            for suffix in (".bin", ".idx"):
+                os.link(root / (entries[i % distinct]["prefix"] + suffix), root / (name + suffix))
+            entries.append({**entries[i % distinct], "prefix": name})
+            continue
+        w = ShardWriter(str(root / name), np.uint16, fsync=False)
         for _ in range(docs):
             w.add_document([np.append(rng.integers(1, 300, int(rng.integers(20, 200))), 0).astype(np.uint16)])
-        entries.append({"prefix": f"shard_{i:06d}", **w.finalize()})
+        entries.append({"prefix": name, **w.finalize()})
     manifest = {"tokenizer": {"type": "bench", "path": "", "vocab_size": 300, "eod_id": 0, "pad_id": None},
                 "dtype": "uint16", "shards": entries}
     (root / "manifest.json").write_text(json.dumps(manifest))
