@@ -46,12 +46,14 @@ class Always(CacheBound):
 
 
 def test_cache_bound_resets_when_memory_grows_past_its_budget():
-    b = CacheBound(budget_mb=10, warm_bytes=100)
+    b = CacheBound(budget_mb=10, warm_bytes=100, min_bytes=1000)
     assert not b.after_batch(50)  # warming up
     assert not b.after_batch(60)  # takes the base
     assert not b.after_batch(10)
     b.base -= 11  # as if RSS had grown 11 MB since
-    assert b.after_batch(10) and b.resets == 1
+    assert b.after_batch(1000) and b.resets == 1
+    assert not b.after_batch(10)  # over the budget still, but too soon after the last drop
+    assert b.after_batch(1000) and b.resets == 2
 
 
 def test_cache_reset_keeps_ids(hf_bpe, sp_model_nfkc_cf, texts):
