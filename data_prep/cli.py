@@ -182,7 +182,7 @@ def cmd_bench(a) -> int:
     from data_prep.tools.bench import bench
 
     return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, vocab_size=a.vocab_size,
-                 megatron_lm=a.megatron_lm, families=a.family)
+                 megatron_lm=a.megatron_lm, megatron_lm_fast=a.megatron_lm_fast, families=a.family)
 
 
 def cmd_bench_executors(a) -> int:
@@ -478,8 +478,9 @@ def main(argv=None) -> int:
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("bench", help="per tokenizer family: the pipeline vs the bare tokenizer vs Megatron-LM's "
-                                     "preprocess_data.py (wall, CPU, MB/s, speed-ups, peak RSS)")
+    p = sub.add_parser("bench", help="per tokenizer family: the pipeline vs bare gigatoken vs the bare tokenizer vs "
+                                     "Megatron-LM's preprocess_data.py and preprocess_data_fast.py (wall, CPU, MB/s, "
+                                     "speed-ups, peak RSS)")
     p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench")
     p.add_argument("--corpus-mb", type=float, default=32.0,
                    help="the corpus (web-page-sized documents from the installed docs and sources; up to ~500 MB)")
@@ -487,7 +488,10 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--vocab-size", type=int, default=32000, help="of the tokenizer trained per family")
     p.add_argument("--megatron-lm", default=None, metavar="PATH",
-                   help="a Megatron-LM checkout: also time its tools/preprocess_data.py (needs megatron-core)")
+                   help="a Megatron-LM checkout: also time its tools/preprocess_data.py (and preprocess_data_fast.py "
+                        "when it has one)")
+    p.add_argument("--megatron-lm-fast", default=None, metavar="PATH",
+                   help="another Megatron-LM checkout whose tools/preprocess_data_fast.py to time (e.g. main)")
     p.add_argument("--family", action="append", default=None, help="only this family (repeatable): " + ", ".join(
         ["'sp-bpe nmt_nfkc'", "'sp-bpe nfkc_cf'", "'sp-bpe identity (Llama-2 style)'",
          "'hf byte-level BPE (GPT-2 style)'"]))

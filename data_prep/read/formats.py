@@ -96,12 +96,12 @@ def check_text(value) -> Tuple[Optional[str], Optional[str]]:
 
 def _parse_json_line(line: bytes, field: str) -> Tuple[Optional[str], Optional[str]]:
     try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, INVALID_UTF8
-    try:
-        obj = orjson.loads(line)
+        obj = orjson.loads(line)  # refuses invalid UTF-8 too: only a refused line is decoded to say which it was
     except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, INVALID_UTF8
         # orjson refuses lone surrogates (\ud800): text that cannot be UTF-8, not broken JSON.
         return None, INVALID_UTF8 if "surrogate" in str(e).lower() else MALFORMED_JSON
     if not isinstance(obj, dict):
