@@ -39,13 +39,17 @@ def write_shards(root: Path, shards: int, docs: int, seed: int) -> Path:
 
 @pytest.fixture(autouse=True, scope="module")
 def one_rank_group(tmp_path_factory):
-    """megatron-core's blended datasets ask torch.distributed for the rank: a real one-process gloo group."""
+    """megatron-core's blended datasets ask torch.distributed for the rank: a real one-process gloo group (reused when
+    another in-process test already holds a world of one: a second init_process_group would fail)."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg') / 'store'}", rank=0,
-                            world_size=1)
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg') / 'store'}", rank=0,
+                                world_size=1)
     yield
-    dist.destroy_process_group()
+    if made:
+        dist.destroy_process_group()
 
 
 def recipe(*overrides):
