@@ -65,7 +65,7 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     from recipes.parallel.layout import Layout
     from recipes.tools.bench_train import synthetic_steps
     from recipes.train.engine import init_distributed, init_parallel_state, initialize
-    from recipes.train.loop import train_step
+    from recipes.train.step import train_step
 
     recipe = load_recipe(recipe_path, overrides + ["parallel.tp=1", "parallel.pp=1", f"parallel.dp={ranks}",
                                                    "parallel.micro_batch=1", f"training.global_batch={ranks}"])

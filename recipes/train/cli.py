@@ -143,9 +143,11 @@ def main(args: list[str] | None = None) -> int:
     # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
     warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
-    from recipes.train.loop import run
+    from recipes.train.stragglers import COMM_CLOCK
 
+    COMM_CLOCK.install()  # before DeepSpeed and megatron-core are imported: some of them bind torch.distributed's calls
     from recipes.checkpoint.lease import LeaseError
+    from recipes.train.trainer import run
 
     try:
         code = run(recipe, quiet=ns.quiet)

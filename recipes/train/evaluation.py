@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recipes.checkpoint.store import tag_for
+from recipes.checkpoint.format.tags import tag_for
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,6 @@ class BackgroundEval:
         self.tensorboard = recipe.logging.tensorboard
         self.proc: subprocess.Popen | None = None
         self.step = None
-
-    def due(self, step: int, total_steps: int) -> bool:
-        """Every rank answers alike (the loop saves a checkpoint on these steps, a collective)."""
-        n = self.cfg.interval
-        return bool(n) and (step % n == 0 or step == total_steps)
 
     def command(self, step: int) -> list[str]:
         c = self.cfg
