@@ -44,7 +44,8 @@ class CommClock:
     """Seconds this process's training thread spent blocked inside torch.distributed calls, between `start` and
     `stop` (calls outside such a window, or from other threads, are not counted)."""
 
-    def __init__(self):
+    def __init__(self, now=time.perf_counter):
+        self._now = now  # the wall clock (a test passes its own)
         self._thread: int | None = None  # the thread of the open window; None: closed
         self._depth = 0  # a call made inside a timed call (all_gather_object -> all_gather) is not counted twice
         self._seconds = 0.0
@@ -82,13 +83,13 @@ class CommClock:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        return time.perf_counter()
+        return self._now()
 
     def _add(self, mark) -> None:
         if self._cuda:
             self._events.append((mark, self._mark()))
         else:
-            self._seconds += time.perf_counter() - mark
+            self._seconds += self._now() - mark
 
     def _timed(self, fn, *args, **kwargs):
         if not self._counting():

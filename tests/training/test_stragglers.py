@@ -34,6 +34,44 @@ def test_host_names_travel_as_fixed_size_bytes():
     assert decode_text(encode_text("x" * 300)) == "x" * 256  # cut, never an error
 
 
+@pytest.mark.unit
+def test_comm_clock_counts_blocked_time_in_its_window_only():
+    """A fake clock that only the wrapped calls advance: a blocking call 1 s, an async call's wait 10 s, a call made
+    inside another 100 s (it must not count twice), calls outside the window or from another thread 1000 s."""
+    import threading
+
+    import torch
+
+    from recipes.train.stragglers import CommClock
+
+    now = [0.0]
+    clock = CommClock(now=lambda: now[0])
+
+    def advance(seconds):
+        now[0] += seconds
+
+    class Work:
+        def wait(self):
+            advance(10)
+
+    blocking = clock._wrap(lambda: advance(1))
+    issuing = clock._wrap(lambda: Work())  # an async call: issued at once, waited for later
+    outer = clock._wrap(lambda: (advance(100), blocking()))
+    outside = clock._wrap(lambda: advance(1000))
+    outside()  # no window open
+    clock.start(torch.device("cpu"))
+    blocking()
+    issuing().wait()
+    outer()
+    other = threading.Thread(target=outside)
+    other.start()
+    other.join()
+    assert clock.stop() == 1 + 10 + 101
+    outside()
+    clock.start(torch.device("cpu"))
+    assert clock.stop() == 0
+
+
 @pytest.mark.multiproc
 def test_the_slowed_rank_is_named(corpus, tmp_path):
     env = dict(worker_env(), RECIPES_TEST_FAULT=f"slow rank={SLOW_RANK} step=1 seconds={SLEEP}")
