@@ -101,7 +101,7 @@ class Trainer:
         finally:
             self.checkpoints.abandon()  # an error on the way: stop the writer now (a no-op after finish)
         shutdown_distributed()
-        self.evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: the others need not wait)
+        self.evaluation.wait()  # rank 0: the last scores belong to the run (after the barrier: others need not wait)
         return 0
 
     def train_step(self) -> StepResult:

@@ -34,7 +34,8 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
 
 class Validator:
     def __init__(self, eng, batches: MicroBatches | None, iters: int, interval: int, global_batch: int):
-        self.eng, self.batches, self.iters, self.interval, self.global_batch = eng, batches, iters, interval, global_batch
+        self.eng, self.batches, self.iters = eng, batches, iters
+        self.interval, self.global_batch = interval, global_batch
 
     def due(self, step: int) -> bool:
         """Every rank answers alike (validation is collective)."""
