@@ -67,16 +67,17 @@ def target_recipe(recipe, target: dict, source_zero: int):
 def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False,
             writer: str = "auto", workers: int | None = None) -> Path:
     """writer: "stream" (worker processes over the target's (stage, TP rank) items, tensor by tensor:
-    recipes.checkpoint.format.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto" (stream
-    where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
-    from recipes.checkpoint.format.layout import detect_layout
-    from recipes.checkpoint.format.relayout import unsupported
+    recipes.checkpoint.format.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto"
+    (stream where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
     from recipes.checkpoint.format.tags import resolve_tag
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
-    tag_dir = resolve_tag(ckpt_dir, tag)
+    tag_dir = resolve_tag(ckpt_dir, tag)  # before the heavy imports: a bad --tag costs nothing
+    from recipes.checkpoint.format.layout import detect_layout
+    from recipes.checkpoint.format.relayout import unsupported
+
     source = detect_layout(tag_dir)
     new, world = target_recipe(recipe, target, source.zero_stage)
     why_not = unsupported(source, recipe, new.parallel.zero_stage)
