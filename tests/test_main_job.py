@@ -71,9 +71,9 @@ def test_export_loads_in_transformers_and_generates(demo_run):
     assert "generate: greedy text from the exported model" in stdout
 
     # The export computes what the trained model computes: our own model, rebuilt from the newest checkpoint as
-    # read by recipes.checkpoint.read (TP/PP shards merged), gives the same logits on the same ids.
+    # read by recipes.checkpoint.format.read (TP/PP shards merged), gives the same logits on the same ids.
     from recipes.checkpoint.plain_model import build_plain_model, logits
-    from recipes.checkpoint.read import read_full_state
+    from recipes.checkpoint.format.read import read_full_state
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 
     recipe = load_checkpoint_recipe(str(out / "checkpoints"), None, [])
