@@ -43,7 +43,7 @@ def test_the_check_finds_planted_stale_commands(tmp_path):
         ".venv/bin/python -m data_prep tokenize data/ -o out -t tok.model --executor spark",  # 5
         ".venv/bin/python -m data_prep tokenise data/ -o out -t tok.model",  # 6
         ".venv/bin/python -m recipes.plan models/llama-70b",  # 7
-        "launch/train.sh configs/runs/tiny-cpu.yaml --hostfile hosts --max-restart 3",  # 8
+        "launch/train.sh configs/runs/tiny-cpu.yaml --hostfile hosts --max-restart 3 --backend pdsh",  # 8
         "launch/prep.sh --hostfile hosts -- data/ -o out -t tok.model --shard-sise 1G",  # 9
         "launch/submit.sh configs/runs/tiny-cpu.yaml",  # 10
         ".venv/bin/python -m recipes train --config configs/runs/tiny-cpu.yaml --local 2 checkpoint.save_every=5",  # 11
@@ -53,7 +53,7 @@ def test_the_check_finds_planted_stale_commands(tmp_path):
         ".venv/bin/python -m recipes render configs/runs/tiny-cpu.yaml --layout-only",  # 15: --out is required
         "torchrun --nproc-per-node 8 --nodes 2 -m recipes train --config configs/runs/tiny-cpu.yaml",  # 16
         "```",
-        "Prose: `launch/stop.sh RUN_DIR` and `data_prep verify` are fresh; `pretrain --local 8` is not, nor is",  # 18
+        "Prose: `launch/stop.sh RUN_DIR`, `launch/train.sh --backend torchrun-ssh` and `data_prep verify` are fresh; `pretrain --local 8` is not, nor is",  # 18
         "`python -m recipes export-hf --checkpoint CKPT --to-hf DIR`, nor `recipes/safe_load.py`.",  # 19
     ]))
     found = {(c.where.rsplit(":", 1)[1], why) for c in dc.all_commands([doc]) for why in dc.problems(c)}
@@ -66,6 +66,7 @@ def test_the_check_finds_planted_stale_commands(tmp_path):
     assert "data_prep has no command 'tokenise'" in why["6"]
     assert "No module named 'recipes.plan'" in why["7"]
     assert "--max-restart: not an option of launch/train.sh (not in its --help)" in why["8"]
+    assert "invalid choice: --backend pdsh" in why["8"]
     assert "python -m data_prep tokenize has no option --shard-sise" in why["9"]
     assert "no such script launch/submit.sh" in why["10"]
     assert "override checkpoint.save_every: no field 'save_every' in checkpoint" in why["11"]

@@ -472,6 +472,12 @@ def script_problems(cmd: Command, script: str, argv: list[str]) -> list[str]:
     out = [f"unrecognized option {f}: not an option of {script} (not in its "
            f"{'--help' if script in SHIMS else 'source'})" for f in flags if not re.search(re.escape(f) + r"\b", known)]
     out += value_problems(own)
+    if script in SHIMS and "--backend" in own[:-1] and not PLACEHOLDER.search(own[own.index("--backend") + 1]):
+        backend = own[own.index("--backend") + 1]
+        line = next((x for x in known.splitlines() if x.strip().startswith("--backend")), "")
+        choices = [part.split()[0] for part in line.split("NAME", 1)[-1].split("|") if part.split()]
+        if backend not in choices:
+            out.append(f"invalid choice: --backend {backend} (choose from {', '.join(choices)}: {script} --help)")
     tail = argv[argv.index("--") + 1:] if "--" in argv else []
     if script == "launch/prep.sh" and tail:
         out += tokenize_tail_problems(cmd, tail)
