@@ -205,7 +205,7 @@ def has_placeholder(argv: list[str]) -> bool:
 # The real parsers
 # ---------------------------------------------------------------------------------------------------------------------
 
-class _Reached(Exception):
+class _Reached(BaseException):  # past any `except Exception` in a main
     def __init__(self, parser: argparse.ArgumentParser, method: str):
         super().__init__(method)
         self.parser, self.method = parser, method
