@@ -130,3 +130,16 @@ def test_cheap_documented_commands_run(prefix, tmp_path):
         assert rc == 0, f"{c}\n    -> exit {rc}: {err.getvalue()[-2000:]}"
         if argv[0] == "render":
             assert (Path(argv[argv.index("--out") + 1]) / "ds_config.json").is_file(), c
+
+
+def test_every_module_and_function_the_docs_name_exists(tmp_path):
+    names = dc.code_span_names()
+    assert len(names) > 10  # the docs do name modules: the search finds them
+    found = [(where, dc.name_problem(name)) for where, name in names if dc.name_problem(name)]
+    assert not found, _report(found)
+    planted = tmp_path / "planted.md"
+    planted.write_text("`recipes.planner.validation.validate_for_launch` `recipes.train.loop.run_everything` "
+                       "`recipes.safe_load` `data_prep.write.shards.ShardWriter`\n")
+    assert [(w.rsplit(":", 1)[1], dc.name_problem(n)) for w, n in dc.code_span_names([planted])
+            if dc.name_problem(n)] == [("1", "recipes.train.loop has no `run_everything` (moved or renamed?)"),
+                                       ("1", "recipes has no `safe_load` (moved or renamed?)")]

@@ -19,6 +19,7 @@ split), every `$ ` line of a plain ``` block, and every inline `code span` that 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import functools
 import importlib
@@ -486,3 +487,46 @@ def script_problems(cmd: Command, script: str, argv: list[str]) -> list[str]:
     elif tail and program_of(tail):  # a wrapper (e.g. tests/support/loopback_ssh.py -- COMMAND)
         out += problems(Command(cmd.where, cmd.text, tail, cmd.inline))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dotted names in prose (`recipes.planner.validation.validate_for_launch`): moved modules leave these behind
+# ---------------------------------------------------------------------------------------------------------------------
+
+def code_span_names(docs: list[Path] = DOCS) -> list[tuple[str, str]]:
+    out = []
+    for path in docs:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for m in re.finditer(r"`((?:recipes|data_prep|launch)(?:\.[A-Za-z_]\w*)+)(?:\(\))?`", line):
+                out.append((f"{_rel(path)}:{n}", m.group(1)))
+    return out
+
+
+def _defines(tree: ast.AST, name: str) -> ast.AST | None:
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return node
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return node
+    return None
+
+
+def name_problem(dotted: str) -> str | None:
+    """None when the longest module prefix of `dotted` is a file of this repository and the rest is defined in it
+    (read from its source, nothing imported)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:i])
+        source = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if source.is_file() or base.is_dir():
+            node: ast.AST | None = ast.parse(source.read_text()) if source.is_file() else None
+            for depth, attr in enumerate(parts[i:]):
+                node = _defines(node, attr) if node is not None else None
+                if node is None:
+                    return f"{'.'.join(parts[:i + depth])} has no `{attr}` (moved or renamed?)"
+            return None
+    return f"no module {parts[0]}"
