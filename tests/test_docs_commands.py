@@ -134,7 +134,7 @@ def test_cheap_documented_commands_run(prefix, tmp_path):
 
 def test_every_module_and_function_the_docs_name_exists(tmp_path):
     names = dc.code_span_names()
-    assert len(names) > 10  # the docs do name modules: the search finds them
+    assert names  # the docs do name modules: the search finds them
     found = [(where, dc.name_problem(name)) for where, name in names if dc.name_problem(name)]
     assert not found, _report(found)
     planted = tmp_path / "planted.md"
