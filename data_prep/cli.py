@@ -309,11 +309,13 @@ def cmd_blend(a) -> int:
 
 
 def cmd_plan(a) -> int:
-    from data_prep.tools.plan import calibrate, plan
+    from data_prep.tools.plan import calibrate, peak_flops, plan
     from data_prep.tools.sample_corpus import build
 
     sample = a.sample
     tok = a.tokenizer
+    if a.gpus:  # an unknown GPU is refused before any calibration, not priced as some other GPU
+        peak_flops(a.gpu)
     if sample:  # read (and credentials) checked, and the text field, before any calibration
         _check_sample(sample, a.text_field)
     if not sample or not tok:
@@ -533,7 +535,8 @@ def main(argv=None) -> int:
     p.add_argument("--shard-size", type=_size_arg, default="256M")
     p.add_argument("--model-params", type=float, default=0.0, help="e.g. 130e9")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the training run (e.g. 800)")
-    p.add_argument("--gpu", default="H100")
+    p.add_argument("--gpu", default="H100-80GB", help="the training GPU, as a cluster preset names it (A100-40GB, "
+                   "A100-80GB, H100-80GB, H200-141GB; configs/clusters/*.yaml) or its family (A100, H100, H200)")
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--days", type=float, default=30.0)
     p.add_argument("--steps", default=None, help="curation step list to price (YAML); default: quality + "

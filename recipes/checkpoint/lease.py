@@ -37,7 +37,7 @@ class LeaseError(RuntimeError):
 
 
 def run_id() -> str:
-    """This run's id: the launcher's (train.sh / pretrain --local), else one made for this process."""
+    """This run's id: the launcher's (train.sh / recipes train --local), else one made for this process."""
     return (os.environ.get("LAUNCH_RUN_ID") or os.environ.get("RECIPES_RUN_ID")
             or f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}")
 

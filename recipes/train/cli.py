@@ -87,7 +87,7 @@ def launch_local(n: int, argv: list[str]) -> int:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             r, c = failed[0]
-            print(f"pretrain --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
+            print(f"recipes train --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
             for p in procs:
                 if p.poll() is None:
                     p.kill()
