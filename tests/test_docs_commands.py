@@ -138,8 +138,8 @@ def test_every_module_and_function_the_docs_name_exists(tmp_path):
     found = [(where, dc.name_problem(name)) for where, name in names if dc.name_problem(name)]
     assert not found, _report(found)
     planted = tmp_path / "planted.md"
-    planted.write_text("`recipes.planner.validation.validate_for_launch` `recipes.train.loop.run_everything` "
+    planted.write_text("`recipes.planner.validation.validate_for_launch` `recipes.train.trainer.run_everything` "
                        "`recipes.safe_load` `data_prep.write.shards.ShardWriter`\n")
     assert [(w.rsplit(":", 1)[1], dc.name_problem(n)) for w, n in dc.code_span_names([planted])
-            if dc.name_problem(n)] == [("1", "recipes.train.loop has no `run_everything` (moved or renamed?)"),
+            if dc.name_problem(n)] == [("1", "recipes.train.trainer has no `run_everything` (moved or renamed?)"),
                                        ("1", "recipes has no `safe_load` (moved or renamed?)")]
