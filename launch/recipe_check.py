@@ -145,7 +145,7 @@ def _plan_and_reshape(recipe, recipe_path: str, layout: Layout, world: World, ov
     nodes = f"--nodes {world.nodes} --gpus-per-node {world.per_node}" if world.per_node else \
         f"--nodes {world.nodes} (and --gpus-per-node)"
     plan = shlex.join(["python", "-m", "recipes", "plan", recipe_path, *overrides]) + f" {nodes}"
-    ckpt = recipe.checkpoint.dir or "CHECKPOINT_DIR"
+    ckpt = _as_ranks_see(recipe.checkpoint.dir or "") or "CHECKPOINT_DIR"
     return (f"  choose a layout that fits this world: `{plan}`; then set the parallel.* keys it prints (after --), "
             f"and move this run's checkpoints to that layout with `python -m recipes reshape --checkpoint {ckpt} "
             f"--out NEW_DIR --to tp=T,pp=P,dp=D` (continue with checkpoint.dir=NEW_DIR)")
