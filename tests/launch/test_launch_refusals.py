@@ -17,12 +17,13 @@ TINY = REPO / "configs" / "runs" / "tiny-cpu.yaml"      # model.vocab_size 320, 
 L70 = REPO / "configs" / "runs" / "llama-70b-16x8-h100.yaml"  # TP=2 x PP=16 on 16 x 8 H100, global batch 1024
 
 
-def refused(tmp_path, recipe, *args, script="train.sh", code=2):
-    """Run SCRIPT RECIPE ARGS (a dry run for train.sh); assert the exit code and that no log dir was written."""
+def refused(launch, tmp_path, recipe, *args, script="train.sh", code=2):
+    """Run SCRIPT RECIPE ARGS (a dry run for train.sh) with `launch` (in process, or `run_launch` in a subprocess);
+    assert the exit code and that no log dir was written."""
     logs = tmp_path / "logs"
     cut = args.index("--") if "--" in args else len(args)
     extra = ["--dry-run", "--log-dir", logs] if script == "train.sh" else []
-    r = run_launch(script, recipe, *args[:cut], *extra, *args[cut:])
+    r = launch(script, recipe, *args[:cut], *extra, *args[cut:])
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert not logs.exists()  # refused before a log dir, let alone a rank
     return r.stderr
@@ -42,37 +43,38 @@ LOCAL = ["--backend", "local", "--num-gpus", "2"]
 
 
 @pytest.mark.unit
-def test_every_recipe_and_data_mistake_refused_in_the_dry_run(tmp_path):
+def test_every_recipe_and_data_mistake_refused_in_the_dry_run(tmp_path, launch_here):
     head = "[launch] error: recipe 'tiny-cpu' cannot start:\n  - "
-    err = refused(tmp_path, TINY, *LOCAL)
+    err = refused(run_launch, tmp_path, TINY, *LOCAL)  # through the shim once; the rest in process (same code)
     assert err == head + ("data: the recipe names no training data (data.manifests, data.blend and data.stages are "
                           "all empty); set data.manifests=[DIR/manifest.json], the manifest that `python -m data_prep "
                           "tokenize INPUTS -o DIR -t TOKENIZER` writes\n")
     gone = tmp_path / "corpus" / "manifest.json"
-    err = refused(tmp_path, TINY, *LOCAL, "--", f"data.manifests=[{gone}]")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", f"data.manifests=[{gone}]")
     assert err == head + (f"data.manifests[0] = {gone}: {gone} not found; build it with `python -m data_prep tokenize "
                           f"INPUTS -o {gone.parent} -t TOKENIZER`, or fix the path\n")
     bad = write_manifest(tmp_path / "bad", text='{"tokenizer": ')
-    err = refused(tmp_path, TINY, *LOCAL, "--", f"data.manifests=[{bad}]")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", f"data.manifests=[{bad}]")
     assert err.startswith(head + f"data.manifests[0]: {bad}:1:15: not valid JSON (Expecting value); rewrite it: "
                                  f"`python -m data_prep tokenize INPUTS -o {bad.parent} -t TOKENIZER`")
     big = write_manifest(tmp_path / "big", vocab=5000)
-    err = refused(tmp_path, TINY, *LOCAL, "--", f"data.manifests=[{big}]")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", f"data.manifests=[{big}]")
     assert err.startswith(head + f"model.vocab_size = 320 is smaller than the vocabulary of the tokenizer {big} was "
                                  "written with (5000 ids): token ids >= 320 have no embedding; set "
                                  "model.vocab_size=5000")
-    err = refused(tmp_path, TINY, *LOCAL, "--", DATA, "training.train_steps=null")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", DATA, "training.train_steps=null")
     assert err.startswith(head + "training: the recipe sets no train length (training.train_tokens and "
                                  "training.train_steps are both empty); set training.train_tokens=N")
-    err = refused(tmp_path, TINY, *LOCAL, "--", DATA, "training.train_steps=10000000")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", DATA, "training.train_steps=10000000")
     assert err.startswith(head + "checkpoint.dir: not set, and this run is predicted to take ")
     assert "(10,000,000 steps x " in err and "checkpoint.require_dir=false to run without checkpoints" in err
     # several at once: each its own line
-    err = refused(tmp_path, TINY, *LOCAL, "--", "training.train_steps=null", f"data.manifests=[{gone}]")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", "training.train_steps=null",
+                  f"data.manifests=[{gone}]")
     assert err.startswith("[launch] error: recipe 'tiny-cpu' cannot start: 2 problem(s):\n  - training: ")
     assert f"\n  - data.manifests[0] = {gone}: {gone} not found" in err
     # the same recipe with its data is accepted (the refusals above are the mistakes, not the recipe)
-    r = run_launch("train.sh", TINY, *LOCAL, "--dry-run", "--log-dir", tmp_path / "ok", "--", DATA)
+    r = launch_here("train.sh", TINY, *LOCAL, "--dry-run", "--log-dir", tmp_path / "ok", "--", DATA)
     assert r.returncode == 0, r.stderr
 
 
@@ -80,9 +82,10 @@ def test_every_recipe_and_data_mistake_refused_in_the_dry_run(tmp_path):
 def test_preflight_refuses_the_same_before_any_node_is_asked(tmp_path):
     hf = tmp_path / "hostfile"
     hf.write_text("node-that-does-not-exist slots=2\n")  # never contacted: the recipe is refused first
-    err = refused(tmp_path, TINY, "--hostfile", hf, "--backend", "torchrun-ssh", script="preflight.sh")
+    err = refused(run_launch, tmp_path, TINY, "--hostfile", hf, "--backend", "torchrun-ssh", script="preflight.sh")
     assert "data: the recipe names no training data" in err and "unreachable" not in err
-    err = refused(tmp_path, L70, "--hostfile", _hostfile(tmp_path, 4, 8), "--", DATA, script="preflight.sh", code=3)
+    err = refused(run_launch, tmp_path, L70, "--hostfile", _hostfile(tmp_path, 4, 8), "--", DATA,
+                  script="preflight.sh", code=3)
     assert "memory check failed for 32 ranks (the hostfile selection): predicted memory per GPU 83.7 GiB" in err
     r = run_launch("preflight.sh", TINY, "--backend", "slurm", "--nodes", 1, "--gpus-per-node", 2, "--", DATA)
     assert r.returncode == 0, r.stderr  # Slurm picks the nodes: the recipe is checked, no node is
@@ -96,12 +99,12 @@ def _hostfile(tmp_path, nodes, slots):
 
 
 @pytest.mark.unit
-def test_the_plan_is_checked_for_the_world_it_starts(tmp_path):
+def test_the_plan_is_checked_for_the_world_it_starts(tmp_path, launch_here):
     """llama-70b-16x8-h100 is planned for 16 x 8 H100 (DP=4). On 4 nodes (DP=1) the planner predicts 83.7 GiB per GPU:
     refused naming `recipes plan` for that world and `recipes reshape` for the checkpoints. On 12 nodes DP=3 does not
     divide the global batch: refused, saying how DP and the micro-batches change. On 8 nodes it starts, and the plan
     says how DP, micro-batches and tokens per DP rank change, and that memory is inside the headroom."""
-    err = refused(tmp_path, L70, "--backend", "slurm", "--nodes", 4, "--", DATA, code=3)
+    err = refused(launch_here, tmp_path, L70, "--backend", "slurm", "--nodes", 4, "--", DATA, code=3)
     assert err.startswith("[launch] error: memory check failed for 32 ranks (--nodes 4 x --gpus-per-node 8): "
                           "predicted memory per GPU 83.7 GiB exceeds cluster.gpu_memory_gb=80 (80 GB (74.5 GiB)) for "
                           "TP=2 x PP=16 x DP=1, ZeRO-1, micro-batch 1, SP: ")
@@ -110,14 +113,14 @@ def test_the_plan_is_checked_for_the_world_it_starts(tmp_path):
            f"to that layout with `python -m recipes reshape --checkpoint {REPO}/checkpoints/llama-70b-16x8-h100 " \
            "--out NEW_DIR --to tp=T,pp=P,dp=D` (continue with checkpoint.dir=NEW_DIR)\n" in err
     # the same through a hostfile of 4 nodes x 8
-    err = refused(tmp_path, L70, "--hostfile", _hostfile(tmp_path, 4, 8), "--backend", "torchrun-ssh", "--", DATA,
-                  code=3)
+    err = refused(launch_here, tmp_path, L70, "--hostfile", _hostfile(tmp_path, 4, 8), "--backend", "torchrun-ssh",
+                  "--", DATA, code=3)
     assert "memory check failed for 32 ranks (the hostfile selection): predicted memory per GPU 83.7 GiB" in err
-    err = refused(tmp_path, L70, "--backend", "slurm", "--nodes", 12, "--", DATA, code=3)
+    err = refused(launch_here, tmp_path, L70, "--backend", "slurm", "--nodes", 12, "--", DATA, code=3)
     assert ("world: 96 ranks (--nodes 12 x --gpus-per-node 8), not the recipe's cluster.nodes x gpus_per_node = 16 x "
             "8 = 128: DP 4 -> 3; micro-batches per step on each DP rank 256 -> 341.333 (not whole)") in err
     assert "training.global_batch=1024 is not a multiple of parallel.micro_batch x dp = 1 x 3 = 3" in err
-    r = run_launch("train.sh", L70, "--backend", "slurm", "--nodes", 8, "--dry-run", "--log-dir", tmp_path / "ok",
+    r = launch_here("train.sh", L70, "--backend", "slurm", "--nodes", 8, "--dry-run", "--log-dir", tmp_path / "ok",
                    "--", DATA)
     assert r.returncode == 0, r.stderr
     assert ("world: 64 ranks (--nodes 8 x --gpus-per-node 8), not the recipe's cluster.nodes x gpus_per_node = 16 x 8 "
@@ -127,7 +130,7 @@ def test_the_plan_is_checked_for_the_world_it_starts(tmp_path):
     assert "memory: predicted memory per GPU 70.6 GiB for TP=2 x PP=16 x DP=2" in r.stdout
     assert "but not the 67.1 GiB budget that leaves 10% headroom" in r.stdout
     # at the recipe's own world nothing is said about a change
-    r = run_launch("train.sh", L70, "--backend", "slurm", "--nodes", 16, "--dry-run", "--log-dir", tmp_path / "own",
+    r = launch_here("train.sh", L70, "--backend", "slurm", "--nodes", 16, "--dry-run", "--log-dir", tmp_path / "own",
                    "--", DATA)
     assert r.returncode == 0, r.stderr
     assert "world:" not in r.stdout and "TP=2 x PP=16 x DP=4" in r.stdout

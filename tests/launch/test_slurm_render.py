@@ -17,8 +17,13 @@ pytestmark = pytest.mark.unit
 GPU = ["--", "cluster.device=cuda", "training.global_batch=64"]  # the toy on GPUs: the script asks for them
 
 
-def script_of(tmp_path, *args, name="s"):
-    r = run_launch("train.sh", TOY, "--backend", "slurm", "--dry-run", "--master-port", 29999, "--log-dir",
+@pytest.fixture
+def script_of(launch_here):
+    return lambda *a, **k: _script_of(launch_here, *a, **k)
+
+
+def _script_of(launch_here, tmp_path, *args, name="s"):
+    r = launch_here("train.sh", TOY, "--backend", "slurm", "--dry-run", "--master-port", 29999, "--log-dir",
                    tmp_path / name, *args)
     assert r.returncode == 0, r.stderr
     text = (tmp_path / name / "job.sbatch").read_text()
@@ -32,7 +37,7 @@ def sbatch_lines(script):
     return [line for line in script.splitlines() if line.startswith("#SBATCH")]
 
 
-def test_no_hostfile_slurm_picks_the_nodes(tmp_path):
+def test_no_hostfile_slurm_picks_the_nodes(tmp_path, script_of):
     out, script = script_of(tmp_path, "--nodes", 4, "--partition", "gpu", "--account", "proj-1", "--time",
                             "2-00:00:00", "--qos", "high", "--exclusive", *GPU)
     run_id = re.search(r"run_id=(\S+)", out)[1]
@@ -62,7 +67,7 @@ def test_no_hostfile_slurm_picks_the_nodes(tmp_path):
     assert "#SBATCH --exclude=gpu[005-006],gpu9" in script and "--nodelist" not in script
 
 
-def test_hostfile_form_pins_no_node_unless_asked(tmp_path):
+def test_hostfile_form_pins_no_node_unless_asked(tmp_path, script_of):
     hf = tmp_path / "hostfile"
     hf.write_text("gpu001 slots=4\ngpu002 slots=4\ngpu003 slots=4\n")
     _, script = script_of(tmp_path, "--hostfile", hf, "--num-nodes", 2)
@@ -74,7 +79,7 @@ def test_hostfile_form_pins_no_node_unless_asked(tmp_path):
     assert "#SBATCH --nodes=2" in script and "--exclude" not in "".join(sbatch_lines(script))
 
 
-def test_container_flags_on_the_srun_line(tmp_path):
+def test_container_flags_on_the_srun_line(tmp_path, launch_here):
     shared = tmp_path / "shared"
     manifest = shared / "data" / "manifest.json"
     manifest.parent.mkdir(parents=True)
@@ -83,7 +88,7 @@ def test_container_flags_on_the_srun_line(tmp_path):
         (manifest.parent / f"shard_000.{ext}").write_bytes(b"")
     recipe = shared / "toy.yaml"
     recipe.write_text(TOY.read_text())
-    r = run_launch("train.sh", recipe, "--backend", "slurm", "--nodes", 2, "--gpus-per-node", 2, "--dry-run",
+    r = launch_here("train.sh", recipe, "--backend", "slurm", "--nodes", 2, "--gpus-per-node", 2, "--dry-run",
                    "--container-image", "nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts",
                    f"{shared}:{shared},/scratch:/scratch:ro", "--log-dir", shared / "logs", "--",
                    f"data.manifests=[{manifest}]", f"checkpoint.dir={shared / 'ckpt'}")
@@ -93,7 +98,8 @@ def test_container_flags_on_the_srun_line(tmp_path):
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert srun == (f"srun --kill-on-bad-exit=1 --wait=60 --open-mode=append --output={shared}/logs/%N.log "
                     "'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' "
-                    f"--container-mounts={shared}:{shared},/scratch:/scratch:ro --container-workdir=/opt/llm-recipes \\")
+                    f"--container-mounts={shared}:{shared},/scratch:/scratch:ro "
+                    "--container-workdir=/opt/llm-recipes \\")
     # the ranks run the image's repository and venv; the job script's own bookkeeping runs outside, with ours
     assert (f"rank_cmd=(/opt/llm-recipes/.venv/bin/torchrun /opt/llm-recipes/launch/rank_exec.sh "
             f"/opt/llm-recipes/.venv/bin/python -m recipes train --config {recipe} ") in script
@@ -102,7 +108,7 @@ def test_container_flags_on_the_srun_line(tmp_path):
     # this machine's srun has no pyxis (or no Slurm configured): the dry run says a submission would be refused
     assert "submitting is refused here: `srun --help`" in r.stdout
     # a workdir of its own; the paths the ranks use must be mounted at the same path, and absolute
-    r = run_launch("train.sh", TOY, "--backend", "slurm", "--nodes", 1, "--dry-run", "--container-image",
+    r = launch_here("train.sh", TOY, "--backend", "slurm", "--nodes", 1, "--dry-run", "--container-image",
                    "/images/llm.sqsh", "--container-mounts", "/data:/mnt/data", "--container-workdir", "/work/llm",
                    "--log-dir", tmp_path / "x", "--", "checkpoint.dir=ckpt")
     assert r.returncode == 2 and not (tmp_path / "x").exists()
