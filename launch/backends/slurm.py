@@ -46,12 +46,19 @@ def _header(launch: Launch) -> list[str]:
                     "launch/stop.sh RUN_DIR stops it."]
 
 
+def _master(launch: Launch) -> list[str]:
+    """MASTER_ADDR: --master-addr, else the job's first node as Slurm reaches it (its NodeAddr; its name when the
+    cluster configures no address): node names need not resolve (NodeName=gpu001 NodeAddr=10.1.0.1)."""
+    if launch.master_addr_opt:
+        return [f"export MASTER_ADDR=${{MASTER_ADDR:-{_Q(launch.master_addr_opt)}}}"]
+    return ['first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+            "first_addr=$(scontrol -o show node \"$first_node\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')",
+            "export MASTER_ADDR=${MASTER_ADDR:-${first_addr:-$first_node}}"]
+
+
 def _environment(launch: Launch) -> list[str]:
-    addr = _Q(launch.master_addr_opt) if launch.master_addr_opt else \
-        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
     attempt = _Q(str(launch.log_dir)) + '/slurm-"$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"'
-    return [f"export {k}={_Q(v)}" for k, v in (line.split("=", 1) for line in launch.env_lines)] + [
-        f"export MASTER_ADDR=${{MASTER_ADDR:-{addr}}}",
+    return [f"export {k}={_Q(v)}" for k, v in (line.split("=", 1) for line in launch.env_lines)] + _master(launch) + [
         f"export MASTER_PORT={launch.master_port}",
         'export LAUNCH_HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tr \'\\n\' \' \')"',
         f"export LAUNCH_EXIT_DIR={attempt}/exits",

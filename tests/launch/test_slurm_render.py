@@ -51,7 +51,9 @@ def test_no_hostfile_slurm_picks_the_nodes(tmp_path, script_of):
     assert [f"node {i} (chosen by Slurm) slots=8 ranks={8 * i}-{8 * i + 7}" for i in range(4)] == \
         [line for line in out.splitlines() if line.startswith("node ")]
     # the job learns its nodes when it starts: the master and the host names come from SLURM_JOB_NODELIST
-    assert 'export MASTER_ADDR=${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}' in script
+    assert ('first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+            "first_addr=$(scontrol -o show node \"$first_node\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')\n"
+            "export MASTER_ADDR=${MASTER_ADDR:-${first_addr:-$first_node}}\n") in script
     assert 'LAUNCH_HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
     assert "# nodes: chosen by Slurm at every start (a requeue included)" in script
     # the recipe's world is 1 x 8: the plan says how DP and the micro-batches per step change (64 x 64 tokens)
