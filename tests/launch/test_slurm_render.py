@@ -164,3 +164,31 @@ def test_time_limit_must_leave_the_requeue_grace(tmp_path):
                                            ("1-02:03", 93780), ("1-00:00:07", 86407), ("UNLIMITED", None)])
 def test_time_seconds_reads_sbatch_formats(text, seconds):
     assert time_seconds(text) == seconds
+
+
+def test_prep_on_slurm_is_data_prep_arrays(tmp_path):
+    """launch/prep.sh --backend slurm: no hostfile; `python -m data_prep slurm` writes one array task per slice with
+    the request's #SBATCH lines (its scripts run on a real Slurm in tests/data_prep/test_dp_slurm.py)."""
+    r = run_launch("prep.sh", "--backend", "slurm", "--tasks", 3, "--partition", "cpu", "--account", "proj",
+                   "--qos", "low", "--time", "4:00:00", "--scripts-dir", tmp_path / "s", "--dry-run", "--",
+                   "in", "-o", tmp_path / "out", "-t", "tok")
+    assert r.returncode == 0, r.stderr
+    array = (tmp_path / "s" / "array_0000.sbatch").read_text()
+    assert sbatch_lines(array)[3:8] == ["#SBATCH --time=4:00:00", "#SBATCH --partition=cpu", "#SBATCH --account=proj",
+                                        "#SBATCH --qos=low", "#SBATCH --array=0-2"]
+    assert "--nodelist" not in array and array in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backend", "slurm", "--", "in"], "--backend slurm needs --tasks N"),
+    (["--tasks", "3", "--", "in"], "--tasks is for --backend slurm"),
+    (["--backend", "slurm", "--hostfile", "H", "--tasks", "2", "--", "in"], "--backend slurm takes no hostfile"),
+    (["--backend", "pdsh", "--", "in"], "--backend 'pdsh': use ssh"),
+])
+def test_bad_prep_options_refused(args, needle):
+    from launch.prep import parse as parse_prep, prep_slurm
+
+    with pytest.raises(LaunchError) as e:
+        o = parse_prep(args)
+        prep_slurm(o)
+    assert e.value.code == 2 and needle in str(e.value), str(e.value)
