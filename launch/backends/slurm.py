@@ -112,6 +112,13 @@ def _ending(launch: Launch) -> list[str]:
         f'  {report} 2>&1 || echo "[launch] FAILED: srun exited with code $rc before any rank reported; see" {log}/',
         '  exit "$rc"', "fi",
         drop,
+        "# srun can exit 0 although a node's task never started (seen with a SPANK plugin, pyxis, failing on the",
+        "# node: 'task 0 launch failed: Plugin initialization failed'): success is every rank's exit record.",
+        'records=$(find "$LAUNCH_EXIT_DIR" -maxdepth 1 -name "rank-*.exit" | wc -l)',
+        f'if [ "$records" -ne {launch.plan.world_size} ]; then',
+        f'  echo "[launch] FAILED: srun exited 0 but only $records of {launch.plan.world_size} ranks left an exit '
+        'record: a node\'s task did not start (see srun\'s error above)"',
+        "  exit 1", "fi",
         f'echo "[launch] job $SLURM_JOB_ID finished: all {launch.plan.world_size} ranks exited 0"']
 
 

@@ -45,13 +45,20 @@ def job_output(logs: Path, job_id: str) -> str:
     return (logs / f"slurm-{job_id}.out").read_text()
 
 
-def wait_for(pred, timeout, what):
+def wait_for(pred, timeout, what, detail=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
             return
         time.sleep(0.3)
-    pytest.fail(f"timed out ({timeout} s) waiting for {what}")
+    pytest.fail(f"timed out ({timeout} s) waiting for {what}" + (f"\n{detail()}" if detail else ""))
+
+
+def _tails(logs: Path, slurm) -> str:
+    """The run's logs and the cluster's, for a failure message."""
+    out = [f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.log"))
+           + sorted(logs.glob("slurm-*.out"))]
+    return "\n".join(out) + "\n" + slurm.logs_tail(8)
 
 
 def _run_pids(run_id: str, rank: int | None = None) -> list[int]:
@@ -133,7 +140,8 @@ def _release(slurm, job_id: str, restarts: int) -> None:
              60, f"job {job_id} to be pending after requeue {restarts}")
     # ...and the node done with the previous attempt: started on a node still cleaning it up, slurmd refuses the job
     # ("Killing non-startable batch job: Job credential revoked", seen once) and it ends FAILED.
-    wait_for(slurm.node_idle, 60, f"node {slurm.node} to be idle after requeue {restarts}")
+    wait_for(slurm.node_idle, 60, f"node {slurm.node} to be idle after requeue {restarts}",
+             lambda: f"node state {slurm.node_state()!r}; job {slurm.job(job_id)}\n{slurm.logs_tail(8)}")
     time.sleep(2)
     slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
@@ -227,11 +235,18 @@ def test_container_refused_where_srun_has_no_pyxis(slurm, tmp_path):
 
 @pytest.fixture(scope="module")
 def two_nodes(slurm, tmp_path_factory):
-    """A Slurm of two nodes (nodea, nodeb: two slurmd on this machine) for the requeue test; next to the session's
-    one-node cluster (its own ports, config and processes), whose fixture decides whether Slurm can run here."""
-    from tests.support.slurm import slurm_cluster
+    """A second Slurm: two nodes (nodea, nodeb: two slurmd on this machine) and a pyxis stand-in SPANK plugin
+    (tests/support/spank_container_standin.c: srun lists --container-image; a task given one fails to start). Next to
+    the session's one-node cluster (its own ports, config and processes), whose fixture decides whether Slurm can run
+    here."""
+    from tests.support.slurm import build_spank_plugin, slurm_cluster
 
-    with slurm_cluster(str(tmp_path_factory.mktemp("slurm2")), ["nodea", "nodeb"]) as cluster:
+    root = tmp_path_factory.mktemp("slurm2")
+    try:
+        plugin = build_spank_plugin(REPO / "tests" / "support" / "spank_container_standin.c", root)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    with slurm_cluster(str(root / "cluster"), ["nodea", "nodeb"], [str(plugin)]) as cluster:
         yield cluster
 
 
@@ -248,8 +263,8 @@ def test_a_requeued_job_lands_where_slurm_puts_it(two_nodes, tmp_path):
     assert first in ("nodea", "nodeb")
     other = ({"nodea", "nodeb"} - {first}).pop()
     node_log = logs / f"{slurm.host}.log"  # srun's %N is the host name: both nodes run on this machine
-    wait_for(lambda: node_log.exists() and f"[{first} rank 1] step 1 loss" in node_log.read_text(), 120,
-             f"job {job_id} to train on {first}")
+    wait_for(lambda: node_log.exists() and f"[{first} rank 1] step 1 loss" in node_log.read_text(), 240,
+             f"job {job_id} to train on {first}", lambda: _tails(logs, slurm))
     slurm.run("scontrol", "update", f"NodeName={first}", "State=DRAIN", "Reason=launcher-test")
     slurm.run("scontrol", "requeue", job_id)
     wait_for(lambda: slurm.job(job_id)["Restarts"] == "1" and slurm.job(job_id)["JobState"] == "PENDING", 60,
@@ -263,3 +278,23 @@ def test_a_requeued_job_lands_where_slurm_puts_it(two_nodes, tmp_path):
     assert f"job {job_id} (restart 0) on {first} " in out and f"job {job_id} (restart 1) on {other} " in out
     assert slurm.node_state(first) == "drained"
     assert f"[{other} rank 0] step 29 loss" in node_log.read_text()  # rank_exec.sh named it from the job's nodes
+
+
+def test_container_job_whose_tasks_never_start_is_a_failure(two_nodes, tmp_path):
+    """With a plugin that gives srun --container-image (here the pyxis stand-in), the launch is submitted; the
+    rendered srun line is accepted by srun. On the node the plugin fails the task, and srun still exits 0 (as it does
+    with pyxis 0.24 on a node without enroot, seen here): the job must not report success. It ends FAILED, saying that
+    no rank left an exit record."""
+    slurm = two_nodes
+    assert "--container-image" in slurm.run("srun", "--help").stdout
+    mounts = f"{REPO}:{REPO},{tmp_path}:{tmp_path}"
+    job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--container-image",
+                          "nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts", mounts, "--",
+                          f"data.manifests=[{TOY_DATA}]", hostfile=False)
+    job = slurm.wait_job(job_id, timeout=120)
+    out = job_output(logs, job_id)
+    assert (job["JobState"], job["ExitCode"]) == ("FAILED", "1:0"), (job, out)
+    assert "task 0 launch failed: Plugin initialization failed" in out
+    assert ("[launch] FAILED: srun exited 0 but only 0 of 2 ranks left an exit record: a node's task did not "
+            "start") in out
+    assert "finished: all 2 ranks exited 0" not in out

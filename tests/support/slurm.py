@@ -58,12 +58,28 @@ def _node_line(name: str, extra: str = "") -> str:
     return f"NodeName={name} {extra}NodeAddr=127.0.0.1 " + (" ".join(hw) or "CPUs=2") + " State=UNKNOWN"
 
 
+def build_spank_plugin(source: Path, out_dir: Path) -> Path:
+    """Compile a SPANK plugin (C, against Debian's libslurm-dev headers) into out_dir; RuntimeError saying what is
+    missing."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or not os.path.exists("/usr/include/slurm/spank.h"):
+        raise RuntimeError("building a SPANK plugin needs a C compiler and <slurm/spank.h>: bash "
+                           "launch/install_system_deps.sh (gcc, libslurm-dev)")
+    out = out_dir / (source.stem + ".so")
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(out), str(source)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"cc failed on {source}:\n{r.stderr}")
+    return out
+
+
 class SlurmCluster:
-    def __init__(self, root: str, nodes: Optional[List[str]] = None):
+    def __init__(self, root: str, nodes: Optional[List[str]] = None, plugins: Optional[List[str]] = None):
         self.root = Path(root)
         self.host = socket.gethostname().split(".")[0]
         self.nodes = list(nodes) if nodes else [self.host]  # node names (the machine's own name by default)
         self.node = self.nodes[0]
+        self.plugins = list(plugins or [])  # SPANK plugins (.so paths) for plugstack.conf, e.g. a pyxis stand-in
         self.conf = self.root / "slurm.conf"
         self.env: Dict[str, str] = dict(os.environ, SLURM_CONF=str(self.conf))
         for var in [v for v in self.env if v.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
@@ -123,7 +139,8 @@ class SlurmCluster:
             f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",
         ]))
-        (r / "plugstack.conf").write_text("")  # not the system's /etc/slurm/plugstack.conf
+        # not the system's /etc/slurm/plugstack.conf: none, or the plugins asked for
+        (r / "plugstack.conf").write_text("".join(f"required {p}\n" for p in self.plugins))
 
     def _spawn(self, name: str, args: List[str], tag: str = "") -> None:
         with open(self.root / "log" / f"{name}{tag}.stderr", "w") as log:
@@ -230,8 +247,9 @@ class SlurmCluster:
 
 
 @contextlib.contextmanager
-def slurm_cluster(root: str, nodes: Optional[List[str]] = None) -> Iterator[SlurmCluster]:
-    cluster = SlurmCluster(root, nodes)
+def slurm_cluster(root: str, nodes: Optional[List[str]] = None,
+                  plugins: Optional[List[str]] = None) -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(root, nodes, plugins)
     try:
         cluster.start()
         yield cluster
