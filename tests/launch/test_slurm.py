@@ -195,10 +195,12 @@ def test_requeued_training_job_resumes_from_its_newest_checkpoint(slurm, corpus,
 
 def test_without_a_hostfile_slurm_picks_the_node(slurm, local_reference, tmp_path):
     """`--nodes 1 --gpus-per-node 2`, no hostfile: the script names no node; the job learns its node from
-    SLURM_JOB_NODELIST (the master, the host names in the logs) and completes with the losses of a local run."""
+    SLURM_JOB_NODELIST (the master, the host names in the logs) and completes with the losses of a local run.
+    sbatch's own options reach the job as Slurm reads them (scontrol's fields)."""
     out = tmp_path / "losses.json"
-    job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--entry", TOY_ENTRY, "--env",
-                          "TOY_OUT", hostfile=False, TOY_OUT=out)
+    job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--partition", "debug",
+                          "--account", "proj-1", "--qos", "normal", "--time", "30", "--exclusive", "--entry",
+                          TOY_ENTRY, "--env", "TOY_OUT", hostfile=False, TOY_OUT=out)
     script = (logs / "job.sbatch").read_text()
     assert "#SBATCH --nodes=1\n" in script and "--nodelist" not in script
     assert (logs / "hosts").read_text() == ""  # nothing known at submission
@@ -206,6 +208,8 @@ def test_without_a_hostfile_slurm_picks_the_node(slurm, local_reference, tmp_pat
     assert (job["JobState"], job["ExitCode"], job["NodeList"]) == ("COMPLETED", "0:0", slurm.node), \
         job_output(logs, job_id)
     assert job["ReqNodeList"] == "(null)"  # Slurm was free to choose
+    assert (job["Partition"], job["Account"], job["TimeLimit"], job["OverSubscribe"]) == \
+        ("debug", "proj-1", "00:30:00", "NO")  # (this cluster keeps no accounting: its QOS reads "(null)")
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and data["losses"] == pytest.approx(local_reference, rel=1e-5, abs=0)
     assert f"job {job_id} (restart 0) on {slurm.node} " in job_output(logs, job_id)
