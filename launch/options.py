@@ -42,9 +42,14 @@ Slurm (--backend slurm): without a hostfile Slurm picks the nodes and the job le
   --container-mounts M     SRC:DST[:FLAGS],... (the log dir, recipe, data and checkpoint.dir at the same paths)
   --container-workdir DIR  the repository inside the image (default /opt/llm-recipes, launch/container/Dockerfile)"""
 
-TRAIN_USAGE = f"""usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value ...]
-Start a training run on the hosts of a hostfile, supervise it, stop every rank on every node when one dies or the
-job hangs, and restart it from the newest complete checkpoint when restarts are allowed.
+TRAIN_USAGE = f"""usage: launch/train.sh RECIPE [--hostfile FILE | --backend slurm --nodes N] [options] [-- k=v ...]
+Check the recipe for the world it will start, then start a training run on the hosts of a hostfile, supervise it,
+stop every rank on every node when one dies or the job hangs, and restart it from the newest complete checkpoint
+when restarts are allowed; or submit it as a Slurm job (Slurm picks the nodes; the job requeues itself).
+examples:
+  launch/train.sh configs/runs/my-70b.yaml --hostfile hosts --dry-run
+  launch/train.sh configs/runs/my-70b.yaml --backend slurm --nodes 16 --partition gpu --time 48:00:00
+  launch/train.sh configs/runs/tiny-cpu.yaml --num-gpus 2 -- data.manifests=[/shared/corpus/manifest.json]
 {COMMON_USAGE}
   --no-preflight           skip the ssh/repo reachability check of every node
   --quiet                  write rank output to the logs only, not to the terminal
@@ -55,13 +60,16 @@ job hangs, and restart it from the newest complete checkpoint when restarts are 
 environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s; default: the
   recipe's checkpoint.stop_grace_seconds), LAUNCH_SLURM_GRACE (s, 300: a Slurm job saves and requeues itself this long
   before its time limit), LAUNCH_VENV
-exit codes: 0 finished, 1 failed or stopped, 2 bad arguments or hostfile, 3 world size does not fit the recipe,
-  4 a node is not ready, 5 another run holds checkpoint.dir, 130 interrupted"""
+exit codes: 0 finished (Slurm: submitted), 1 failed or stopped, 2 bad arguments, hostfile, recipe or data,
+  3 the recipe's layout or memory does not fit the world, 4 a node is not ready, 5 another run holds checkpoint.dir,
+  130 interrupted"""
 
-PREFLIGHT_USAGE = f"""usage: launch/preflight.sh RECIPE --hostfile FILE [options] [-- section.key=value ...]
-Check a cluster before committing it to a run; start nothing (except the optional communication check).
+PREFLIGHT_USAGE = f"""usage: launch/preflight.sh RECIPE [--hostfile FILE | --backend slurm --nodes N] [options]
+Check a cluster before committing it to a run: the recipe for that world, then every node (not under Slurm without
+a hostfile: its nodes are chosen when the job starts); start nothing (except the optional communication check).
 {COMMON_USAGE}
-exit codes: 0 ready, 2 bad hostfile/arguments, 3 world size does not fit the recipe, 4 a node is not ready"""
+exit codes: 0 ready, 2 bad hostfile/arguments/recipe/data, 3 the recipe's layout or memory does not fit the world,
+  4 a node is not ready"""
 
 BACKENDS = ("deepspeed", "torchrun-ssh", "slurm", "local")
 _VALUED = {"--hostfile": "hostfile", "--backend": "backend", "--include": "include", "--exclude": "exclude",
