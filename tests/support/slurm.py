@@ -172,11 +172,14 @@ class SlurmCluster:
         raise RuntimeError(f"{what}; logs in {self.root / 'log'}:\n{self.logs_tail()}")
 
     def node_idle(self, node: Optional[str] = None) -> bool:
-        return self.node_state(node) == "idle"
+        """Idle and done with any previous job. PLANNED (the scheduler has set the node aside for a pending job, e.g.
+        one just requeued) still counts: sinfo then says "mixed" although nothing runs there."""
+        return set(self.node_state(node).split("+")) - {"PLANNED"} == {"IDLE"}
 
     def node_state(self, node: Optional[str] = None) -> str:
-        r = self.run("sinfo", "-h", "-N", "-n", node or self.node, "-o", "%T", check=False)
-        return r.stdout.strip() if r.returncode == 0 else ""
+        """scontrol's State of the node: IDLE, ALLOCATED, MIXED, ... with its flags (IDLE+DRAIN, IDLE+COMPLETING)."""
+        r = self.run("scontrol", "-o", "show", "node", node or self.node, check=False)
+        return next((w[6:] for w in r.stdout.split() if w.startswith("State=")), "") if r.returncode == 0 else ""
 
     def logs_tail(self, lines: int = 15) -> str:
         out = []
