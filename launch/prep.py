@@ -14,6 +14,8 @@ array scripts, chains the curation passes and a finalize job that writes the man
 the slices that failed):
     launch/prep.sh --backend slurm --tasks N [--partition P] [--account A] [--time T] [--qos Q]
                    [--cpus-per-task C] [--scripts-dir DIR] [--only-incomplete] [--dry-run] -- [tokenize|curate] ...
+
+    --backend NAME   ssh (default: the hostfile's nodes) | slurm (array tasks; no hostfile)
 """
 from __future__ import annotations
 

@@ -169,9 +169,11 @@ def test_time_seconds_reads_sbatch_formats(text, seconds):
 def test_prep_on_slurm_is_data_prep_arrays(tmp_path):
     """launch/prep.sh --backend slurm: no hostfile; `python -m data_prep slurm` writes one array task per slice with
     the request's #SBATCH lines (its scripts run on a real Slurm in tests/data_prep/test_dp_slurm.py)."""
+    corpus = tmp_path / "in.jsonl"  # the inputs are probed before any script is written
+    corpus.write_text('{"text": "a document"}\n')
     r = run_launch("prep.sh", "--backend", "slurm", "--tasks", 3, "--partition", "cpu", "--account", "proj",
                    "--qos", "low", "--time", "4:00:00", "--scripts-dir", tmp_path / "s", "--dry-run", "--",
-                   "in", "-o", tmp_path / "out", "-t", "tok")
+                   corpus, "-o", tmp_path / "out", "-t", "tok")
     assert r.returncode == 0, r.stderr
     array = (tmp_path / "s" / "array_0000.sbatch").read_text()
     assert sbatch_lines(array)[3:8] == ["#SBATCH --time=4:00:00", "#SBATCH --partition=cpu", "#SBATCH --account=proj",
