@@ -14,10 +14,14 @@ class TrainState:
     consumed_samples: int = 0  # sequences consumed from the training data
     nan_skips_total: int = 0  # steps skipped for a non-finite loss or gradient
     resumed_from: int | None = None  # the step this run resumed from (None: a fresh start)
+    wandb_run_id: str | None = None  # the W&B run of this training run (rank 0; recipes.train.tracking)
 
     def client_state(self) -> dict:
         """What a checkpoint keeps of it (complete.json and DeepSpeed's client state)."""
-        return {"step": self.step, "consumed_samples": self.consumed_samples, "nan_skips_total": self.nan_skips_total}
+        kept = {"step": self.step, "consumed_samples": self.consumed_samples, "nan_skips_total": self.nan_skips_total}
+        if self.wandb_run_id:
+            kept["wandb_run_id"] = self.wandb_run_id
+        return kept
 
 
 def resume(engine, recipe) -> TrainState:
@@ -26,4 +30,5 @@ def resume(engine, recipe) -> TrainState:
     if not saved:
         return TrainState()
     return TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
-                      nan_skips_total=saved.get("nan_skips_total", 0), resumed_from=saved["step"])
+                      nan_skips_total=saved.get("nan_skips_total", 0), resumed_from=saved["step"],
+                      wandb_run_id=saved.get("wandb_run_id"))
