@@ -14,6 +14,7 @@ import sys
 import time
 import warnings
 
+from recipes.config.file_mode import apply_recipe_mode
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import free_port
@@ -164,6 +165,7 @@ def main(args: list[str] | None = None) -> int:
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    apply_recipe_mode(recipe)  # checkpoint.file_mode: before anything is written, here and in every child process
     if ns.local:
         from recipes.checkpoint import lease as run_lease
 
