@@ -88,6 +88,19 @@ def fix_tree(path, mode: Optional[int] = None) -> None:
             _fix_one(os.path.join(root, name), mode)
 
 
+def fix_dir_files(path, mode: Optional[int] = None) -> None:
+    """``fix_tree`` of a directory and the plain files directly in it, not of its subdirectories (a checkpoint.dir:
+    DeepSpeed's recovery scripts beside the tags, without walking every tag again)."""
+    mode = current() if mode is None else mode
+    if mode is None or not os.path.isdir(path):
+        return
+    _fix_one(str(path), mode)
+    with os.scandir(path) as entries:
+        for e in entries:
+            if e.is_file(follow_symlinks=False):
+                _fix_one(e.path, mode)
+
+
 def _fix_one(p: str, mode: int) -> None:
     st = os.lstat(p)
     if stat.S_ISLNK(st.st_mode):

@@ -161,6 +161,7 @@ class Checkpointer:
         # checkpoint.file_mode on every rank's files, DeepSpeed's own included (it copies zero_to_fp32.py with its
         # source's mode), before complete.json vouches for the tag
         file_mode.fix_tree(self.root / tag)
+        file_mode.fix_dir_files(self.root)  # zero_to_fp32.py and zero_to_torch.py beside the tags
         files = mark_complete(self.root, tag, step, client_state, self.keep_last)
         log.info(f"checkpoint: {'async' if self.background else 'sync'} save of {tag}: "
                  f"{sum(files.values()) / 2**20:.1f} MiB, {elapsed:.1f} s from save to {MARKER}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from data_prep.file_modes import ENV, apply, current, dir_mode, fix_tree  # noqa: F401  (this module's API)
+from data_prep.file_modes import ENV, apply, current, dir_mode, fix_dir_files, fix_tree  # noqa: F401  (the API)
 from data_prep.file_modes import parse
 
 
