@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from data_prep.file_modes import ENV, apply, current, dir_mode, fix_dir_files, fix_tree  # noqa: F401  (the API)
-from data_prep.file_modes import parse
+from data_prep.file_modes import parse  # noqa: F401  (also the API: launch/prep.py checks data_prep's --file-mode)
 
 
 def recipe_mode(recipe) -> Optional[int]:

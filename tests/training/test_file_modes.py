@@ -22,7 +22,8 @@ def _modes(root: Path) -> dict[str, int]:
     out = {"./": stat.S_IMODE(root.stat().st_mode)}
     for d, dirs, files in os.walk(root):
         for name in dirs:
-            out[os.path.relpath(os.path.join(d, name), root) + "/"] = stat.S_IMODE(os.lstat(os.path.join(d, name)).st_mode)
+            path = os.path.join(d, name)
+            out[os.path.relpath(path, root) + "/"] = stat.S_IMODE(os.lstat(path).st_mode)
         for name in files:
             out[os.path.relpath(os.path.join(d, name), root)] = stat.S_IMODE(os.lstat(os.path.join(d, name)).st_mode)
     return out
