@@ -106,5 +106,7 @@ def _fix_one(p: str, mode: int) -> None:
     if stat.S_ISLNK(st.st_mode):
         return
     want = dir_mode(mode) if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR else mode
+    if stat.S_ISDIR(st.st_mode):
+        want |= st.st_mode & stat.S_ISGID  # a project directory's setgid (new files get its group) is kept
     if stat.S_IMODE(st.st_mode) != want:
         os.chmod(p, want)

@@ -138,3 +138,23 @@ def test_tokenize_without_a_file_mode_keeps_todays_modes(tmp_path, umask, sp_mod
     out = _tokenize(tmp_path, sp_model, corpus_dir)
     modes = _tree_modes(out)
     assert {p: f"{m:04o}" for p, m in modes.items() if m != (0o755 if p.endswith("/") else 0o644)} == {}
+
+
+@pytest.mark.unit
+def test_fix_tree_sets_the_mode_keeps_setgid_and_never_follows_a_link(tmp_path, umask):
+    d = tmp_path / "ckpt"
+    (d / "tag").mkdir(parents=True)
+    os.chmod(d, 0o2775)  # a group project directory: setgid, group-writable
+    (d / "tag" / "model.pt").write_bytes(b"x")
+    os.chmod(d / "tag" / "model.pt", 0o644)
+    script = d / "zero_to_fp32.py"
+    script.write_text("#")
+    os.chmod(script, 0o755)
+    outside = tmp_path / "elsewhere"
+    outside.write_text("not ours")
+    os.chmod(outside, 0o644)
+    (d / "tag" / "link").symlink_to(outside)
+    file_modes.fix_tree(d, 0o640)
+    assert (_mode(d), _mode(d / "tag"), _mode(d / "tag" / "model.pt"), _mode(script)) == (0o2750, 0o750, 0o640, 0o750)
+    assert _mode(outside) == 0o644
+    assert file_modes.fix_tree(d) is None and _mode(d / "tag" / "model.pt") == 0o640  # no mode set: nothing changes
