@@ -1,7 +1,7 @@
 """checkpoint.file_mode on a real run: every file a training run writes (DeepSpeed's own checkpoint files, our
-markers, the async writer's files, the data cache, metrics.jsonl and TensorBoard events), a sync save after a resume,
-and a streaming reshape of its checkpoint get the mode, every directory the matching mode with x; without the
-setting the run leaves today's modes (0644 files, 0755 directories under the usual umask 022)."""
+markers, the async writer's files, the data cache, metrics.jsonl and TensorBoard events), a sync save after a
+resume, a streaming reshape and an export-hf of its checkpoint get the mode, every directory the matching mode with
+x; without the setting the run leaves today's modes (0644 files, 0755 directories under the usual umask 022)."""
 from __future__ import annotations
 
 import os
@@ -58,13 +58,23 @@ def test_a_run_its_async_and_sync_saves_and_a_reshape_write_0640(corpus, tmp_pat
     assert _off(modes, 0o640, 0o750) == {}
 
     out = tmp_path / "reshaped"
-    proc = subprocess.run([sys.executable, "-m", "recipes", "reshape", "--checkpoint", str(run), "--out", str(out),
-                           "--tag", "global_step6", "--to", "tp=1,pp=1,dp=1", "--writer", "stream", "--quiet"],
-                          cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _recipes("reshape", "--checkpoint", run, "--out", out, "--tag", "global_step6", "--to", "tp=1,pp=1,dp=1",
+             "--writer", "stream")
     reshaped = _modes(out)
     assert "global_step6/complete.json" in reshaped
     assert _off(reshaped, 0o640, 0o750) == {}
+
+    hf = tmp_path / "hf"
+    _recipes("export-hf", "--checkpoint", run, "--out", hf, "--tag", "global_step6")
+    exported = _modes(hf)
+    assert "config.json" in exported and any(p.endswith(".safetensors") for p in exported)
+    assert _off(exported, 0o640, 0o750) == {}
+
+
+def _recipes(*args) -> None:
+    proc = subprocess.run([sys.executable, "-m", "recipes", *map(str, args), "--quiet"], cwd=REPO, env=worker_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_without_the_setting_a_run_leaves_todays_modes(corpus, tmp_path, umask_022):
