@@ -158,3 +158,12 @@ def test_fix_tree_sets_the_mode_keeps_setgid_and_never_follows_a_link(tmp_path, 
     assert (_mode(d), _mode(d / "tag"), _mode(d / "tag" / "model.pt"), _mode(script)) == (0o2750, 0o750, 0o640, 0o750)
     assert _mode(outside) == 0o644
     assert file_modes.fix_tree(d) is None and _mode(d / "tag" / "model.pt") == 0o640  # no mode set: nothing changes
+
+
+@pytest.mark.multiproc
+def test_ray_workers_write_with_the_file_mode(tmp_path, umask, sp_model, corpus_dir):
+    """The shards come from Ray's worker processes (started by the raylet, each given the mode with its task)."""
+    out = _tokenize(tmp_path, sp_model, corpus_dir, "--executor", "ray", "--file-mode", "0600")
+    modes = _tree_modes(out)
+    assert any(p.endswith(".idx") for p in modes)
+    assert {p: f"{m:04o}" for p, m in modes.items() if m != (0o700 if p.endswith("/") else 0o600)} == {}
