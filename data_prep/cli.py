@@ -472,6 +472,7 @@ def main(argv=None) -> int:
     p.add_argument("--normalization", choices=("identity", "nmt_nfkc"), default="identity",
                    help="identity (default): lossless, Llama-style; nmt_nfkc: sentencepiece's classic defaults")
     p.add_argument("-q", "--quiet", action="store_true")
+    _add_file_mode(p)
     p.set_defaults(fn=cmd_train_tokenizer)
 
     p = sub.add_parser("verify", help="check every shard with megatron-core's reader against the manifest")
@@ -541,6 +542,7 @@ def main(argv=None) -> int:
     p.add_argument("sources", nargs="+", help="name=DIR:weight, e.g. web=out/web:0.7 code=out/code:0.2")
     p.add_argument("--token-budget", type=float, default=0.0, help="training tokens, to report epochs per source")
     p.add_argument("-o", "--output", help="write the blend JSON here")
+    _add_file_mode(p)
     p.set_defaults(fn=cmd_blend)
 
     p = sub.add_parser("plan", help="tokens, shards, size and wall time for a corpus, from a calibration run")
