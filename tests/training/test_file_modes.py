@@ -1,6 +1,6 @@
 """checkpoint.file_mode on a real run: every file a training run writes (DeepSpeed's own checkpoint files, our
 markers, the async writer's files, the data cache, metrics.jsonl and TensorBoard events), a sync save after a
-resume, a streaming reshape and an export-hf of its checkpoint get the mode, every directory the matching mode with
+resume, a reshape (both writers) and an export-hf of its checkpoint get the mode, every directory the matching mode with
 x; without the setting the run leaves today's modes (0644 files, 0755 directories under the usual umask 022)."""
 from __future__ import annotations
 
@@ -57,12 +57,13 @@ def test_a_run_its_async_and_sync_saves_and_a_reshape_write_0640(corpus, tmp_pat
     assert any("tfevents" in p for p in modes)
     assert _off(modes, 0o640, 0o750) == {}
 
-    out = tmp_path / "reshaped"
-    _recipes("reshape", "--checkpoint", run, "--out", out, "--tag", "global_step6", "--to", "tp=1,pp=1,dp=1",
-             "--writer", "stream")
-    reshaped = _modes(out)
-    assert "global_step6/complete.json" in reshaped
-    assert _off(reshaped, 0o640, 0o750) == {}
+    for writer in ("stream", "engine"):  # engine: one torchrun rank per target rank (import-hf's writer too)
+        out = tmp_path / f"reshaped-{writer}"
+        _recipes("reshape", "--checkpoint", run, "--out", out, "--tag", "global_step6", "--to", "tp=1,pp=1,dp=1",
+                 "--writer", writer)
+        reshaped = _modes(out)
+        assert "global_step6/complete.json" in reshaped
+        assert _off(reshaped, 0o640, 0o750) == {}, writer
 
     hf = tmp_path / "hf"
     _recipes("export-hf", "--checkpoint", run, "--out", hf, "--tag", "global_step6")
