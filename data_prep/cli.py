@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from data_prep import io
+from data_prep import file_modes, io
 
 def _size_arg(text: str) -> int:
     """argparse type for sizes (data_prep.io.parse_size: 64M, 1G, 10P, 512Mi, plain bytes)."""
@@ -31,6 +31,20 @@ def _fraction_arg(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"wants a fraction in 0..1 (e.g. 0.5), got {text!r}")
     return value
+
+
+def _file_mode_arg(text: str) -> int:
+    """argparse type for --file-mode (data_prep.file_modes.parse: an octal mode, never world-writable)."""
+    try:
+        return file_modes.parse(text, "--file-mode")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_file_mode(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--file-mode", type=_file_mode_arg, default=None, metavar="MODE",
+                   help="mode of every file written (shards, .idx, stats, manifest, reject logs), e.g. 0640 or 0600 "
+                        "on a shared file system; directories get x where r (0750, 0700). Default: 0644 as today")
 
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
@@ -84,6 +98,7 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
                    help="with --steps and --slice: run one curation pass (filter: filter and tokenize); all slices "
                         "finish a stage before any starts the next (`slurm` and launch/prep.sh chain them)")
+    _add_file_mode(p)
 
 
 def _storage_option(text: str):
@@ -255,6 +270,7 @@ def cmd_slurm(a) -> int:
     from data_prep.executors.slurm import render
 
     command, args, parsed, settings = _forwarded(a.command_args, "slurm")
+    file_modes.apply(parsed.file_mode)  # the scripts and the tasks' log directory too (the tasks get the flag)
     # a 4,000-task array must not start for a bucket it cannot read or write, or a text field the inputs lack
     for line in _preflight(settings):
         print(f"# probed: {line}")
@@ -386,6 +402,7 @@ def _add_curate_options(p: argparse.ArgumentParser) -> None:
                    help="with --slice: run one pass; all slices finish a stage before any starts the next")
     p.add_argument("--merge-only", action="store_true", help="write curation.json if every unit is complete")
     p.add_argument("-q", "--quiet", action="store_true")
+    _add_file_mode(p)
 
 
 def _curate_settings_from(a):
@@ -455,6 +472,7 @@ def main(argv=None) -> int:
     p.add_argument("--normalization", choices=("identity", "nmt_nfkc"), default="identity",
                    help="identity (default): lossless, Llama-style; nmt_nfkc: sentencepiece's classic defaults")
     p.add_argument("-q", "--quiet", action="store_true")
+    _add_file_mode(p)
     p.set_defaults(fn=cmd_train_tokenizer)
 
     p = sub.add_parser("verify", help="check every shard with megatron-core's reader against the manifest")
@@ -517,12 +535,14 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--target-size", type=_size_arg, default="4G", help=".bin bytes per merged shard")
     p.add_argument("-q", "--quiet", action="store_true")
+    _add_file_mode(p)
     p.set_defaults(fn=cmd_merge)
 
     p = sub.add_parser("blend", help="weighted blend over manifests (name=DIR:weight ...), epochs per source")
     p.add_argument("sources", nargs="+", help="name=DIR:weight, e.g. web=out/web:0.7 code=out/code:0.2")
     p.add_argument("--token-budget", type=float, default=0.0, help="training tokens, to report epochs per source")
     p.add_argument("-o", "--output", help="write the blend JSON here")
+    _add_file_mode(p)
     p.set_defaults(fn=cmd_blend)
 
     p = sub.add_parser("plan", help="tokens, shards, size and wall time for a corpus, from a calibration run")
@@ -573,6 +593,7 @@ def main(argv=None) -> int:
     _add_curate_args(sub)
 
     a = ap.parse_args(argv)
+    file_modes.apply(getattr(a, "file_mode", None))  # before anything is written, in this process and its workers
     from data_prep.steps.tokenizers import TokenizerError
     from data_prep.read.units import PlanError
 

@@ -18,7 +18,7 @@ import os
 import socket
 from typing import BinaryIO, Union
 
-from data_prep import objstore
+from data_prep import file_modes, objstore
 from data_prep.objstore import check_url, configure, is_url, join, list_tree, refresh_listing  # noqa: F401  (the io API)
 
 SIZE_UNITS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
@@ -91,14 +91,17 @@ def file_sha256(path: str) -> str:
 # --- writing -----------------------------------------------------------------------------------------------------
 
 
-DATA_MODE = 0o644  # shards, indexes, manifests, logs: data others may read, never anyone else's to write
+DATA_MODE = None  # shards, indexes, manifests, logs: file_modes.data_mode() (0644 unless a file mode was set)
 SECRET_MODE = 0o600  # anything holding credentials: the owner only
 
 
-def open_write(path: str, mode: int = DATA_MODE) -> BinaryIO:
-    """A new binary file for writing, created with ``mode`` (narrowed further by the umask, never widened: a
-    umask of 0 does not make outputs world-writable). A leftover at ``path`` is replaced, not reused with its mode."""
+def open_write(path: str, mode: int | None = DATA_MODE) -> BinaryIO:
+    """A new binary file for writing, created with ``mode`` (default: the run's data mode, 0644 unless
+    --file-mode / checkpoint.file_mode set one; narrowed further by the umask, never widened: a umask of 0 does not
+    make outputs world-writable). A leftover at ``path`` is replaced, not reused with its mode."""
     remove(path)
+    if mode is None:
+        mode = file_modes.data_mode()
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb")
 
 
@@ -130,10 +133,10 @@ def tmp_name(path: str, shared: bool = False) -> str:
 
 
 def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync: bool = True,
-                 mode: int = DATA_MODE) -> None:
+                 mode: int | None = DATA_MODE) -> None:
     """Write ``data`` to ``path`` all or nothing: temporary file, fsync, rename over ``path``, fsync of the
     directory. ``shared``: several writers may race on ``path`` (see ``tmp_name``); the last rename wins whole.
-    ``mode``: DATA_MODE (0644) for outputs; SECRET_MODE (0600) for anything holding credentials."""
+    ``mode``: DATA_MODE (the run's data mode) for outputs; SECRET_MODE (0600) for anything holding credentials."""
     if isinstance(data, str):
         data = data.encode()
     if is_url(path):  # one PUT: the object appears whole or not at all
@@ -152,7 +155,7 @@ def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def atomic_write_many(items, shared: bool = False, mode: int = DATA_MODE) -> None:
+def atomic_write_many(items, shared: bool = False, mode: int | None = DATA_MODE) -> None:
     """``atomic_write`` of several local files, paying for one directory fsync per directory instead of one per file:
     each file is written and fsynced under its temporary name, then all are renamed, then their directories fsynced.
     A crash leaves each file old or new, whole; the caller writes its completion marker after this returns."""

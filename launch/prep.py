@@ -28,6 +28,7 @@ from pathlib import Path
 
 from launch.common import REPO_DIR, Interrupted, LaunchError, python, say
 from launch.guard import Guard
+from recipes.config import file_mode
 from launch.hostfile import HostfileError, parse_hostfile
 from launch.ssh import Ssh
 from launch.stop import grace_of, stop_hosts
@@ -141,7 +142,8 @@ def prep(argv: list[str]) -> int:
     def cmd_of(i, slots, stage):
         return command_for(cmd, args, prep_id, i, len(nodes), slots, stage)
 
-    probe(cmd, args)
+    probe(cmd, args)  # also checks --file-mode
+    apply_file_mode(args)
     if o["dry_run"]:
         for stage in stages:
             if stage:
@@ -151,6 +153,16 @@ def prep(argv: list[str]) -> int:
         print(f"local: {python()} -m data_prep {cmd} {''.join(shlex.quote(a) + ' ' for a in args)}--merge-only")
         return 0
     return run(o, cmd, args, nodes, stages, prep_id, cmd_of)
+
+
+def apply_file_mode(args: list[str]) -> None:
+    """data_prep's --file-mode for what the launcher writes too (its log dir, the nodes' logs); the nodes get the
+    flag with the rest of the arguments."""
+    for i, a in enumerate(args):
+        value = args[i + 1] if a == "--file-mode" and i + 1 < len(args) else a[12:] if a.startswith("--file-mode=") \
+            else None
+        if value is not None:
+            file_mode.apply(file_mode.parse(value, "--file-mode"))
 
 
 def probe(cmd: str, args: list[str]) -> None:

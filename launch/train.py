@@ -22,6 +22,7 @@ from launch.options import Options
 from launch.slurm_request import time_seconds
 from launch.ssh import Ssh, check_reachable, drop_file, push_private_file
 from launch.supervise import Policy, Supervisor
+from recipes.config.file_mode import apply_recipe_mode
 
 _PROBE = """import socket, sys
 for p in range(int(sys.argv[1]), int(sys.argv[1]) + 16):
@@ -158,6 +159,7 @@ def setup(opts: Options, ssh: Ssh) -> tuple[Launch, Backend, recipe_check.Facts]
     """Every check that needs no node; refusals exit before the log dir exists (except a bad log dir itself)."""
     environment.check_names(opts.env_names, os.environ)
     nodes, facts, recipe = checked_plan(opts, ssh)
+    apply_recipe_mode(recipe)  # checkpoint.file_mode: the log dir and every file the launcher writes in it
     facts.stop_grace_s = _stop_grace(facts.stop_grace_s)
     grace = _slurm_grace() if opts.backend == "slurm" else 300
     slurm = _slurm_request(opts, nodes, grace) if opts.backend == "slurm" else None

@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from typing import Optional
 
+from data_prep import file_modes
 from data_prep.executors.base import Executor
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 _TOKEN: Optional[str] = None  # one per process: Ray's token loader caches the first token it reads
 
 
-def _call(task, unit):
+def _call(task, unit, file_mode=None):
+    file_modes.apply(file_mode)  # a worker on another node does not inherit the driver's umask
     return task(unit)
 
 
@@ -141,7 +143,8 @@ class RayExecutor(Executor):
     @staticmethod
     def _run_tasks(ray, task, units, on_result) -> None:
         remote = ray.remote(num_cpus=1, max_retries=2)(_call)
-        refs = {remote.remote(task, u): u for u in units}
+        mode = file_modes.current()
+        refs = {remote.remote(task, u, mode): u for u in units}
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)

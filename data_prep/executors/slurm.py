@@ -28,6 +28,8 @@ import re
 import shlex
 from typing import Dict, List, Optional, Sequence, Union
 
+from data_prep import file_modes
+
 CURATION_STAGES = ("hash", "buckets", "filter")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,+-]*")  # partition, account, qos (comma lists too)
 # sbatch --time: minutes | MM:SS | HH:MM:SS | D-HH | D-HH:MM | D-HH:MM:SS | UNLIMITED
@@ -122,7 +124,8 @@ def render(args: List[str], tasks: int, scripts_dir: str, python: str, workdir: 
     sub_path = os.path.join(scripts_dir, "submit.sh")
     with open(sub_path, "w") as f:
         f.write("\n".join(_submit_script(chained, fin_path)) + "\n")
-    os.chmod(sub_path, 0o755)
+    mode = file_modes.current()  # a script: the file mode with x (0640 -> 0750); 0755 by default
+    os.chmod(sub_path, 0o755 if mode is None else file_modes.dir_mode(mode))
     return [p for _, paths in chained for p in paths] + [fin_path, sub_path]
 
 

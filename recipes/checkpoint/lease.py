@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from data_prep import file_modes as file_mode
+
 LEASE = "run.lease"
 HEARTBEAT_S = float(os.environ.get("RECIPES_LEASE_HEARTBEAT_S", 15))
 STALE_S = float(os.environ.get("RECIPES_LEASE_STALE_S", 120))
@@ -102,7 +104,8 @@ class Lease:
         """The lease's content in full, in a new file with a unique name (created exclusively, no symlink followed)."""
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{LEASE}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o644)  # readable by the other users' launchers that check it
+            # readable by the other users' launchers that check it (0644), or as checkpoint.file_mode says
+            os.fchmod(f.fileno(), file_mode.data_mode())
             f.write(self._body())
         return tmp
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from recipes.checkpoint import safe_load, shm_writer, writer
+from recipes.config import file_mode
 from recipes.checkpoint.format import rng
 from recipes.checkpoint.format.tags import MARKER, client_state as marked_client_state, mark_complete, newest_complete
 from recipes.checkpoint.format.tags import step_of, tag_for
@@ -157,6 +158,10 @@ class Checkpointer:
         return step
 
     def _mark_complete(self, tag: str, step: int, client_state: dict, elapsed: float, own_bytes: int) -> None:
+        # checkpoint.file_mode on every rank's files, DeepSpeed's own included (it copies zero_to_fp32.py with its
+        # source's mode), before complete.json vouches for the tag
+        file_mode.fix_tree(self.root / tag)
+        file_mode.fix_dir_files(self.root)  # zero_to_fp32.py and zero_to_torch.py beside the tags
         files = mark_complete(self.root, tag, step, client_state, self.keep_last)
         log.info(f"checkpoint: {'async' if self.background else 'sync'} save of {tag}: "
                  f"{sum(files.values()) / 2**20:.1f} MiB, {elapsed:.1f} s from save to {MARKER}")

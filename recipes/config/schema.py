@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from data_prep.file_modes import parse as parse_mode
 
 
 class _Section(BaseModel):
@@ -208,6 +210,21 @@ class CheckpointConfig(_Section):
     # async only: cap each rank's background write rate (MiB/s), so that checkpoint writes on a shared file system
     # leave bandwidth to the data loaders of other jobs; None = as fast as the disk goes
     async_max_mib_per_s: Optional[PositiveFloat] = None
+    # The mode of every file the run writes (checkpoints, also DeepSpeed's own files, the async writer's, metrics,
+    # TensorBoard and the launcher's logs; reshape and export-hf output), e.g. "0640" or "0600" on a shared file
+    # system; directories get x where r ("0750", "0700"). None = today's modes (0644 files, per the umask). Quote it.
+    file_mode: Optional[str] = None
+
+    @field_validator("file_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, v):
+        if v is None:
+            return None
+        if isinstance(v, int) and not isinstance(v, bool):  # YAML reads an unquoted 0640 as the octal number
+            if not 0 <= v <= 0o777:
+                raise ValueError(f"{v} is not a file mode; quote it: \"0640\"")
+            v = f"0{v:o}"
+        return f"0{parse_mode(v):o}"
 
 
 class EvaluationConfig(_Section):

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
+from recipes.config import file_mode
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
 from recipes.config.cli_help import command_parser
@@ -153,6 +154,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
         if recipe.model.document_mask:
             info["document_mask_note"] = DOCUMENT_MASK_NOTE
         (tmp / "export_info.json").write_text(json.dumps(info, indent=1))
+        file_mode.fix_tree(tmp, file_mode.recipe_mode(recipe))  # checkpoint.file_mode (tmp itself is mkdtemp's 0700)
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
@@ -190,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     try:
         recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
+        file_mode.apply_recipe_mode(recipe)
         export(ns.checkpoint, ns.out, recipe, tag=ns.tag)
     except (RecipeError, CheckpointError, UnsupportedModel, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,6 +26,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from recipes.config import file_mode
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError
 from recipes.config.cli_help import command_parser
@@ -119,6 +120,7 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
         from recipes.checkpoint.recipe_file import write_recipe
 
         write_recipe(new, out)  # the run resumes at the target's cp
+    file_mode.fix_tree(out, file_mode.recipe_mode(new))  # checkpoint.file_mode (the partial dir was mkdtemp's 0700)
     log.info(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
         f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.cp={new.parallel.cp} "
         f"parallel.zero_stage={new.parallel.zero_stage} "
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         recipe = load_checkpoint_recipe(ns.checkpoint, ns.config, ns.overrides)
+        file_mode.apply_recipe_mode(recipe)  # the writer processes inherit it
         reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet, writer=ns.writer,
                 workers=ns.workers)
     except (RecipeError, CheckpointError, FileExistsError, RuntimeError) as e:

@@ -14,6 +14,7 @@ import sys
 import time
 import warnings
 
+from recipes.config.file_mode import apply_recipe_mode
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import free_port
@@ -133,6 +134,43 @@ def _before_rank_imports() -> None:
     COMM_CLOCK.install()  # before DeepSpeed and megatron-core are imported: some of them bind torch.distributed's calls
 
 
+def _checked_recipe(ns):
+    """The recipe, checked for this world before any worker or process group exists; None (the error printed) when
+    it cannot start."""
+    try:
+        recipe = load_recipe(ns.config, ns.overrides)
+        check_include_path_origin(ns.config, ns.overrides, recipe.evaluation.include_path)  # a task folder is code
+        world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
+        from recipes.planner.validation import launch_refusal, validate_for_launch
+
+        problems = validate_for_launch(recipe, world)
+        if problems:
+            print(f"error: {launch_refusal(recipe, problems)}", file=sys.stderr)
+            return None
+        # Warnings once: from the --local launcher, or from rank 0 under a launcher.
+        speaks = bool(ns.local) or os.environ.get("RANK", "0") == "0" and not os.environ.get("RECIPES_LOCAL_WORKER")
+        validate_recipe(recipe, world, show_warnings=speaks)
+        if speaks:
+            _warn_if_no_gpu(recipe)
+    except (RecipeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return recipe
+
+
+def _start_local(ns, recipe) -> int:
+    """--local N: the lease checked, then N worker processes here."""
+    from recipes.checkpoint import lease as run_lease
+
+    os.environ.setdefault("RECIPES_RUN_ID", run_lease.run_id())  # the workers' run id (lease owner)
+    problem = recipe.checkpoint.dir and run_lease.holder_problem(recipe.checkpoint.dir, os.environ["RECIPES_RUN_ID"])
+    if problem:  # refused before any worker starts
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
+    return launch_local(ns.local, argv)
+
+
 def main(args: list[str] | None = None) -> int:
     ap = command_parser("python -m recipes train", __doc__, EXAMPLES)
     ap.add_argument("--config", required=True, help="recipe file or preset name (configs/runs/...)")
@@ -146,35 +184,12 @@ def main(args: list[str] | None = None) -> int:
 
         install_stack_dump()  # the launcher's hang watchdog sends SIGUSR2 for every rank's stack
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
-    try:
-        recipe = load_recipe(ns.config, ns.overrides)
-        check_include_path_origin(ns.config, ns.overrides, recipe.evaluation.include_path)  # a task folder is code
-        world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
-        from recipes.planner.validation import launch_refusal, validate_for_launch
-
-        problems = validate_for_launch(recipe, world)  # before any worker or process group exists
-        if problems:
-            print(f"error: {launch_refusal(recipe, problems)}", file=sys.stderr)
-            return 2
-        # Warnings once: from the --local launcher, or from rank 0 under a launcher.
-        speaks = bool(ns.local) or os.environ.get("RANK", "0") == "0" and not os.environ.get("RECIPES_LOCAL_WORKER")
-        validate_recipe(recipe, world, show_warnings=speaks)
-        if speaks:
-            _warn_if_no_gpu(recipe)
-    except (RecipeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    recipe = _checked_recipe(ns)
+    if recipe is None:
         return 2
+    apply_recipe_mode(recipe)  # checkpoint.file_mode: before anything is written, here and in every child process
     if ns.local:
-        from recipes.checkpoint import lease as run_lease
-
-        os.environ.setdefault("RECIPES_RUN_ID", run_lease.run_id())  # the workers' run id (lease owner)
-        problem = recipe.checkpoint.dir and run_lease.holder_problem(recipe.checkpoint.dir, os.environ["RECIPES_RUN_ID"])
-        if problem:  # refused before any worker starts
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
-        argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
-        return launch_local(ns.local, argv)
-
+        return _start_local(ns, recipe)
     if os.environ.get("RECIPES_LOCAL_WORKER"):
         _die_with_parent()
     _before_rank_imports()

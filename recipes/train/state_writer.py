@@ -19,6 +19,7 @@ import torch
 
 from recipes.checkpoint.format.full_state import save_full_state
 from recipes.checkpoint.recipe_file import RECIPE_FILE
+from recipes.config import file_mode
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def publish_checkpoint(out: Path, world_size: int, weights: dict, meta: dict, re
         os.replace(work / "checkpoint", out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    file_mode.fix_tree(out, file_mode.recipe_mode(recipe))  # checkpoint.file_mode (import-hf, the engine reshape)
     return out
 
 
