@@ -5,9 +5,20 @@ import stat
 
 import pytest
 
-from tests.support.launch import TOY, run_launch
+from tests.support.launch import TOY
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def launch_keeping_umask(launch_here):
+    """The launcher in this process (a dry run starts nothing); it sets the process umask from the recipe's mode, so
+    the test process gets its own back afterwards."""
+    old = os.umask(0o022)
+    try:
+        yield launch_here
+    finally:
+        os.umask(old)
 
 
 def _hostfile(tmp_path):
@@ -16,10 +27,10 @@ def _hostfile(tmp_path):
     return p
 
 
-def test_the_launchers_log_dir_and_files_get_the_recipes_mode(tmp_path):
+def test_the_launchers_log_dir_and_files_get_the_recipes_mode(tmp_path, launch_keeping_umask):
     logs = tmp_path / "logs"
-    r = run_launch("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh", "--dry-run",
-                   "--master-port", 23456, "--log-dir", logs, "--", "checkpoint.file_mode=0640")
+    r = launch_keeping_umask("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh",
+                             "--dry-run", "--master-port", 23456, "--log-dir", logs, "--", "checkpoint.file_mode=0640")
     assert r.returncode == 0, r.stderr
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in logs.iterdir()}
     assert "plan.txt" in modes and "launch.env" in modes
@@ -27,23 +38,19 @@ def test_the_launchers_log_dir_and_files_get_the_recipes_mode(tmp_path):
     assert {n: f"{m:04o}" for n, m in modes.items() if m != 0o640} == {}
 
 
-def test_without_it_the_launcher_keeps_todays_modes(tmp_path):
+def test_without_it_the_launcher_keeps_todays_modes(tmp_path, launch_keeping_umask):
     logs = tmp_path / "logs"
-    old = os.umask(0o022)
-    try:
-        r = run_launch("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh", "--dry-run",
-                       "--master-port", 23456, "--log-dir", logs)
-    finally:
-        os.umask(old)
+    r = launch_keeping_umask("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh",
+                             "--dry-run", "--master-port", 23456, "--log-dir", logs)
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(logs.stat().st_mode) == 0o755
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in logs.iterdir()}["plan.txt"] == 0o644
 
 
-def test_a_world_writable_mode_is_refused_before_the_log_dir_exists(tmp_path):
+def test_a_world_writable_mode_is_refused_before_the_log_dir_exists(tmp_path, launch_keeping_umask):
     logs = tmp_path / "logs"
-    r = run_launch("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh", "--dry-run",
-                   "--log-dir", logs, "--", "checkpoint.file_mode=0666")
+    r = launch_keeping_umask("train.sh", TOY, "--hostfile", _hostfile(tmp_path), "--backend", "torchrun-ssh",
+                             "--dry-run", "--log-dir", logs, "--", "checkpoint.file_mode=0666")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "checkpoint.file_mode" in r.stderr and "every user write" in r.stderr and "Traceback" not in r.stderr
     assert not logs.exists()
