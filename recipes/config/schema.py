@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -189,8 +189,24 @@ class DataConfig(_Section):
     num_workers: int = Field(default=0, ge=0)
 
 
+class InitFrom(_Section):
+    """Start this run from another run's checkpoint (a long-context stage, continued pretraining): its weights, and
+    with `optimizer` its Adam moments, put into this run's engine at this run's layout (any TP/CP/PP/DP, ZeRO-0/1/2).
+    The step, the consumed samples and the lr schedule start at zero (the schedule is this recipe's). Used only while
+    checkpoint.dir holds no checkpoint: a restart resumes this run's own checkpoints (recipes.checkpoint.init_from).
+    `init_from: DIR` is short for `init_from: {dir: DIR}`."""
+
+    dir: str  # the source run's checkpoint.dir
+    tag: Optional[str] = None  # global_stepN; None = the source's `latest`
+    # Weights only by default: the new stage's schedule warms up from zero with fresh moments, as Llama 3's
+    # long-context stages and most continued pretraining do; true carries Adam's moments and step count too
+    # (ZeRO-1/2/3 sources).
+    optimizer: bool = False
+
+
 class CheckpointConfig(_Section):
     dir: Optional[str] = None
+    init_from: Optional[InitFrom] = None  # start from another run's checkpoint (see InitFrom)
     save_interval: Optional[PositiveInt] = None
     # A run predicted to take more than an hour is refused before start without checkpoint.dir (a failure would
     # lose all of it); false says "I know, run without checkpoints".
@@ -208,6 +224,11 @@ class CheckpointConfig(_Section):
     # async only: cap each rank's background write rate (MiB/s), so that checkpoint writes on a shared file system
     # leave bandwidth to the data loaders of other jobs; None = as fast as the disk goes
     async_max_mib_per_s: Optional[PositiveFloat] = None
+
+    @field_validator("init_from", mode="before")
+    @classmethod
+    def _init_from_shorthand(cls, value):
+        return {"dir": value} if isinstance(value, str) else value
 
 
 class EvaluationConfig(_Section):

@@ -77,7 +77,7 @@ class Trainer:
         if self.fault:
             self.fault.attach(self.eng.module)
         heartbeat.beat(0, "resume")
-        self.state = resume(self.eng.engine, recipe)
+        self.state = resume(self.eng, recipe)
         self.nan = NanPolicy(t.max_consecutive_nan_skips, self.state.nan_skips_total)
         self.figures = StepFigures(recipe, self.world, device)
         self.validator = Validator(self.eng, self.data.valid, self.data.eval_iters, t.eval_interval, t.global_batch)
@@ -85,6 +85,8 @@ class Trainer:
         self.evaluation = BackgroundEval(recipe, self.dirs.checkpoint, self.dirs.logs, enabled=self.rank == 0)
         self.progress = ProgressBar(self.rank == 0 and not quiet, self.total_steps, self.state.step)
         self.checkpoints = RunCheckpoints(recipe, self.eng, device, self.total_steps, self.evaluation, lease, heartbeat)
+        if self.state.initialised_here:  # its own step-0 checkpoint: a restart resumes it, never the source again
+            self.checkpoints.save_now(0, self.state.client_state())
 
     def train(self) -> int:
         try:
