@@ -105,6 +105,11 @@ def _shape_refusals(tag_dir: Path, model_cfg) -> list[Refusal]:
             out.append(Refusal(key, f"checkpoint.init_from: {tag_dir} holds a model with {key}={theirs[f]}; this "
                                f"recipe has {key}={ours[f]}: its weights do not fit this model",
                                f"set {key}={theirs[f]} (the source's), or start from a checkpoint of this model"))
+    seq = saved_layout(tag_dir).seq_length
+    if model_cfg.position_embedding == "learned" and seq is not None and seq != model_cfg.seq_length:
+        out.append(Refusal("model.seq_length", f"checkpoint.init_from: {tag_dir} holds a learned position table of "
+                           f"{seq} positions; this recipe has model.seq_length={model_cfg.seq_length}",
+                           f"set model.seq_length={seq}; a longer context needs RoPE (model.position_embedding=rope)"))
     return out
 
 
@@ -182,7 +187,8 @@ def initialise(eng, recipe, tp_rank: int) -> dict:
 
 
 def source_record(tag_dir: Path, optimizer: bool) -> dict:
-    """Where the run came from: the source's directory, tag, step and recipe (name, sha256 of the resolved recipe)."""
+    """Where the run came from: the source's directory, tag, step, layout and recipe (name, sha256 of the resolved
+    recipe)."""
     from recipes.checkpoint.recipe_file import recipe_digest
 
     recipe = marker(tag_dir).get("recipe")
@@ -195,5 +201,5 @@ def source_record(tag_dir: Path, optimizer: bool) -> dict:
             r = load_recipe(str(stored), [])
             recipe = {"name": r.name, "sha256": recipe_digest(r)}
     return {"dir": os.path.realpath(tag_dir.parent), "tag": tag_dir.name,
-            "step": client_state(tag_dir).get("step", step_of(tag_dir.name)), "recipe": recipe,
-            "optimizer": optimizer}
+            "step": client_state(tag_dir).get("step", step_of(tag_dir.name)), "layout": saved_layout(tag_dir).record(),
+            "recipe": recipe, "optimizer": optimizer}

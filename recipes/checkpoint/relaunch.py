@@ -3,11 +3,10 @@
 (recipes.checkpoint.format.layout_record), instead of by DeepSpeed's load errors once every rank is up.
 
 Loadable as it is, by DeepSpeed's own load_checkpoint at the new layout:
-  * the same TP, PP, EP, padded vocabulary and DP x CP. DP x CP is DeepSpeed's data axis, over which ZeRO partitions
-    the optimizer state; CP holds no parameters, so CP=2 x DP=1 files are those of CP=1 x DP=2 and a trade between
-    the two loads as it is (tests/training/test_context_parallel_resume.py);
-  * ZeRO-1 <-> ZeRO-2 at the same degrees: both are DeepSpeed's stage_1_and_2 optimizer, same files, and its load
-    does not look at the stage (tests/training/test_relaunch_layout.py resumes one as the other).
+the same TP, PP, EP, ZeRO stage, padded vocabulary and DP x CP. DP x CP is DeepSpeed's data axis, over which ZeRO
+partitions the optimizer state; CP holds no parameters, so CP=2 x DP=1 files are those of CP=1 x DP=2 and a trade
+between the two loads as it is (tests/training/test_context_parallel_resume.py). ZeRO-1 <-> ZeRO-2 writes the same
+files, but no test here resumes one as the other, so it is refused too (the reshape is cheap: the streaming writer).
 Anything else is refused, naming both layouts, with the `recipes reshape` command that writes the checkpoint at the
 new layout and how to resume there. A different model.seq_length is refused on its own: a resumed run keeps its
 sequence length (its consumed-samples count and data index are in sequences of that length); a longer-context stage
@@ -15,6 +14,7 @@ is a new run started from this one (checkpoint.init_from).
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,8 +72,8 @@ def layout_changes(saved: SavedLayout, wanted: SavedLayout, model_cfg) -> list[s
             out.append(f"{name}={b} (saved {name}={a})")
     if saved.data_axis != wanted.data_axis:
         out.append(f"DP x CP={wanted.data_axis} (saved {saved.data_axis}; ZeRO partitions the optimizer over it)")
-    if saved.zero_stage != wanted.zero_stage and {saved.zero_stage, wanted.zero_stage} != {1, 2}:
-        out.append(f"ZeRO-{wanted.zero_stage} (saved ZeRO-{saved.zero_stage}: other files)")
+    if saved.zero_stage != wanted.zero_stage:
+        out.append(f"ZeRO-{wanted.zero_stage} (saved ZeRO-{saved.zero_stage})")
     if _divisor_changed(saved, model_cfg):
         out.append(f"padded vocabulary {wanted.padded_vocab_size} (saved {saved.padded_vocab_size}: "
                    f"model.make_vocab_size_divisible_by={model_cfg.make_vocab_size_divisible_by} x tp pads it "
@@ -105,8 +105,8 @@ def _reshape_fix(ckpt_dir: str, tag: str, saved: SavedLayout, w: SavedLayout, mo
         lead = (f"`recipes reshape` writes ZeRO-0/1/2, not ZeRO-3: relaunch with parallel.zero_stage={zero} after "
                 "reshaping to it; ")
         w = SavedLayout(**{**w.__dict__, "zero_stage": zero})
-    out = reshaped_dir(ckpt_dir, w)
+    out = shlex.quote(reshaped_dir(ckpt_dir, w))
     vocab = f" model.make_vocab_size_divisible_by={divisible_by}" if divisor_changed else ""
-    return (f"{lead}reshape it first: `python -m recipes reshape --checkpoint {ckpt_dir} --tag {tag} --out {out} "
-            f"--to tp={w.tp},pp={w.pp},dp={w.dp},cp={w.cp},zero={zero}{vocab}`, then resume there: launch again "
-            f"with checkpoint.dir={out} (the original stays as it is)")
+    return (f"{lead}reshape it first: `python -m recipes reshape --checkpoint {shlex.quote(str(ckpt_dir))} --tag {tag} "
+            f"--out {out} --to tp={w.tp},pp={w.pp},dp={w.dp},cp={w.cp},zero={zero}{vocab}`, then resume there: launch "
+            f"again with checkpoint.dir={out} (the original stays as it is)")

@@ -39,6 +39,9 @@ def resume(eng, recipe) -> TrainState:
     initialise it from checkpoint.init_from if set."""
     saved = store.resume(eng.engine, recipe.checkpoint.dir) if recipe.checkpoint.auto_resume else None
     if saved:
+        if recipe.checkpoint.init_from is not None:
+            logger.info(f"checkpoint.dir {recipe.checkpoint.dir} holds this run's own checkpoint (step {saved['step']}):"
+                        f" resuming it; checkpoint.init_from ({recipe.checkpoint.init_from.dir}) is not read again")
         return TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
                           nan_skips_total=saved.get("nan_skips_total", 0), resumed_from=saved["step"],
                           init_from=saved.get("init_from"))

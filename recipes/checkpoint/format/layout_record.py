@@ -41,6 +41,11 @@ class SavedLayout:
         """DeepSpeed's data-parallel size, over which ZeRO partitions the optimizer state: DP x CP."""
         return self.dp * self.cp
 
+    def record(self) -> dict:
+        """As a checkpoint records it (None where unknown: a tag from before the record)."""
+        return {f: getattr(self, f) for f in ("tp", "cp", "pp", "dp", "ep", "zero_stage", "padded_vocab_size",
+                                              "seq_length")}
+
     def describe(self) -> str:
         ep = f" x EP={self.ep}" if self.ep > 1 else ""
         if not self.recorded:
@@ -65,9 +70,7 @@ def record(recipe, layout) -> dict:
     """The entries a tag's complete.json gets (recipes.checkpoint.format.tags.mark_complete)."""
     from recipes.checkpoint.recipe_file import recipe_digest
 
-    saved = layout_of(recipe, layout)
-    fields = ("tp", "cp", "pp", "dp", "ep", "zero_stage", "padded_vocab_size", "seq_length")
-    return {"layout": {**{f: getattr(saved, f) for f in fields}, "world_size": layout.world_size},
+    return {"layout": {**layout_of(recipe, layout).record(), "world_size": layout.world_size},
             "model": model_shape(recipe.model),
             "recipe": {"name": recipe.name, "sha256": recipe_digest(recipe)}}
 
