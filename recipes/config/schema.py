@@ -246,10 +246,52 @@ class EvaluationConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # bfloat16 halves the memory of a GPU evaluation
 
 
+# W&B refuses these in project and entity names; a tag is at most 64 characters.
+_WANDB_NAME_FORBIDDEN = set("/\\#?%:")
+
+
+class WandbConfig(_Section):
+    """Weights & Biases (pip install .[wandb]): global rank 0 logs the same records as metrics.jsonl into one W&B run
+    per training run, resumed across restarts and requeues (recipes.train.tracking)."""
+
+    project: str
+    entity: Optional[str] = None  # team or user; None = the API key's default entity
+    group: Optional[str] = None  # e.g. a sweep or an ablation family
+    tags: list[str] = []
+    name: Optional[str] = None  # the run's display name; None = the recipe's name
+    # None = W&B's own choice (WANDB_MODE, else online); "offline" writes files to sync later (`wandb sync DIR`)
+    mode: Optional[Literal["online", "offline", "disabled"]] = None
+
+    @model_validator(mode="after")
+    def _names_wandb_accepts(self):
+        for key in ("project", "entity"):
+            value = getattr(self, key)
+            if value is not None and (not value.strip() or _WANDB_NAME_FORBIDDEN & set(value)):
+                raise ValueError(f"logging.wandb.{key} = {value!r}: W&B names must be non-empty and may not contain "
+                                 "any of / \\ # ? % :; pick another name")
+        for tag in self.tags:
+            if not tag.strip() or len(tag) > 64:
+                raise ValueError(f"logging.wandb.tags: {tag!r} is not a W&B tag (1 to 64 characters); shorten or "
+                                 "drop it")
+        return self
+
+
 class LoggingConfig(_Section):
     dir: Optional[str] = None  # TensorBoard + metrics.jsonl; default <checkpoint.dir>/logs
     tensorboard: bool = True
+    wandb: Optional[WandbConfig] = None  # None = no W&B
+    # Shorthand of older recipes for `wandb: {project: ...}`
     wandb_project: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_wandb_project(self):
+        if self.wandb_project is not None:
+            if self.wandb is not None and self.wandb.project != self.wandb_project:
+                raise ValueError("logging.wandb_project and logging.wandb.project disagree; keep logging.wandb.project "
+                                 "and remove logging.wandb_project")
+            if self.wandb is None:
+                object.__setattr__(self, "wandb", WandbConfig(project=self.wandb_project))
+        return self
 
 
 class ClusterConfig(_Section):

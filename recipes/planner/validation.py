@@ -13,6 +13,7 @@ returns the problems; `launch_refusal` formats them.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from recipes.checkpoint.init_from import init_from_refusals
@@ -190,6 +191,15 @@ def train_length_problems(recipe) -> list[Problem]:
                     "it")]
 
 
+def tracking_problems(recipe) -> list[Problem]:
+    """A tracker the recipe configures but this environment lacks: refused before any rank starts (each rank would
+    otherwise fail at its first log line, after the slow start-up)."""
+    if recipe.logging.wandb is None or importlib.util.find_spec("wandb") is not None:
+        return []
+    return [Problem("logging.wandb", "logging.wandb is set but the wandb package is not installed",
+                    "install the extra: pip install '.[wandb]' (or remove logging.wandb)")]
+
+
 def checkpoint_problems(recipe, layout: Layout | None) -> list[Problem]:
     """No checkpoint.dir on a run predicted to take more than an hour: a failure would lose all of it."""
     ck, tr, m, cl = recipe.checkpoint, recipe.training, recipe.model, recipe.cluster
@@ -216,6 +226,7 @@ def validate_for_launch(recipe, world_size: int | None = None) -> list[Problem]:
     problems = [Problem("recipe", e) for e in errors]
     problems += train_length_problems(recipe)
     problems += data_problems(recipe)
+    problems += tracking_problems(recipe)
     if not errors:
         layout, _ = resolve_layout(recipe, world_size)
         problems += checkpoint_problems(recipe, layout)

@@ -1,16 +1,19 @@
 """What a run reports, written by global rank 0 only: one record per logged step into every sink (metrics.jsonl,
-TensorBoard, wandb when configured), progress lines on stdout, and the progress bar.
+TensorBoard; W&B from recipes.train.tracking), progress lines on stdout, and the step progress: a tqdm bar on a
+terminal, one line per training.log_interval in a batch job's log file (`progress`).
 
 A sink is anything with `write(record, step)` and `close()`; `build_metrics_log` picks them from the recipe, and a
-new one (another tracker, a log line per interval for batch jobs) is one more class here.
+new one (another tracker) is one more class.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -54,29 +57,17 @@ class TensorBoardSink:
         self.tb.close()
 
 
-class WandbSink:
-    def __init__(self, recipe, log_dir: Path):
-        try:
-            import wandb  # optional dependency: only imported when configured
-        except ImportError:
-            raise RuntimeError("logging.wandb_project is set but wandb is not installed: pip install wandb, "
-                               "or remove logging.wandb_project (TensorBoard and metrics.jsonl need nothing)")
-        self.run = wandb.init(project=recipe.logging.wandb_project, name=recipe.name, config=recipe.model_dump(),
-                              dir=str(log_dir))
-
-    def write(self, record: dict, step: int) -> None:
-        self.run.log(record, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
 class MetricsLog:
     """The run's records into every sink; `say` for progress lines on stdout (events such as resume, skips and stop
     go to the log, which --quiet does not hide). Disabled (no sinks, silent) on every rank but global rank 0."""
 
     def __init__(self, sinks: list[MetricsSink], quiet: bool, enabled: bool = True):
         self.sinks, self.quiet, self.enabled = sinks, quiet, enabled
+
+    def add(self, sinks: list[MetricsSink]) -> None:
+        """Sinks that need the resumed state (a tracker's run id: recipes.train.tracking)."""
+        if self.enabled:
+            self.sinks += sinks
 
     def write(self, record: dict, step: int) -> None:
         for sink in self.sinks:
@@ -99,8 +90,6 @@ def build_metrics_log(recipe, log_dir: Path, enabled: bool, quiet: bool) -> Metr
     sinks: list[MetricsSink] = [JsonlSink(log_dir / "metrics.jsonl")]
     if recipe.logging.tensorboard:
         sinks.append(TensorBoardSink(log_dir / "tensorboard"))
-    if recipe.logging.wandb_project:
-        sinks.append(WandbSink(recipe, log_dir))
     return MetricsLog(sinks, quiet)
 
 
@@ -111,29 +100,73 @@ def memory_gb(device: torch.device) -> float:
 
 
 class ProgressBar:
-    """tqdm on rank 0's stderr (none with --quiet or on other ranks); log lines (saves, skips) go above the bar
-    instead of being glued to its end."""
+    """tqdm on rank 0's stderr, for a terminal; log lines (saves, skips) go above the bar instead of being glued to
+    its end."""
 
-    def __init__(self, enabled: bool, total: int, initial: int):
-        self.bar = None
-        self.redirect = contextlib.ExitStack()
-        if not enabled:
-            return
+    def __init__(self, total: int, initial: int):
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
+        self.redirect = contextlib.ExitStack()
         self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stderr)
         self.redirect.enter_context(logging_redirect_tqdm([logging.getLogger("recipes")]))
 
-    def update(self, loss: float, lr: float, skipped: int) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", skipped=skipped)
+    def update(self, record: dict, interval: bool) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                             skipped=record["nan_skips_total"])
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
         self.redirect.close()
+
+
+class IntervalLines:
+    """For a batch job's log file (stdout not a terminal): no bar (its carriage returns garble a file), one line on
+    stdout per training.log_interval, as Megatron-LM prints: the step, the wall time per step since the last line,
+    lr, loss, grad norm, throughput, memory, and the time left at that pace."""
+
+    def __init__(self, total: int, initial: int):
+        self.total, self.last_step, self.last_time = total, initial, time.monotonic()
+
+    def update(self, record: dict, interval: bool) -> None:
+        if not interval:
+            return
+        now, step = time.monotonic(), record["step"]
+        per_step = (now - self.last_time) / max(step - self.last_step, 1)
+        self.last_step, self.last_time = step, now
+        print(interval_line(record, self.total, per_step), flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def interval_line(record: dict, total: int, per_step_s: float) -> str:
+    r = record
+    norm = f"{r['grad_norm']:.3f}" if r.get("grad_norm") is not None else "n/a"
+    eta = datetime.timedelta(seconds=round(per_step_s * (total - r["step"])))
+    return (f"iteration {r['step']:>8}/{total:>8} | consumed samples: {r['consumed_samples']:>10} | elapsed time per "
+            f"iteration (ms): {per_step_s * 1000:.1f} | learning rate: {r['lr']:.6E} | lm loss: {r['loss']:.6E} | "
+            f"grad norm: {norm} | tokens/s: {r['tokens_per_s']:,.0f} | TFLOP/s/GPU: {r['tflops_per_gpu']:.3g} | "
+            f"MFU: {r['mfu']:.2%} | mem: {r['mem_gb']:.2f} GB | skipped: {r['nan_skips_total']} | ETA: {eta}")
+
+
+class NoProgress:
+    def update(self, record: dict, interval: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress(enabled: bool, total: int, initial: int, terminal: bool | None = None):
+    """The step progress of rank 0 (none with --quiet or on other ranks): a bar on a terminal, one line per log
+    interval otherwise. `terminal`: None = both stdout and stderr are terminals (the bar draws on stderr)."""
+    if not enabled:
+        return NoProgress()
+    if terminal is None:
+        terminal = sys.stdout.isatty() and sys.stderr.isatty()
+    return ProgressBar(total, initial) if terminal else IntervalLines(total, initial)
 
 
 class StepFigures:

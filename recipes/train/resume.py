@@ -19,14 +19,17 @@ class TrainState:
     consumed_samples: int = 0  # sequences consumed from the training data
     nan_skips_total: int = 0  # steps skipped for a non-finite loss or gradient
     resumed_from: int | None = None  # the step this run resumed from (None: a fresh start)
-    init_from: dict | None = None  # the run this one started from (dir, tag, step, recipe), kept in every checkpoint
+    init_from: dict | None = None  # the run this one started from (dir, tag, step, layout, ...), in every checkpoint
+    wandb_run_id: str | None = None  # the W&B run of this training run (rank 0; recipes.train.tracking)
 
     def client_state(self) -> dict:
         """What a checkpoint keeps of it (complete.json and DeepSpeed's client state)."""
-        out = {"step": self.step, "consumed_samples": self.consumed_samples, "nan_skips_total": self.nan_skips_total}
+        kept = {"step": self.step, "consumed_samples": self.consumed_samples, "nan_skips_total": self.nan_skips_total}
         if self.init_from is not None:
-            out["init_from"] = self.init_from
-        return out
+            kept["init_from"] = self.init_from
+        if self.wandb_run_id:
+            kept["wandb_run_id"] = self.wandb_run_id
+        return kept
 
     @property
     def initialised_here(self) -> bool:
@@ -44,7 +47,7 @@ def resume(eng, recipe) -> TrainState:
                         f" resuming it; checkpoint.init_from ({recipe.checkpoint.init_from.dir}) is not read again")
         return TrainState(step=saved["step"], consumed_samples=saved["consumed_samples"],
                           nan_skips_total=saved.get("nan_skips_total", 0), resumed_from=saved["step"],
-                          init_from=saved.get("init_from"))
+                          init_from=saved.get("init_from"), wandb_run_id=saved.get("wandb_run_id"))
     if recipe.checkpoint.init_from is None:
         return TrainState()
     from megatron.core import parallel_state

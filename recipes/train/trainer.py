@@ -6,7 +6,8 @@
   step         one optimizer step (forward/backward, the optimizer's outcome) and the NaN policy
   validate     the validation loss every training.eval_interval steps
   policy       when to save, evaluate and stop (rules only); checkpoints carries them out
-  metrics      records into the sinks (metrics.jsonl, TensorBoard, wandb), the progress bar
+  metrics      records into the sinks (metrics.jsonl, TensorBoard), the progress bar or one line per log interval
+  tracking     the W&B run (rank 0), resumed across restarts: its id kept in the checkpoints
   stragglers   per-rank time outside the collectives; the slowest rank named
 
 Run by every rank (see `recipes.train.cli` for the entry point). Collective calls happen on all ranks in the same
@@ -29,11 +30,12 @@ from recipes.train.engine import init_distributed, initialize, shutdown_distribu
 from recipes.train.evaluation import BackgroundEval
 from recipes.train.faults import Fault
 from recipes.train.heartbeat import Heartbeat
-from recipes.train.metrics import ProgressBar, StepFigures, build_metrics_log
+from recipes.train.metrics import StepFigures, build_metrics_log, progress
 from recipes.train.resume import resume
 from recipes.train.signals import StopRequest
 from recipes.train.step import NanPolicy, StepResult, loss_scale, outcome, train_step
 from recipes.train.stragglers import COMM_CLOCK, StragglerReport
+from recipes.train.tracking import tracking_sinks
 from recipes.train.validate import Validator
 
 logger = logging.getLogger(__name__)
@@ -78,12 +80,15 @@ class Trainer:
             self.fault.attach(self.eng.module)
         heartbeat.beat(0, "resume")
         self.state = resume(self.eng, recipe)
+        if self.rank == 0:  # the tracker resumes the run the checkpoint names
+            sinks, self.state.wandb_run_id = tracking_sinks(recipe, self.dirs.logs, self.state.wandb_run_id)
+            self.log.add(sinks)
         self.nan = NanPolicy(t.max_consecutive_nan_skips, self.state.nan_skips_total)
         self.figures = StepFigures(recipe, self.world, device)
         self.validator = Validator(self.eng, self.data.valid, self.data.eval_iters, t.eval_interval, t.global_batch)
         self.stop = StopRequest()
         self.evaluation = BackgroundEval(recipe, self.dirs.checkpoint, self.dirs.logs, enabled=self.rank == 0)
-        self.progress = ProgressBar(self.rank == 0 and not quiet, self.total_steps, self.state.step)
+        self.progress = progress(self.rank == 0 and not quiet, self.total_steps, self.state.step)
         self.checkpoints = RunCheckpoints(recipe, self.eng, device, self.total_steps, self.evaluation, lease, heartbeat)
         if self.state.initialised_here:  # its own step-0 checkpoint: a restart resumes it, never the source again
             self.checkpoints.save_now(0, self.state.client_state())
@@ -141,7 +146,7 @@ class Trainer:
             record.update(self.stragglers.gather())
         if interval or result.skipped:
             self.log.write(record, result.step)
-        self.progress.update(result.loss, result.lr, self.nan.total)
+        self.progress.update(record, interval)
         self.nan.check(result)
 
     def validate(self) -> None:
