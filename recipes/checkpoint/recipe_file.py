@@ -2,6 +2,8 @@
 they need no --config."""
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import yaml
@@ -16,6 +18,13 @@ def write_recipe(recipe, directory: Path) -> None:
     """DIRECTORY/recipe.yaml: the fully resolved recipe (every default filled in), written atomically."""
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(str(directory / RECIPE_FILE), yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+
+
+def recipe_digest(recipe) -> str:
+    """sha256 of the fully resolved recipe (canonical JSON): which recipe a checkpoint came from, whatever its YAML
+    looked like."""
+    text = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_checkpoint_recipe(ckpt_dir: str, config: str | None, overrides: list[str]):

@@ -49,8 +49,9 @@ class Checkpointer:
     """
 
     def __init__(self, engine, ckpt_dir: str, keep_last: int, background: bool, device=None,
-                 max_mib_per_s: float | None = None, writer_cpus: set[int] | None = None):
+                 max_mib_per_s: float | None = None, writer_cpus: set[int] | None = None, record: dict | None = None):
         self.engine, self.root, self.keep_last, self.background = engine, Path(ckpt_dir), keep_last, background
+        self.record = record  # the layout / model / recipe entries of every complete.json (format.layout_record)
         self.max_bytes_per_s = max_mib_per_s * 2**20 if max_mib_per_s else None
         self.device = device if device is not None else torch.device("cpu")
         self.files = writer.install(engine)
@@ -162,14 +163,14 @@ class Checkpointer:
         # source's mode), before complete.json vouches for the tag
         file_mode.fix_tree(self.root / tag)
         file_mode.fix_dir_files(self.root)  # zero_to_fp32.py and zero_to_torch.py beside the tags
-        files = mark_complete(self.root, tag, step, client_state, self.keep_last)
+        files = mark_complete(self.root, tag, step, client_state, self.keep_last, self.record)
         log.info(f"checkpoint: {'async' if self.background else 'sync'} save of {tag}: "
                  f"{sum(files.values()) / 2**20:.1f} MiB, {elapsed:.1f} s from save to {MARKER}")
 
 
-def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -> str:
+def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, record: dict | None = None) -> str:
     """Collective: every rank calls it. A synchronous save (complete.json written when it returns); the tag."""
-    return Checkpointer(engine, ckpt_dir, keep_last, background=False).save(step, client_state)
+    return Checkpointer(engine, ckpt_dir, keep_last, background=False, record=record).save(step, client_state)
 
 
 def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:
@@ -213,15 +214,22 @@ def resume(engine, ckpt_dir: str | None) -> dict | None:
 
 
 def _agreed_tag(ckpt_dir: str) -> str | None:
-    """Rank 0 picks the newest complete tag and every rank loads that one: its step travels as one int64 (-1: none),
-    a fixed-shape tensor broadcast (no pickled object crosses the network)."""
-    step = -1
-    if _rank() == 0:
+    """Rank 0 picks the newest complete tag and every rank loads that one."""
+    def newest() -> int:
         tag = newest_complete(ckpt_dir)
-        step = -1 if tag is None else step_of(tag)
+        return -1 if tag is None else step_of(tag)
+
+    step = agreed_step(newest)
+    return None if step < 0 else tag_for(step)
+
+
+def agreed_step(pick) -> int:
+    """Collective: `pick()` on rank 0 (a tag's step, or a negative number for none), the same int on every rank. It
+    travels as one int64, a fixed-shape tensor broadcast (no pickled object crosses the network)."""
+    step = pick() if _rank() == 0 else -1
     if torch.distributed.is_initialized():
         nccl = torch.distributed.get_backend() == "nccl"  # NCCL moves CUDA tensors only
         t = torch.tensor([step], dtype=torch.int64, device=f"cuda:{torch.cuda.current_device()}" if nccl else "cpu")
         torch.distributed.broadcast(t, src=0)
         step = int(t.item())
-    return None if step < 0 else tag_for(step)
+    return step

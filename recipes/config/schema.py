@@ -191,8 +191,24 @@ class DataConfig(_Section):
     num_workers: int = Field(default=0, ge=0)
 
 
+class InitFrom(_Section):
+    """Start this run from another run's checkpoint (a long-context stage, continued pretraining): its weights, and
+    with `optimizer` its Adam moments, put into this run's engine at this run's layout (any TP/CP/PP/DP, ZeRO-0/1/2).
+    The step, the consumed samples and the lr schedule start at zero (the schedule is this recipe's). Used only while
+    checkpoint.dir holds no checkpoint: a restart resumes this run's own checkpoints (recipes.checkpoint.init_from).
+    `init_from: DIR` is short for `init_from: {dir: DIR}`."""
+
+    dir: str  # the source run's checkpoint.dir
+    tag: Optional[str] = None  # global_stepN; None = the source's `latest`
+    # Weights only by default: the new stage's schedule warms up from zero with fresh moments, as Llama 3's
+    # long-context stages and most continued pretraining do; true carries Adam's moments and step count too
+    # (ZeRO-1/2/3 sources).
+    optimizer: bool = False
+
+
 class CheckpointConfig(_Section):
     dir: Optional[str] = None
+    init_from: Optional[InitFrom] = None  # start from another run's checkpoint (see InitFrom)
     save_interval: Optional[PositiveInt] = None
     # A run predicted to take more than an hour is refused before start without checkpoint.dir (a failure would
     # lose all of it); false says "I know, run without checkpoints".
@@ -225,6 +241,11 @@ class CheckpointConfig(_Section):
                 raise ValueError(f"{v} is not a file mode; quote it: \"0640\"")
             v = f"0{v:o}"
         return f"0{parse_mode(v):o}"
+
+    @field_validator("init_from", mode="before")
+    @classmethod
+    def _init_from_shorthand(cls, value):
+        return {"dir": value} if isinstance(value, str) else value
 
 
 class EvaluationConfig(_Section):

@@ -7,13 +7,17 @@ earlier by `recipes.config.loading`.
 `validate_for_launch(recipe, world_size)` is what every path that starts ranks asks first (`recipes train`, `recipes
 render`, the launcher): the rules above plus what a run needs to start at all: a train length, its data (manifests
 present and readable, shards on disk, a vocabulary that fits, see `recipes.planner.data_checks`) and, for a run
-predicted to take more than an hour, a checkpoint directory. It returns the problems; `launch_refusal` formats them.
+predicted to take more than an hour, a checkpoint directory; a checkpoint.dir whose checkpoint was saved at another
+layout (with the `recipes reshape` command to run) and a checkpoint.init_from that is missing or does not fit. It
+returns the problems; `launch_refusal` formats them.
 """
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
 
+from recipes.checkpoint.init_from import init_from_refusals
+from recipes.checkpoint.relaunch import relaunch_refusals
 from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
 from recipes.planner.cost import CP_SEARCH_FROM, Assumptions, device_memory, estimate, format_memory
@@ -226,7 +230,16 @@ def validate_for_launch(recipe, world_size: int | None = None) -> list[Problem]:
     if not errors:
         layout, _ = resolve_layout(recipe, world_size)
         problems += checkpoint_problems(recipe, layout)
+        problems += saved_checkpoint_problems(recipe, layout)
     return problems
+
+
+def saved_checkpoint_problems(recipe, layout: Layout) -> list[Problem]:
+    """The checkpoints a start would load: checkpoint.dir's newest complete tag saved at another layout than this
+    launch's (recipes.checkpoint.relaunch: the reshape command to run), and a checkpoint.init_from that is missing or
+    does not fit the model (recipes.checkpoint.init_from)."""
+    refusals = relaunch_refusals(recipe, layout) + init_from_refusals(recipe)
+    return [Problem(r.field, r.message, r.fix) for r in refusals]
 
 
 def launch_refusal(recipe, problems: list[Problem]) -> str:

@@ -116,6 +116,7 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
         state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
         publish_checkpoint(out, world, state.weights, state.meta, written, state.exp_avg, state.exp_avg_sq,
                            quiet=quiet)
+    _record_target(out, new, world)
     if written is not new:
         from recipes.checkpoint.recipe_file import write_recipe
 
@@ -126,6 +127,17 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
         f"parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
     return out
+
+
+def _record_target(out: Path, new, world: int) -> None:
+    """The written tag records the target layout the run resumes at (the writers lay a CP target out as DP x CP
+    data ranks; the pre-launch check compares this record with the launch: recipes.checkpoint.relaunch)."""
+    from recipes.checkpoint.format import layout_record
+    from recipes.checkpoint.format.tags import newest_complete
+    from recipes.parallel.layout import Layout
+
+    tag = newest_complete(str(out))
+    layout_record.restamp(out / tag, layout_record.record(new, Layout.from_recipe(new, world)))
 
 
 def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool, workers: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from recipes.checkpoint.format import layout_record
 from recipes.checkpoint.store import Checkpointer
 from recipes.train.policy import SaveEvalStopPolicy
 
@@ -15,7 +16,8 @@ class RunCheckpoints:
     def __init__(self, recipe, eng, device, total_steps: int, evaluation, lease, heartbeat):
         c = recipe.checkpoint
         self.saver = Checkpointer(eng.engine, c.dir, c.keep_last, background=c.async_save, device=device,
-                                  max_mib_per_s=c.async_max_mib_per_s) if c.dir else None
+                                  max_mib_per_s=c.async_max_mib_per_s,
+                                  record=layout_record.record(recipe, eng.layout)) if c.dir else None
         self.policy = SaveEvalStopPolicy(total_steps, c.save_interval, recipe.evaluation.interval,
                                          checkpointing=bool(c.dir))
         self.evaluation, self.lease, self.heartbeat = evaluation, lease, heartbeat
@@ -34,6 +36,13 @@ class RunCheckpoints:
         if decision.stop:
             self.evaluation.cancel()
         return decision.stop
+
+    def save_now(self, step: int, client_state: dict) -> None:
+        """Collective: a checkpoint of `step` outside the policy, complete when this returns (the starting point of a
+        run initialised from another's checkpoint); nothing without checkpoint.dir."""
+        if self.saver:
+            self._save(step, client_state, capped=False)
+            self.saver.finish()
 
     def _save(self, step: int, client_state: dict, capped: bool) -> None:
         if self.lease:

@@ -63,6 +63,7 @@ def _rank_main(state_dir: Path, out_dir: Path) -> int:
     from megatron.core import parallel_state
 
     from recipes.checkpoint import store
+    from recipes.checkpoint.format import layout_record
     from recipes.checkpoint.format.engine_state import install_full_state
     from recipes.checkpoint.format.full_state import open_full_state
     from recipes.config.loading import load_recipe
@@ -79,7 +80,8 @@ def _rank_main(state_dir: Path, out_dir: Path) -> int:
     eng = initialize(recipe, layout, device, recipe.training.steps(recipe.model.seq_length))
     install_full_state(eng, recipe, state, parallel_state.get_tensor_model_parallel_rank())
     cs = state.meta["client_state"]
-    store.save(eng.engine, str(out_dir), int(cs.get("step", 0)), cs, keep_last=recipe.checkpoint.keep_last)
+    store.save(eng.engine, str(out_dir), int(cs.get("step", 0)), cs, keep_last=recipe.checkpoint.keep_last,
+               record=layout_record.record(recipe, layout))
     if torch.distributed.get_rank() == 0:
         (Path(out_dir) / RECIPE_FILE).write_text((state_dir / RECIPE_FILE).read_text())
     torch.distributed.barrier()

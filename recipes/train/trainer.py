@@ -79,7 +79,7 @@ class Trainer:
         if self.fault:
             self.fault.attach(self.eng.module)
         heartbeat.beat(0, "resume")
-        self.state = resume(self.eng.engine, recipe)
+        self.state = resume(self.eng, recipe)
         if self.rank == 0:  # the tracker resumes the run the checkpoint names
             sinks, self.state.wandb_run_id = tracking_sinks(recipe, self.dirs.logs, self.state.wandb_run_id)
             self.log.add(sinks)
@@ -90,6 +90,8 @@ class Trainer:
         self.evaluation = BackgroundEval(recipe, self.dirs.checkpoint, self.dirs.logs, enabled=self.rank == 0)
         self.progress = progress(self.rank == 0 and not quiet, self.total_steps, self.state.step)
         self.checkpoints = RunCheckpoints(recipe, self.eng, device, self.total_steps, self.evaluation, lease, heartbeat)
+        if self.state.initialised_here:  # its own step-0 checkpoint: a restart resumes it, never the source again
+            self.checkpoints.save_now(0, self.state.client_state())
 
     def train(self) -> int:
         try:

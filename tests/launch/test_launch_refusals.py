@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.support.checkpoints import recorded_tag
 from tests.support.launch import DATA, REPO, launch_env, run_launch
 
 TINY = REPO / "configs" / "runs" / "tiny-cpu.yaml"      # model.vocab_size 320, names no data
@@ -168,3 +169,41 @@ def test_a_real_launch_refused_starts_no_process(tmp_path, backend):
                        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
     probe = json.loads(next(line[6:] for line in r.stdout.splitlines() if line.startswith("PROBE ")))
     assert any("torchrun" in s for s in probe["started"]), (probe, r.stderr[-2000:])
+
+
+@pytest.mark.unit
+def test_a_relaunch_over_checkpoints_of_another_layout_is_refused_with_the_reshape_command(tmp_path, launch_here):
+    """checkpoint.dir holds a TP=2 checkpoint (its complete.json records the layout); launched on 2 ranks at TP=1 the
+    dry run and preflight refuse it before anything starts, printing the `recipes reshape` command to run."""
+    ck = tmp_path / "ck"
+    recorded_tag(ck, str(TINY), "parallel.tp=2", world=2)
+    command = (f"`python -m recipes reshape --checkpoint {ck} --tag global_step4 --out {ck}-tp1-cp1-pp1-dp2-zero1 "
+               "--to tp=1,pp=1,dp=2,cp=1,zero=1`")
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", DATA, f"checkpoint.dir={ck}")
+    assert err.startswith(f"[launch] error: recipe 'tiny-cpu' cannot start:\n  - checkpoint.dir = {ck} holds "
+                          "global_step4, saved at TP=2 x CP=1 x PP=1 x DP=1, ZeRO-1, ")
+    assert command in err and err.count("\n") == 2, err
+    hf = tmp_path / "hostfile"
+    hf.write_text("node-that-does-not-exist slots=2\n")  # never contacted: the recipe is refused first
+    err = refused(launch_here, tmp_path, TINY, "--hostfile", hf, "--backend", "torchrun-ssh", "--", DATA,
+                  f"checkpoint.dir={ck}", script="preflight.sh")
+    assert command in err and "unreachable" not in err
+    # at the saved layout the same launch is accepted
+    r = launch_here("train.sh", TINY, *LOCAL, "--dry-run", "--log-dir", tmp_path / "ok", "--", DATA,
+                    f"checkpoint.dir={ck}", "parallel.tp=2")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.multiproc
+def test_a_real_relaunch_at_another_layout_starts_no_process(tmp_path):
+    """Not a dry run: refused for the layout of its checkpoints, the launcher starts no process at all."""
+    ck = tmp_path / "ck"
+    recorded_tag(ck, str(TINY), "parallel.tp=2", world=2)
+    logs = tmp_path / "logs"
+    r = subprocess.run([sys.executable, "-c", PROBE, "train", str(TINY), *LOCAL, "--log-dir", str(logs), "--", DATA,
+                        f"checkpoint.dir={ck}"], cwd=REPO, env=launch_env(), capture_output=True, text=True,
+                       timeout=120)
+    probe = json.loads(next(line[6:] for line in r.stdout.splitlines() if line.startswith("PROBE ")))
+    assert probe == {"rc": 2, "started": []}, (probe, r.stderr)
+    assert f"`python -m recipes reshape --checkpoint {ck} --tag global_step4 " in r.stderr
+    assert not logs.exists()

@@ -1,8 +1,9 @@
 """`recipes train` refuses every recipe and data mistake before any rank process exists: exit 2, the message naming
-the field or file. Proof, per refusal: `recipes.train.cli.main` runs in a fresh interpreter under a Python audit hook
-that records every process it would start (subprocess.Popen, fork, exec, posix_spawn) and every import of the
-training loop; with `--local 2` nothing may be started, and as a rank under a launcher (WORLD_SIZE=2, RANK=0) neither
-the loop nor a process group may exist when it returns."""
+the field or file (the checkpoint refusals too: a checkpoint.dir saved at another layout, with the reshape command; a
+checkpoint.init_from missing or of another model). Proof, per refusal: `recipes.train.cli.main` runs in a fresh
+interpreter under a Python audit hook that records every process it would start (subprocess.Popen, fork, exec,
+posix_spawn) and every import of the training loop; with `--local 2` nothing may be started, and as a rank under a
+launcher (WORLD_SIZE=2, RANK=0) neither the loop nor a process group may exist when it returns."""
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.recipes.test_validation_launch import write_manifest
+from tests.support.checkpoints import recorded_tag
 
 pytestmark = pytest.mark.multiproc
 
@@ -49,6 +51,8 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     corrupt.parent.mkdir()
     corrupt.write_text('{"tokenizer": {"vocab_size": 257,, }')
     good = write_manifest(tmp / "good")
+    tp2 = tmp / "tp2"
+    recorded_tag(tp2, TINY, "parallel.tp=2", world=2)
     return {
         "no data": ([], "data: the recipe names no training data"),
         "missing manifest": ([f"data.manifests=[{tmp / 'gone' / 'manifest.json'}]"],
@@ -65,6 +69,15 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "no checkpoint dir on a long run": ([f"data.manifests=[{good}]", "training.train_steps=3000000",
                                              "checkpoint.dir=null"], "checkpoint.dir: not set, and this run is "
                                                                      "predicted to take"),
+        # a TP=2 checkpoint relaunched at TP=1 x DP=2 (both cases start 2 ranks)
+        "relaunch at another layout": ([f"data.manifests=[{good}]", f"checkpoint.dir={tp2}"],
+                                       f"`python -m recipes reshape --checkpoint {tp2} --tag global_step4 --out "
+                                       f"{tp2}-tp1-cp1-pp1-dp2-zero1 --to tp=1,pp=1,dp=2,cp=1,zero=1`"),
+        "init_from missing": ([f"data.manifests=[{good}]", f"checkpoint.init_from={tmp / 'gone'}"],
+                              f"checkpoint.init_from = {tmp / 'gone'}: "),
+        "init_from of another model": ([f"data.manifests=[{good}]", f"checkpoint.init_from={tp2}",
+                                        "model.hidden_size=128"], "holds a model with model.hidden_size=64; this "
+                                                                  "recipe has model.hidden_size=128"),
     }
 
 

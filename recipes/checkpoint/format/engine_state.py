@@ -10,8 +10,10 @@ from recipes.checkpoint.format.full_state import OpenFullState
 from recipes.checkpoint.format.shards import canonical_name, pad_vocab, split_tp
 
 
-def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int) -> None:
-    """Put this rank's shards of `state` into the engine (`eng`: recipes.train.engine.Engine)."""
+def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, schedule: bool = True) -> None:
+    """Put this rank's shards of `state` into the engine (`eng`: recipes.train.engine.Engine). `state` reads tensors by
+    canonical name (`keys()`, `get_tensor(name)`: safetensors handles, or recipes.checkpoint.init_from's sources).
+    With moments, the saved lr schedule too unless `schedule` is False (a run started from another keeps its own)."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     m = recipe.model
@@ -51,7 +53,7 @@ def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int) -> None:
         else:  # ZeRO-0: the torch optimizer holds the (TP-local) parameter itself
             eng.optimizer.state[p] = {"step": torch.tensor(float(step or 0)), "exp_avg": a.clone(),
                                       "exp_avg_sq": b.clone()}
-    if state.moments is not None:
+    if state.moments is not None and schedule:
         _restore_schedule(eng, state.meta)
 
 

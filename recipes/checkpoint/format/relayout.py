@@ -39,7 +39,7 @@ import torch
 
 from data_prep.io import fsync_dir
 from recipes.checkpoint import safe_load
-from recipes.checkpoint.format import deepspeed_private
+from recipes.checkpoint.format import deepspeed_private, layout_record
 from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, layer_name, model_states_name,
                                               optim_file_name, optim_name)
@@ -333,7 +333,7 @@ def relayout(tag_dir: Path, out: Path, recipe, layout, quiet: bool = False, work
         _run_pool(plan, items, workers, done)
     fsync_dir(str(out_tag))  # every file is fsynced (write_durably); their names too, before complete.json vouches
     write_recipe(recipe, out)
-    mark_complete(out, tag, step, client_state, recipe.checkpoint.keep_last)
+    mark_complete(out, tag, step, client_state, recipe.checkpoint.keep_last, layout_record.record(recipe, layout))
     return {"seconds": time.time() - t0, "bytes": totals["bytes"], "files": totals["files"], "workers": workers,
             "worker_peak_rss": totals["peak_rss"]}
 

@@ -3,7 +3,8 @@
   <dir>/global_step<N>/...             DeepSpeed model / optimizer / scheduler / loss-scale states
   <dir>/global_step<N>/rng_rank<R>.pt  each rank's RNG states (recipes.checkpoint.format.rng)
   <dir>/global_step<N>/complete.json   written by rank 0 only after every rank's files are durable: step, client
-                                       state, files and sizes
+                                       state, the layout / model shape / recipe that saved it (layout_record),
+                                       files and sizes
   <dir>/latest                         DeepSpeed's pointer (users' habit), written after complete.json; readers still
                                        check the marker (a damaged newest tag is skipped)
 
@@ -91,12 +92,14 @@ def client_state(tag_dir: Path) -> dict:
     return json.loads((tag_dir / MARKER).read_text()).get("client_state", {})
 
 
-def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last: int) -> dict:
-    """After every file of `tag` is durable: complete.json (files and sizes), then `latest`, then prune old tags.
-    Returns the files and their sizes."""
+def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last: int,
+                  record: dict | None = None) -> dict:
+    """After every file of `tag` is durable: complete.json (files and sizes, and `record`: the layout, model shape and
+    recipe that saved it, recipes.checkpoint.format.layout_record), then `latest`, then prune old tags. Returns the
+    files and their sizes."""
     files = {str(p.relative_to(root / tag)): p.stat().st_size
              for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
-    marker = {"step": step, "client_state": client_state, "files": files}
+    marker = {"step": step, "client_state": client_state, **(record or {}), "files": files}
     atomic_write(str(root / tag / MARKER), json.dumps(marker, indent=1))
     atomic_write(str(root / LATEST), tag)
     prune(root, keep_last, step)

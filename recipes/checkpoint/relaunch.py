@@ -1,0 +1,112 @@
+"""Can a launch resume checkpoint.dir at the layout it asks for? Decided before any rank starts
+(recipes.planner.validation.validate_for_launch) from the layout the newest complete tag records
+(recipes.checkpoint.format.layout_record), instead of by DeepSpeed's load errors once every rank is up.
+
+Loadable as it is, by DeepSpeed's own load_checkpoint at the new layout:
+the same TP, PP, EP, ZeRO stage, padded vocabulary and DP x CP. DP x CP is DeepSpeed's data axis, over which ZeRO
+partitions the optimizer state; CP holds no parameters, so CP=2 x DP=1 files are those of CP=1 x DP=2 and a trade
+between the two loads as it is (tests/training/test_context_parallel_resume.py). ZeRO-1 <-> ZeRO-2 writes the same
+files, but no test here resumes one as the other, so it is refused too (the reshape is cheap: the streaming writer).
+Anything else is refused, naming both layouts, with the `recipes reshape` command that writes the checkpoint at the
+new layout and how to resume there. A different model.seq_length is refused on its own: a resumed run keeps its
+sequence length (its consumed-samples count and data index are in sequences of that length); a longer-context stage
+is a new run started from this one (checkpoint.init_from).
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes.checkpoint.format.errors import CheckpointError
+from recipes.checkpoint.format.layout_record import SavedLayout, layout_of, saved_layout
+from recipes.checkpoint.format.tags import newest_complete
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a launch cannot start (the field to change, what is wrong, the fix): the planner formats it."""
+    field: str
+    message: str
+    fix: str = ""
+
+
+def relaunch_refusals(recipe, layout) -> list[Refusal]:
+    """Why `recipe` at `layout` (recipes.parallel.layout.Layout) cannot resume its checkpoint.dir ([] if it can, or
+    if there is nothing to resume)."""
+    c = recipe.checkpoint
+    if not c.dir or not c.auto_resume:
+        return []
+    tag = newest_complete(c.dir)
+    if tag is None:
+        return []
+    tag_dir = Path(c.dir) / tag
+    try:
+        saved = saved_layout(tag_dir)
+    except CheckpointError as e:
+        return [Refusal("checkpoint.dir", f"checkpoint.dir = {c.dir}: the layout of {tag} cannot be read: {e}",
+                        "move the damaged tag aside, or set checkpoint.dir to another directory")]
+    wanted = layout_of(recipe, layout)
+    out = []
+    changes = layout_changes(saved, wanted, recipe.model)
+    if changes:
+        out.append(Refusal("parallel", f"checkpoint.dir = {c.dir} holds {tag}, saved at {saved.describe()}; this "
+                           f"launch is {wanted.describe()}: DeepSpeed cannot load it at {', '.join(changes)}",
+                           _reshape_fix(c.dir, tag, saved, wanted, recipe.model)))
+    if saved.seq_length is not None and saved.seq_length != wanted.seq_length:
+        out.append(Refusal("model.seq_length", f"checkpoint.dir = {c.dir} holds {tag} of a run at model.seq_length="
+                           f"{saved.seq_length}; this launch has model.seq_length={wanted.seq_length}: a resumed run "
+                           "keeps its sequence length (its consumed samples and data index count sequences of that "
+                           "length)", f"resume with model.seq_length={saved.seq_length}; for a stage at "
+                           f"{wanted.seq_length} tokens start a new run from this one: checkpoint.dir=NEW_DIR "
+                           f"checkpoint.init_from={c.dir}"))
+    return out
+
+
+def layout_changes(saved: SavedLayout, wanted: SavedLayout, model_cfg) -> list[str]:
+    """The differences DeepSpeed's load cannot take ([] if it loads as it is). The padded vocabulary is named when
+    model.make_vocab_size_divisible_by changed (a TP change pads it anew by itself)."""
+    out = []
+    for name, a, b in (("TP", saved.tp, wanted.tp), ("PP", saved.pp, wanted.pp), ("EP", saved.ep, wanted.ep)):
+        if a != b:
+            out.append(f"{name}={b} (saved {name}={a})")
+    if saved.data_axis != wanted.data_axis:
+        out.append(f"DP x CP={wanted.data_axis} (saved {saved.data_axis}; ZeRO partitions the optimizer over it)")
+    if saved.zero_stage != wanted.zero_stage:
+        out.append(f"ZeRO-{wanted.zero_stage} (saved ZeRO-{saved.zero_stage})")
+    if _divisor_changed(saved, model_cfg):
+        out.append(f"padded vocabulary {wanted.padded_vocab_size} (saved {saved.padded_vocab_size}: "
+                   f"model.make_vocab_size_divisible_by={model_cfg.make_vocab_size_divisible_by} x tp pads it "
+                   "otherwise)")
+    return out
+
+
+def _divisor_changed(saved: SavedLayout, model_cfg) -> bool:
+    """The saved padded vocabulary is not what this recipe's make_vocab_size_divisible_by gives at the saved TP."""
+    return saved.padded_vocab_size is not None and saved.padded_vocab_size != model_cfg.padded_vocab_size(saved.tp)
+
+
+def reshaped_dir(ckpt_dir: str, w: SavedLayout) -> str:
+    return f"{str(ckpt_dir).rstrip('/')}-tp{w.tp}-cp{w.cp}-pp{w.pp}-dp{w.dp}-zero{w.zero_stage}"
+
+
+def _reshape_fix(ckpt_dir: str, tag: str, saved: SavedLayout, w: SavedLayout, model_cfg) -> str:
+    """The reshape command to the wanted layout (the source's stored recipe.yaml is read with the recipe's
+    make_vocab_size_divisible_by when that changed), and how to resume there."""
+    divisible_by, divisor_changed = model_cfg.make_vocab_size_divisible_by, _divisor_changed(saved, model_cfg)
+    if saved.zero_stage == 0:
+        return (f"a ZeRO-0 checkpoint's optimizer state cannot be re-laid (torch keeps it without parameter names): "
+                f"relaunch at the saved layout, or start a new run from its weights: checkpoint.dir=NEW_DIR "
+                f"checkpoint.init_from={ckpt_dir}")
+    zero = w.zero_stage
+    lead = ""
+    if zero == 3:  # recipes reshape writes ZeRO-0/1/2
+        zero = 2 if w.pp == 1 else 1
+        lead = (f"`recipes reshape` writes ZeRO-0/1/2, not ZeRO-3: relaunch with parallel.zero_stage={zero} after "
+                "reshaping to it; ")
+        w = SavedLayout(**{**w.__dict__, "zero_stage": zero})
+    out = shlex.quote(reshaped_dir(ckpt_dir, w))
+    vocab = f" model.make_vocab_size_divisible_by={divisible_by}" if divisor_changed else ""
+    return (f"{lead}reshape it first: `python -m recipes reshape --checkpoint {shlex.quote(str(ckpt_dir))} --tag {tag} "
+            f"--out {out} --to tp={w.tp},pp={w.pp},dp={w.dp},cp={w.cp},zero={zero}{vocab}`, then resume there: launch "
+            f"again with checkpoint.dir={out} (the original stays as it is)")
