@@ -37,12 +37,50 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     return split, replicated
 
 
-def count_parameters(model_cfg, tp: int = 1) -> int:
-    """Exact parameter count of the model our code builds (vocabulary padded for `tp`), all ranks together, once."""
+def _mlp_matrices(model_cfg, ffn: int) -> int:
+    """Weights of one (dense, expert or shared) MLP of width `ffn`."""
+    h = model_cfg.hidden_size
+    return h * (2 * ffn if model_cfg.activation == "swiglu" else ffn) + ffn * h
+
+
+def moe_layer_parameters(model_cfg) -> tuple[int, int, int]:
+    """Parameters of one MoE decoder layer as (split across TP ranks, replicated on every TP rank, routed experts).
+
+    The routed experts (num_experts MLPs of model.moe.ffn_hidden_size) are split over TP and over EP ranks; attention
+    and the shared expert are split over TP; norms, the router [E, h] and the shared-expert gate [1, h] are replicated.
+    """
+    moe, h = model_cfg.moe, model_cfg.hidden_size
+    dense_split, replicated = layer_parameters(model_cfg)
+    split = dense_split - _mlp_matrices(model_cfg, model_cfg.ffn_size)  # attention only
+    replicated += moe.num_experts * h
+    if moe.shared_expert_ffn_size:
+        split += _mlp_matrices(model_cfg, moe.shared_expert_ffn_size)
+        replicated += h if moe.shared_expert_gate else 0
+    return split, replicated, moe.num_experts * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
+
+
+def decoder_parameters(model_cfg, active: bool = False) -> int:
+    """All decoder layers' parameters; `active`: only the top_k routed experts of each MoE layer count (what one
+    token's forward pass uses, as MoE models are reported: Mixtral-8x7B 46.7B total, 12.9B active)."""
+    split, replicated = layer_parameters(model_cfg)
+    total = 0
+    for i in range(model_cfg.num_layers):
+        if not model_cfg.is_moe_layer(i):
+            total += split + replicated
+            continue
+        s, r, experts = moe_layer_parameters(model_cfg)
+        if active:
+            experts = experts // model_cfg.moe.num_experts * model_cfg.moe.top_k
+        total += s + r + experts
+    return total
+
+
+def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
+    """Exact parameter count of the model our code builds (vocabulary padded for `tp`), all ranks together, once;
+    `active`: counting only the top_k routed experts of each MoE layer (= count_parameters for a dense model)."""
     h = model_cfg.hidden_size
     v = model_cfg.padded_vocab_size(tp)
-    split, replicated = layer_parameters(model_cfg)
-    total = v * h + model_cfg.num_layers * (split + replicated) + norm_params(model_cfg)
+    total = v * h + decoder_parameters(model_cfg, active) + norm_params(model_cfg)
     if model_cfg.position_embedding == "learned":
         total += model_cfg.seq_length * h
     if not model_cfg.tied_embeddings:
@@ -59,11 +97,19 @@ def _forward_flops_per_token(model_cfg) -> tuple[float, float, float]:
     matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
     h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
     head = 2.0 * model_cfg.padded_vocab_size(1) * h
+    if model_cfg.moe is not None:  # active weights: router, top_k routed experts, the shared expert
+        moe = model_cfg.moe
+        moe_layer = (matrices - _mlp_matrices(model_cfg, model_cfg.ffn_size) + moe.num_experts * h
+                     + moe.top_k * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
+                     + (_mlp_matrices(model_cfg, moe.shared_expert_ffn_size) if moe.shared_expert_ffn_size else 0))
+        n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L))
+        return 2.0 * ((L - n_moe) * matrices + n_moe * moe_layer), 4.0 * L * s * h, head
     return 2.0 * L * matrices, 4.0 * L * s * h, head
 
 
 def model_flops_per_step(model_cfg, global_batch: int) -> float:
-    """Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the numerator of MFU.
+    """Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the numerator of MFU. For
+    MoE layers the active weights count (router, top_k experts, shared expert), as MoE MFU is reported.
 
     For a GPT shape (gelu, f = 4h, MHA) this equals Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
     """

@@ -2,8 +2,11 @@
 return structured problems (field, what is wrong with the values, the fix) that validation, the planner, the launcher's
 world-size check and the engine only format.
 
-Rank order is TP fastest, then DP, then PP (megatron-core `parallel_state` order "tp-dp-pp" with cp=ep=1, and
-DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model]).
+Rank order is TP fastest, then DP, then PP (megatron-core `parallel_state` order "tp-cp-ep-dp-pp" with cp=1, and
+DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model]). Expert parallelism (`ep`) splits the DP
+dimension for the experts of MoE layers only: DP index d holds expert shard d % ep (EP fastest inside DP, as
+megatron-core's expert groups and DeepSpeed's `_get_expert_parallel_ranks`), its expert gradients are reduced over
+the dp / ep ranks with the same shard (the expert-data-parallel group).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class Layout:
     micro_batch: int = 1
     sequence_parallel: bool = False
     recompute: str = "none"  # none | selective | full
+    ep: int = 1  # expert parallelism inside DP (MoE layers only; see the module docstring)
 
     @property
     def world_size(self) -> int:
@@ -66,12 +70,20 @@ class Layout:
             out.append(LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
                                      f"{model_cfg.num_layers}: every stage needs at least one layer",
                                      f"use pp <= {model_cfg.num_layers}"))
-        elif pp > 1 and self.zero_stage == 1 and partition == "parameters":
-            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong)
+        elif pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1):
+            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong; with
+            # expert parallelism a stage without MoE layers also lacks the experts' param group)
             from recipes.parallel.partition import (UNEVEN_GROUPS_FIX, layer_names, stage_boundaries,
                                                     uneven_group_problem)
-            problem = uneven_group_problem(layer_names(model_cfg), stage_boundaries(model_cfg, tp, pp, partition))
-            if problem:
+            problem = uneven_group_problem(layer_names(model_cfg), stage_boundaries(
+                model_cfg, tp, pp, partition or "uniform", self.ep), self.ep)
+            if problem and "MoE" in problem:
+                out.append(LayoutProblem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: "
+                                         f"stages get different optimizer param groups ({problem})",
+                                         "DeepSpeed's ZeRO-1 would hang in the first optimizer step; give every "
+                                         "pipeline stage at least one MoE layer (model.moe.layer_pattern, "
+                                         "first_dense_layers or another parallel.pp), or use parallel.ep=1"))
+            elif problem:
                 out.append(LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
                                          f"parallel.pp={pp} gives stages different optimizer param groups "
                                          f"({problem})", UNEVEN_GROUPS_FIX))
@@ -83,6 +95,7 @@ class Layout:
             out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",
                                      "set parallel.sequence_parallel=false or tp >= 2"))
+        out += self._expert_problems(model_cfg)
         if global_batch is not None and global_batch % (self.micro_batch * self.dp):
             per = self.micro_batch * self.dp
             out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
@@ -91,12 +104,64 @@ class Layout:
                                      f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
         return out
 
+    def _expert_problems(self, model_cfg) -> list[LayoutProblem]:
+        """The MoE / expert-parallel rules (model.moe and parallel.ep)."""
+        out: list[LayoutProblem] = []
+        moe, ep = model_cfg.moe, self.ep
+        if moe is None:
+            if ep > 1:
+                out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} but the model has no experts (no model.moe)",
+                                         "set parallel.ep=1, or add a model.moe section"))
+            return out
+        if self.zero_stage == 3:
+            out.append(LayoutProblem("parallel.zero_stage", "parallel.zero_stage=3 with model.moe: DeepSpeed's ZeRO-3 "
+                                     "does not support mixture-of-experts parameters", "use parallel.zero_stage=1 or 2"))
+        if ep > 1 and self.zero_stage == 0:
+            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage=0 with parallel.ep={ep}: expert "
+                                     "gradients are reduced over the expert-data-parallel group by DeepSpeed's ZeRO "
+                                     "optimizer only", "use parallel.zero_stage=1 (or 2 with pp=1)"))
+        fits = [d for d in _divisors_upto(moe.num_experts, self.dp) if self.dp % d == 0]
+        if moe.num_experts % ep:
+            out.append(LayoutProblem("parallel.ep", f"model.moe.num_experts={moe.num_experts} is not divisible by "
+                                     f"parallel.ep={ep} (each EP rank holds num_experts / ep whole experts)",
+                                     f"use ep in {fits} (divisors of num_experts and of dp={self.dp})"))
+        elif self.dp % ep:
+            out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} does not divide the data-parallel degree dp="
+                                     f"{self.dp}: experts are split over ranks inside DP",
+                                     f"use ep in {fits} (divisors of num_experts and of dp), or change dp"))
+        if self.tp > 1:
+            out += self._expert_tp_problems(model_cfg)
+        return out
+
+    def _expert_tp_problems(self, model_cfg) -> list[LayoutProblem]:
+        """Experts are split over TP like the dense MLP (megatron-core expert TP = TP); without sequence parallelism
+        each TP rank routes 1/tp of the sequence (the MoE layer is sequence-parallel inside)."""
+        out: list[LayoutProblem] = []
+        tp, moe = self.tp, model_cfg.moe
+        sizes = [("model.moe.ffn_hidden_size", model_cfg.expert_ffn_size)]
+        if moe.shared_expert_ffn_size:
+            sizes.append(("model.moe.shared_expert_ffn_size", moe.shared_expert_ffn_size))
+        for field, size in sizes:
+            if size % tp:
+                out.append(LayoutProblem(field, f"{field}={size} is not divisible by parallel.tp={tp} (experts are "
+                                         "split over TP ranks)", f"use a multiple of {tp}, or tp in "
+                                         f"{_divisors_upto(size, tp)}"))
+        if model_cfg.seq_length % tp:
+            out.append(LayoutProblem("model.seq_length", f"model.seq_length={model_cfg.seq_length} is not divisible "
+                                     f"by parallel.tp={tp}: each TP rank routes an equal slice of the sequence to the "
+                                     "experts", f"use a multiple of {tp}"))
+        return out
+
     def coords(self, rank: int) -> dict[str, int]:
-        """(tp, dp, pp) coordinates of a global rank."""
+        """(tp, dp, pp) coordinates of a global rank, and its expert shard (ep) and expert-data-parallel index
+        (edp) inside DP."""
+        dp = (rank // self.tp) % self.dp
         return {
             "tp": rank % self.tp,
-            "dp": (rank // self.tp) % self.dp,
+            "dp": dp,
             "pp": rank // (self.tp * self.dp),
+            "ep": dp % self.ep,
+            "edp": dp // self.ep,
         }
 
     def rank(self, tp: int, dp: int, pp: int) -> int:
@@ -104,6 +169,8 @@ class Layout:
 
     def describe(self) -> str:
         extra = []
+        if self.ep > 1:
+            extra.append(f"EP={self.ep} (experts, inside DP)")
         if self.sequence_parallel:
             extra.append("SP")
         if self.recompute != "none":
@@ -131,6 +198,7 @@ class Layout:
             micro_batch=p.micro_batch,
             sequence_parallel=p.sequence_parallel,
             recompute=p.recompute,
+            ep=p.ep,
         )
 
 
@@ -160,9 +228,9 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
     else:
         dp = world // mp
     lay = None if dp is None else Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute)
-    probe = lay or Layout(tp=p.tp, pp=p.pp, dp=1, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                          sequence_parallel=p.sequence_parallel, recompute=p.recompute)
+                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute, ep=p.ep)
+    probe = lay or Layout(tp=p.tp, pp=p.pp, dp=p.ep, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
+                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, ep=p.ep)
     # Without a valid dp the batch rule cannot be judged; the rest can.
     problems += probe.problems(recipe.model, recipe.training.global_batch if lay else None,
                                p.pipeline_partition, max_tp)

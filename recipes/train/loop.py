@@ -28,6 +28,7 @@ from recipes.train import signals
 from recipes.train.faults import Fault
 from recipes.train.heartbeat import Heartbeat
 from recipes.train.engine import init_distributed, init_parallel_state, initialize, shutdown_distributed
+from recipes.train.expert_parallel import routing_stats
 from recipes.model.shape import model_flops_per_step
 from recipes.parallel.layout import Layout
 
@@ -332,6 +333,7 @@ def _run(recipe, device, quiet: bool, lease, heartbeat: Heartbeat) -> int:
                 record["stage"] = stage.name
             if step % t.log_interval == 0:  # every rank, the same steps: a collective
                 record.update(step_times.gather(device))
+                record.update(routing_stats(eng, recipe))  # MoE only: tokens per expert, dropped, aux loss
             if step % t.log_interval == 0 or skipped:
                 log.write(record, step)
             if progress is not None:
