@@ -111,9 +111,15 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
 
         kwargs.update(fused_config_kwargs(model_cfg))
     if model_cfg.moe is not None:
+        import warnings
+
         from recipes.model.moe import moe_config_kwargs
 
         kwargs.update(moe_config_kwargs(model_cfg, ep))
+        with warnings.catch_warnings():
+            # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
+            warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
+            return TransformerConfig(**kwargs)
     return TransformerConfig(**kwargs)
 
 

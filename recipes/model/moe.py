@@ -123,11 +123,10 @@ class _Weight(nn.Module):
         self.weight = nn.Parameter(weight)
 
 
-def _grouped_mm_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """torch's grouped GEMM on CUDA (bf16; strides of 16 bytes); elsewhere the per-expert loop."""
-    return (x.is_cuda and hasattr(F, "grouped_mm") and x.dtype == torch.bfloat16
-            and all(w.shape[-1] * w.element_size() % 16 == 0 and w.shape[-2] * w.element_size() % 16 == 0
-                    for w in weights))
+def _grouped_mm_fits(*tensors: torch.Tensor) -> bool:
+    """torch's grouped GEMM wants rows of a multiple of 16 bytes."""
+    return hasattr(F, "grouped_mm") and all(t.shape[-1] * t.element_size() % 16 == 0 and
+                                            t.shape[-2] * t.element_size() % 16 == 0 for t in tensors)
 
 
 class GroupedExperts(nn.Module):
@@ -153,6 +152,7 @@ class GroupedExperts(nn.Module):
                 config.output_layer_init_method(full2)
             fc1.append(_tp_rows(full1, tp, tp_rank, self.gated))
             fc2.append(full2.chunk(tp, dim=1)[tp_rank])
+        self.use_grouped_mm = None  # None: on CUDA when the shapes fit; True / False force it (tests)
         self.linear_fc1 = _Weight(torch.stack(fc1))
         self.linear_fc2 = _Weight(torch.stack(fc2))
         for p, dim in ((self.linear_fc1.weight, 1), (self.linear_fc2.weight, 2)):
@@ -169,7 +169,10 @@ class GroupedExperts(nn.Module):
     def forward(self, tokens: torch.Tensor, tokens_per_expert: list[int], probs: torch.Tensor) -> torch.Tensor:
         w1, w2 = self.linear_fc1.weight, self.linear_fc2.weight
         scale = probs.unsqueeze(-1)
-        if _grouped_mm_usable(tokens, w1, w2):
+        grouped = self.use_grouped_mm
+        if grouped is None:
+            grouped = tokens.is_cuda and tokens.dtype == torch.bfloat16 and _grouped_mm_fits(w1, w2)
+        if grouped:
             offs = torch.tensor(tokens_per_expert, device=tokens.device).cumsum(0).to(torch.int32)
             hidden = self._act(F.grouped_mm(tokens, w1.transpose(1, 2), offs=offs))
             hidden = (hidden * scale).to(tokens.dtype)
