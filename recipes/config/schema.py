@@ -87,6 +87,9 @@ class ModelConfig(_Section):
     # Packed samples: restart position ids after each EOD and attend only within the token's own document
     # (block-diagonal causal mask; flex_attention on CUDA, SDPA with a boolean mask on CPU). See docs/concepts.md.
     document_mask: bool = False
+    # Attention heads of head_dim (None = hidden_size / num_attention_heads; Qwen3 uses 128 with any hidden size)
+    head_dim: Optional[PositiveInt] = None
+    qk_norm: bool = False  # RMSNorm / LayerNorm of each query and key head before RoPE (Qwen3; megatron qk_layernorm)
     moe: Optional[MoEConfig] = None  # None = every decoder layer has a dense MLP
 
     @model_validator(mode="after")
@@ -120,6 +123,11 @@ class ModelConfig(_Section):
             f = int(2 * 4 * self.hidden_size / 3)
             return 256 * ((f + 255) // 256)
         return 4 * self.hidden_size
+
+    @property
+    def kv_channels(self) -> int:
+        """Width of one attention head."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
     def expert_ffn_size(self) -> int:

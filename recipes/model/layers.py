@@ -81,7 +81,8 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         num_attention_heads=model_cfg.num_attention_heads,
         num_query_groups=model_cfg.query_groups,
         ffn_hidden_size=model_cfg.ffn_size,
-        kv_channels=model_cfg.hidden_size // model_cfg.num_attention_heads,
+        kv_channels=model_cfg.kv_channels,
+        qk_layernorm=model_cfg.qk_norm,
         tensor_model_parallel_size=tp,
         sequence_parallel=sequence_parallel and tp > 1,
         normalization="RMSNorm" if model_cfg.normalization == "rmsnorm" else "LayerNorm",
@@ -278,13 +279,28 @@ def rope_table(seq_length: int, head_dim: int, base: float, scaling=None) -> tor
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
 
 
+class HeadNorm(TorchNorm):
+    """The norm of each query / key head (model.qk_norm): one weight of head_dim shared by all heads, and the heads
+    are split over TP ranks, so its gradient is summed over the TP group (megatron-core does this for q/k_layernorm
+    in its grad finaliser)."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
+        super().__init__(config, hidden_size, eps)
+        if config.tensor_model_parallel_size > 1 and not config.sequence_parallel:  # (TorchNorm hooks it under SP)
+            for p in self.parameters():
+                p.register_hook(_allreduce_over_tp)
+
+
 def layer_spec(config: TransformerConfig):
     """megatron-core's local GPT layer spec with CPU/GPU-safe norms and SDPA core attention."""
-    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(normalization=config.normalization, qk_layernorm=config.qk_layernorm)
     spec.submodules.input_layernorm = TorchNorm
     spec.submodules.pre_mlp_layernorm = TorchNorm
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.causal}
+    if config.qk_layernorm:
+        spec.submodules.self_attention.submodules.q_layernorm = HeadNorm
+        spec.submodules.self_attention.submodules.k_layernorm = HeadNorm
     return spec
 
 

@@ -14,10 +14,11 @@ def norm_params(model_cfg) -> int:
 def _layer_matrices(model_cfg) -> tuple[int, int, int]:
     """(weights of the layer's matrices, qkv output width, fc1 output width)."""
     h, f = model_cfg.hidden_size, model_cfg.ffn_size
-    head_dim = h // model_cfg.num_attention_heads
-    qkv_out = h + 2 * model_cfg.query_groups * head_dim
+    head_dim = model_cfg.kv_channels
+    q_out = model_cfg.num_attention_heads * head_dim  # = h unless model.head_dim says otherwise
+    qkv_out = q_out + 2 * model_cfg.query_groups * head_dim
     fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
-    return h * qkv_out + h * h + h * fc1_out + f * h, qkv_out, fc1_out
+    return h * qkv_out + q_out * h + h * fc1_out + f * h, qkv_out, fc1_out
 
 
 def layer_parameters(model_cfg) -> tuple[int, int]:
@@ -29,6 +30,8 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     h = model_cfg.hidden_size
     split, qkv_out, fc1_out = _layer_matrices(model_cfg)
     replicated = 2 * norm_params(model_cfg)
+    if model_cfg.qk_norm:  # one norm of head_dim for the queries, one for the keys
+        replicated += 2 * norm_params(model_cfg) // h * model_cfg.kv_channels
     if model_cfg.qkv_bias:  # add_bias_linear or add_qkv_bias (Qwen2)
         split += qkv_out
     if model_cfg.add_bias_linear:

@@ -26,6 +26,7 @@ import torch
 
 from recipes.checkpoint.recipe_file import RECIPE_FILE, write_recipe
 from recipes.checkpoint.shards import canonical_name, pad_vocab, split_tp
+from recipes.parallel.expert_shards import is_moe_split, split_moe
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,14 @@ def _install(eng, recipe, tensors: dict, moments: tuple | None, meta: dict) -> N
     zero = _zero_optimizer(eng)
     step = meta.get("optimizer_step")
 
+    ep, ep_rank = parallel_state.get_expert_model_parallel_world_size(), parallel_state.get_expert_model_parallel_rank()
+
     def local(source, name, like):
-        t = split_tp(name, pad_vocab(name, source.get_tensor(name).float(), padded), tp, tp_rank, swiglu)
+        full = pad_vocab(name, source.get_tensor(name).float(), padded)
+        if is_moe_split(name):  # experts split over EP and TP (recipes.parallel.expert_shards)
+            t = split_moe(name, full, tp, tp_rank, ep, ep_rank, swiglu)
+        else:
+            t = split_tp(name, full, tp, tp_rank, swiglu)
         if tuple(t.shape) != tuple(like.shape):
             raise ValueError(f"{name}: shard {tuple(t.shape)} does not fit the model's {tuple(like.shape)}")
         return t.to(like.device)
