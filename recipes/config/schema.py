@@ -49,7 +49,7 @@ class MoEConfig(_Section):
     # None = dropless (every token reaches its top-k experts); else each expert takes at most
     # ceil(capacity_factor x tokens x top_k / num_experts) tokens of a micro-batch (per rank) and drops the rest
     capacity_factor: Optional[PositiveFloat] = None
-    drop_policy: Literal["probs", "position"] = "probs"  # with a capacity: keep the highest-probability tokens / the first
+    drop_policy: Literal["probs", "position"] = "probs"  # over capacity keep the most probable tokens / the first
     # Which decoder layers are MoE (the others keep a dense MLP of model.ffn_hidden_size): an int N = every N-th layer
     # from the first (megatron-core moe_layer_freq), or one 0/1 per layer; first_dense_layers (DeepSeek's
     # first_k_dense_replace) then keeps the first layers dense

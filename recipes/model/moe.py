@@ -85,8 +85,8 @@ def _inside_backward() -> bool:
 
 # ------------------------------------------------------------------------------------------------------ router
 class Router(TopKRouter):
-    """megatron-core's top-k router, CPU-safe (its `gating` moves CPU weights to CUDA and needs Transformer Engine), recording the aux and z losses
-    it attaches (for the routing statistics; recomputations are not counted twice)."""
+    """megatron-core's top-k router, CPU-safe (its `gating` moves CPU weights to CUDA and needs Transformer Engine),
+    recording the aux and z losses it attaches (for the routing statistics; recomputations are not counted twice)."""
 
     def __init__(self, config, pg_collection):
         super().__init__(config=config, pg_collection=pg_collection)
@@ -170,8 +170,9 @@ class GroupedExperts(nn.Module):
         w1, w2 = self.linear_fc1.weight, self.linear_fc2.weight
         scale = probs.unsqueeze(-1)
         grouped = self.use_grouped_mm
-        if grouped is None:
-            grouped = tokens.is_cuda and tokens.dtype == torch.bfloat16 and _grouped_mm_fits(w1, w2)
+        if grouped is None:  # torch's grouped GEMM kernels: bf16 on Hopper and newer
+            grouped = (tokens.is_cuda and tokens.dtype == torch.bfloat16 and _grouped_mm_fits(w1, w2)
+                       and torch.cuda.get_device_capability(tokens.device) >= (9, 0))
         if grouped:
             offs = torch.tensor(tokens_per_expert, device=tokens.device).cumsum(0).to(torch.int32)
             hidden = self._act(F.grouped_mm(tokens, w1.transpose(1, 2), offs=offs))
@@ -262,8 +263,9 @@ class MoEMLP(MegatronModule):
         if self.tp == 1:
             return
         params = [self.router.weight]
-        if self.config.sequence_parallel and self.shared_experts is not None and self.shared_experts.gate_weight is not None:
-            params.append(self.shared_experts.gate_weight)
+        gate = getattr(self.shared_experts, "gate_weight", None)
+        if self.config.sequence_parallel and gate is not None:
+            params.append(gate)
         for p in params:
             p.register_hook(_allreduce_over_tp)
 

@@ -115,7 +115,8 @@ class Layout:
             return out
         if self.zero_stage == 3:
             out.append(LayoutProblem("parallel.zero_stage", "parallel.zero_stage=3 with model.moe: DeepSpeed's ZeRO-3 "
-                                     "does not support mixture-of-experts parameters", "use parallel.zero_stage=1 or 2"))
+                                     "does not support mixture-of-experts parameters",
+                                     "use parallel.zero_stage=1 or 2"))
         if ep > 1 and self.zero_stage == 0:
             out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage=0 with parallel.ep={ep}: expert "
                                      "gradients are reduced over the expert-data-parallel group by DeepSpeed's ZeRO "

@@ -46,7 +46,8 @@ def test_import_at_ep2_tp2_then_export_gives_the_transformers_logits(kind, corpu
     assert import_main(["--hf", str(tmp_path / "hf"), "--out", str(ckpt), "--config", RECIPE, "--quiet",
                         f"data.manifests=[{corpus['manifest']}]", *EP2_TP2]) == 0
     recipe = load_checkpoint_recipe(str(ckpt), None, [])
-    assert (recipe.parallel.tp, recipe.parallel.ep, recipe.model.moe.num_experts) == (2, 2, 4 if kind == "mixtral" else 6)
+    experts = 4 if kind == "mixtral" else 6
+    assert (recipe.parallel.tp, recipe.parallel.ep, recipe.model.moe.num_experts) == (2, 2, experts)
     assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--quiet"]) == 0
     back = _load_hf(out)
     assert type(back).__name__ == ARCH[kind]

@@ -138,7 +138,8 @@ def test_grouped_gemm_equals_the_loop(single_process_group):
         x = tokens.clone().requires_grad_()
         out = layer(x, per_expert, probs)
         out.backward(torch.ones_like(out))
-        results.append((out.detach(), x.grad, layer.linear_fc1.weight.grad.clone(), layer.linear_fc2.weight.grad.clone()))
+        results.append((out.detach(), x.grad, layer.linear_fc1.weight.grad.clone(),
+                        layer.linear_fc2.weight.grad.clone()))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
