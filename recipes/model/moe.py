@@ -178,11 +178,11 @@ class GroupedExperts(nn.Module):
             hidden = self._act(F.grouped_mm(tokens, w1.transpose(1, 2), offs=offs))
             hidden = (hidden * scale).to(tokens.dtype)
             return F.grouped_mm(hidden, w2.transpose(1, 2), offs=offs)
-        outs = []
-        for j, part in enumerate(tokens.split(tokens_per_expert)):
-            outs.append(part @ w1[j].t())
+        # unbind, not w[j]: indexing a stacked weight per expert makes autograd zero-fill a full-size gradient for
+        # every expert (E^2 memory traffic); unbind's backward stacks the E gradients once
+        outs = [part @ w.t() for part, w in zip(tokens.split(tokens_per_expert), w1.unbind(0))]
         hidden = (self._act(torch.cat(outs)) * scale).to(tokens.dtype)
-        return torch.cat([part @ w2[j].t() for j, part in enumerate(hidden.split(tokens_per_expert))])
+        return torch.cat([part @ w.t() for part, w in zip(hidden.split(tokens_per_expert), w2.unbind(0))])
 
 
 def _tp_rows(full: torch.Tensor, tp: int, rank: int, gated: bool) -> torch.Tensor:
