@@ -70,9 +70,41 @@ def layer_weights(model_cfg, tp: int, partition: str, ep: int = 1) -> list[float
 
 def stage_boundaries(model_cfg, tp: int, pp: int, partition: str, ep: int = 1) -> list[int]:
     """DeepSpeed's own split (its partition_balanced): stage s holds specs [parts[s], parts[s + 1])."""
+    weights = layer_weights(model_cfg, tp, partition, ep)
+    if partition != "parameters":  # 0/1 weights: the same split without importing DeepSpeed (`plan` stays light)
+        return balanced_split(weights, pp)
     from deepspeed.runtime.utils import partition_balanced
 
-    return [int(b) for b in partition_balanced(weights=layer_weights(model_cfg, tp, partition, ep), num_parts=pp)]
+    return [int(b) for b in partition_balanced(weights=weights, num_parts=pp)]
+
+
+def balanced_split(weights: list[float], num_parts: int) -> list[int]:
+    """deepspeed.runtime.utils.partition_balanced (DeepSpeed 0.19, Apache-2.0) in plain Python: the linear partition
+    minimising max - min part weight, ties broken the same way (the last candidate wins), so the boundaries are
+    DeepSpeed's (tests/recipes/test_moe_rules.py compares them)."""
+    n, m = len(weights), num_parts
+    if n <= m:
+        return [min(p, n) for p in range(m + 1)]
+    inf = float("inf")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    hi = [[inf] * (m + 1) for _ in range(n + 1)]
+    lo = [[inf] * (m + 1) for _ in range(n + 1)]
+    cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    cut = [[0] * (m + 1) for _ in range(n + 1)]
+    hi[0][0] = cost[0][0] = 0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                top, bottom = max(hi[k][j - 1], part), min(lo[k][j - 1], part)
+                if cost[i][j] >= top - bottom:
+                    cost[i][j], hi[i][j], lo[i][j], cut[i][j] = top - bottom, top, bottom, k
+    parts = [n]
+    for j in reversed(range(1, m + 1)):
+        parts.append(cut[parts[-1]][j])
+    return parts[::-1]
 
 
 def _groups(name: str, ep: int) -> frozenset:

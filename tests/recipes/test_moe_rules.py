@@ -82,3 +82,15 @@ def test_moe_presets_count_as_released(name, total, active):
     m = recipe_from_dict(deep_merge(load_raw(f"models/{name}"), {"training": {"global_batch": 8}})).model
     assert count_parameters(m) == total
     assert abs(count_parameters(m, active=True) - active) / active < 0.02  # released: "12.9B" / "3.3B" activated
+
+
+@pytest.mark.parametrize("layers,pp", [(4, 2), (5, 2), (7, 3), (61, 8), (12, 5), (3, 4)])
+def test_uniform_split_is_deepspeeds_without_importing_it(layers, pp):
+    """The MoE stage check computes DeepSpeed's uniform split in plain Python (`plan` must not import DeepSpeed: it
+    prints to stdout on import); the boundaries equal DeepSpeed's own partition_balanced."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    from recipes.parallel.partition import balanced_split
+
+    weights = [0.0] + [1.0] * layers + [0.0, 0.0]
+    assert balanced_split(weights, pp) == [int(b) for b in partition_balanced(weights=weights, num_parts=pp)]
