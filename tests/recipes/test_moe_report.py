@@ -1,5 +1,4 @@
 """The run report's routing section is written from the MoE metrics (and only for MoE runs)."""
-import json
 
 import pytest
 
@@ -19,4 +18,3 @@ def test_routing_section_from_the_metrics(tmp_path):
     assert "load-balancing loss (without its coefficient): 1.2000 -> 1.0000" in text and "z-loss" in text
     assert "tokens per expert at step 2, per MoE layer: 2 2; 1 3" in text
     assert moe_lines([{"step": 1, "loss": 5.0}]) == []
-    json.dumps(train)  # the records are what metrics.jsonl holds
