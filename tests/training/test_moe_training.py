@@ -65,6 +65,7 @@ def _assert_same_training(got: dict, ref: dict, name: str) -> None:
 
 LAYOUTS = {
     "ep2-dp2": (4, ["parallel.ep=2"]),
+    "ep2-dp2-zero2": (4, ["parallel.ep=2", "parallel.zero_stage=2"]),  # gradients partitioned too
     "tp2-ep2-pp2": (8, ["parallel.tp=2", "parallel.ep=2", "parallel.pp=2"]),
 }
 
