@@ -1,5 +1,9 @@
 """python -m data_prep <command>: tokenize, train-tokenizer, verify, stats/inspect, sample-corpus, demo, bench,
-bench-executors, merge, blend, plan, slurm."""
+bench-executors, merge, blend, plan, slurm, probe, curate.
+
+Exit codes: 0 done (or, for one slice of many, its share done); 1 units failed (the rest is complete: rerun to
+retry them); 2 refused: a bad argument, an input that cannot give documents, no documents written or too many
+rejected, storage without credentials or access (one line naming the file or URL and the fix)."""
 
 from __future__ import annotations
 
@@ -19,13 +23,27 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _fraction_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"wants a fraction in 0..1 (e.g. 0.5), got {text!r}")
+    return value
+
+
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="files, directories or quoted globs (.jsonl/.json[.gz|.zst], .parquet, "
                                              ".txt, datasets save_to_disk directories)")
     p.add_argument("-o", "--output", required=True, help="output directory (shards, manifest.json, rejects.jsonl)")
     p.add_argument("-t", "--tokenizer", required=True, help="sentencepiece .model, tokenizer.json or a local "
                                                             "transformers directory")
-    p.add_argument("--text-field", default="text")
+    p.add_argument("--text-field", default="text", help="the record field (parquet/dataset column) holding the "
+                                                         "document; checked on the first records before any work")
+    p.add_argument("--max-reject-fraction", type=_fraction_arg, default=1.0, metavar="F",
+                   help="fail (exit 2, no manifest) when more than this share of the records is rejected; the "
+                        "default 1.0 fails only a run that writes no document")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--shard-size", type=_size_arg, default="256M",
                    help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at "
@@ -48,7 +66,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="local: a process pool of --workers; ray: one Ray task per unit")
     p.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a local one")
+                   help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a private local one "
+                        "(loopback only, Ray token auth; RAY_ADDRESS alone is not followed)")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
     p.add_argument("--storage-option", dest="storage_options", action="append", default=[], type=_storage_option,
@@ -104,7 +123,7 @@ def cmd_tokenize(a) -> int:
     from data_prep.pipeline import RunFailed, run
 
     try:
-        m = run(_settings_from(a))
+        m = run(_settings_from(a), max_reject_fraction=a.max_reject_fraction)
     except (RunFailed, CurationFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -163,7 +182,7 @@ def cmd_bench(a) -> int:
     from data_prep.tools.bench import bench
 
     return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, vocab_size=a.vocab_size,
-                 megatron_lm=a.megatron_lm, families=a.family)
+                 megatron_lm=a.megatron_lm, megatron_lm_fast=a.megatron_lm_fast, families=a.family)
 
 
 def cmd_bench_executors(a) -> int:
@@ -194,30 +213,55 @@ def _settings_from(a):
                     steps=a.steps, stage=a.stage)
 
 
-def cmd_slurm(a) -> int:
-    from data_prep.executors.slurm import render
-
-    args = a.command_args[1:] if a.command_args[:1] == ["--"] else a.command_args
+def _forwarded(command_args: list, who: str):
+    """(command, its arguments, parsed, settings) from the arguments after ``--`` of `slurm` or `probe`:
+    ``[tokenize|curate] ARGS...`` (bare arguments are tokenize's). Raises ValueError (exit 2) when there are none or
+    they carry a per-task flag."""
+    args = command_args[1:] if command_args[:1] == ["--"] else command_args
     command = args[0] if args[:1] in (["tokenize"], ["curate"]) else "tokenize"  # bare arguments: tokenize's
     args = args[1:] if args[:1] == [command] else args
     if not args:
-        print("error: give the tokenize (or curate) arguments after --", file=sys.stderr)
-        return 2
+        raise ValueError("give the tokenize (or curate) arguments after --")
     for flag in ("--slice", "--stage", "--merge-only"):
         if any(x == flag or x.startswith(flag + "=") for x in args):
-            print(f"error: {flag} is set per array task by `slurm`: remove it from the {command} arguments",
-                  file=sys.stderr)
-            return 2
+            raise ValueError(f"{flag} is set per task by `{who}`: remove it from the {command} arguments")
+    if command == "curate":
+        parsed = _curate_parser().parse_args(args)
+        return command, args, parsed, _curate_settings_from(parsed)
+    parsed = _tokenize_parser().parse_args(args)
+    return command, args, parsed, _settings_from(parsed)
+
+
+def _preflight(settings) -> list:
+    """The inputs and the output probed once from here (executors/preflight.py), before anything is submitted."""
+    from data_prep.executors.preflight import preflight
+    from data_prep.objstore import UPLOAD_PART
+
+    return preflight(settings.inputs, settings.output_dir, settings.text_field,
+                     getattr(settings, "storage_options", None), getattr(settings, "upload_part_size", UPLOAD_PART),
+                     settings.max_record_size)
+
+
+def cmd_probe(a) -> int:
+    """Probe the inputs and the output of a run as `slurm` does before submitting (for launch/prep.sh, or by hand)."""
+    command, _, _, settings = _forwarded(a.command_args, "probe")
+    for line in _preflight(settings):
+        print(f"probed: {line}")
+    print(f"{command}: the inputs can be read and the output written")
+    return 0
+
+
+def cmd_slurm(a) -> int:
+    from data_prep.executors.slurm import render
+
+    command, args, parsed, settings = _forwarded(a.command_args, "slurm")
+    # a 4,000-task array must not start for a bucket it cannot read or write, or a text field the inputs lack
+    for line in _preflight(settings):
+        print(f"# probed: {line}")
     if command == "curate":
         from data_prep.curate import incomplete_slices
-
-        parsed = _curate_parser().parse_args(args)
-        settings = _curate_settings_from(parsed)
     else:
         from data_prep.pipeline import incomplete_slices
-
-        parsed = _tokenize_parser().parse_args(args)
-        settings = _settings_from(parsed)
     stages = ()
     if parsed.steps:  # the dedup passes are global: one array per pass, each after the previous
         from data_prep.executors.slurm import CURATION_STAGES
@@ -265,11 +309,15 @@ def cmd_blend(a) -> int:
 
 
 def cmd_plan(a) -> int:
-    from data_prep.tools.plan import calibrate, plan
+    from data_prep.tools.plan import calibrate, peak_flops, plan
     from data_prep.tools.sample_corpus import build
 
     sample = a.sample
     tok = a.tokenizer
+    if a.gpus:  # an unknown GPU is refused before any calibration, not priced as some other GPU
+        peak_flops(a.gpu)
+    if sample:  # read (and credentials) checked, and the text field, before any calibration
+        _check_sample(sample, a.text_field)
     if not sample or not tok:
         import tempfile
 
@@ -278,8 +326,9 @@ def cmd_plan(a) -> int:
         if not tok:
             from data_prep.steps.train_tokenizer import train
 
-            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20)
-    cal = calibrate(sample, tok, io.parse_size(a.sample_size))
+            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20,
+                        text_field=a.text_field)
+    cal = calibrate(sample, tok, io.parse_size(a.sample_size), text_field=a.text_field)
     print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
                a.gpu, a.mfu, a.days))
     if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
@@ -290,6 +339,18 @@ def cmd_plan(a) -> int:
                                        tokenize_mb_per_s=cal["mb_per_s_per_core"],
                                        bytes_per_token=cal["bytes_per_token"])))
     return 0
+
+
+def _check_sample(sample: list, text_field: str) -> None:
+    """The plan's sample must give documents: probed as a run's inputs, then at least one document read."""
+    from data_prep.read.probe import probe_inputs
+    from data_prep.read.units import list_inputs
+    from data_prep.steps.train_tokenizer import sample_texts
+
+    probe_inputs(list_inputs(sample), text_field)
+    if next(iter(sample_texts(sample, text_field, 1)), None) is None:
+        raise ValueError(f"--sample {' '.join(sample)}: no document in the sample (every record is empty or "
+                         f"rejected with --text-field {text_field}); give files of the corpus with text in that field")
 
 
 # --- curate: filter and dedup steps (data_prep/curate.py) ------------------------------------------------------------
@@ -317,7 +378,7 @@ def _add_curate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=_size_arg, default="256M", help="input bytes per work unit")
     p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
-    p.add_argument("--ray-address", default=None)
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private local one (as tokenize)")
     p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
                    help="this node's share: units (hash, filter) or buckets (buckets) with index %% N == I")
     p.add_argument("--stage", choices=("all", "hash", "buckets", "filter"), default="all",
@@ -352,6 +413,16 @@ def cmd_curate(a) -> int:
     return 0
 
 
+def _version() -> str:
+    """data_prep ships in the llm-recipes distribution: its version (pyproject.toml), from the install's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"data_prep (llm-recipes {version('llm-recipes')})"
+    except PackageNotFoundError:
+        return "data_prep (llm-recipes, not installed: pip install -e .)"
+
+
 def _log_to_stderr() -> None:
     """data_prep's diagnostics (what a run does, failed units) on stderr as plain lines; results stay on stdout."""
     logger = logging.getLogger("data_prep")
@@ -366,6 +437,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _log_to_stderr()
     ap = argparse.ArgumentParser(prog="python -m data_prep", description=__doc__)
+    ap.add_argument("-V", "--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("tokenize", help="tokenize inputs into Megatron .bin/.idx shards + manifest.json")
@@ -408,8 +480,9 @@ def main(argv=None) -> int:
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("bench", help="per tokenizer family: the pipeline vs the bare tokenizer vs Megatron-LM's "
-                                     "preprocess_data.py (wall, CPU, MB/s, speed-ups, peak RSS)")
+    p = sub.add_parser("bench", help="per tokenizer family: the pipeline vs bare gigatoken vs the bare tokenizer vs "
+                                     "Megatron-LM's preprocess_data.py and preprocess_data_fast.py (wall, CPU, MB/s, "
+                                     "speed-ups, peak RSS)")
     p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench")
     p.add_argument("--corpus-mb", type=float, default=32.0,
                    help="the corpus (web-page-sized documents from the installed docs and sources; up to ~500 MB)")
@@ -417,7 +490,10 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--vocab-size", type=int, default=32000, help="of the tokenizer trained per family")
     p.add_argument("--megatron-lm", default=None, metavar="PATH",
-                   help="a Megatron-LM checkout: also time its tools/preprocess_data.py (needs megatron-core)")
+                   help="a Megatron-LM checkout: also time its tools/preprocess_data.py (and preprocess_data_fast.py "
+                        "when it has one)")
+    p.add_argument("--megatron-lm-fast", default=None, metavar="PATH",
+                   help="another Megatron-LM checkout whose tools/preprocess_data_fast.py to time (e.g. main)")
     p.add_argument("--family", action="append", default=None, help="only this family (repeatable): " + ", ".join(
         ["'sp-bpe nmt_nfkc'", "'sp-bpe nfkc_cf'", "'sp-bpe identity (Llama-2 style)'",
          "'hf byte-level BPE (GPT-2 style)'"]))
@@ -453,12 +529,14 @@ def main(argv=None) -> int:
     p.add_argument("--sample", nargs="*", help="sample files of the corpus (default: the embedded stdlib sample)")
     p.add_argument("-t", "--tokenizer", help="default: one trained on the sample")
     p.add_argument("--sample-size", default="8M")
+    p.add_argument("--text-field", default="text", help="the field (column) of the sample holding the document")
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
     p.add_argument("--cores-per-node", type=int, default=96)
     p.add_argument("--shard-size", type=_size_arg, default="256M")
     p.add_argument("--model-params", type=float, default=0.0, help="e.g. 130e9")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the training run (e.g. 800)")
-    p.add_argument("--gpu", default="H100")
+    p.add_argument("--gpu", default="H100-80GB", help="the training GPU, as a cluster preset names it (A100-40GB, "
+                   "A100-80GB, H100-80GB, H200-141GB; configs/clusters/*.yaml) or its family (A100, H100, H200)")
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--days", type=float, default=30.0)
     p.add_argument("--steps", default=None, help="curation step list to price (YAML); default: quality + "
@@ -481,6 +559,13 @@ def main(argv=None) -> int:
     p.add_argument("command_args", nargs=argparse.REMAINDER,
                    help="-- then the tokenize arguments, or -- curate and the curate arguments")
     p.set_defaults(fn=cmd_slurm)
+
+    p = sub.add_parser("probe", help="probe a run's inputs and output once, as `slurm` does before submitting: "
+                                     "list the inputs, read the first records (the text field), write and delete a "
+                                     "probe object in the output; exit 2 with the fix if any fails")
+    p.add_argument("command_args", nargs=argparse.REMAINDER,
+                   help="-- then the tokenize arguments, or -- curate and the curate arguments")
+    p.set_defaults(fn=cmd_probe)
 
     _add_curate_args(sub)
 

@@ -152,6 +152,28 @@ def atomic_write(path: str, data: Union[bytes, str], shared: bool = False, fsync
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+def atomic_write_many(items, shared: bool = False, mode: int = DATA_MODE) -> None:
+    """``atomic_write`` of several local files, paying for one directory fsync per directory instead of one per file:
+    each file is written and fsynced under its temporary name, then all are renamed, then their directories fsynced.
+    A crash leaves each file old or new, whole; the caller writes its completion marker after this returns."""
+    done = []
+    try:
+        for path, data in items:
+            tmp = tmp_name(path, shared)
+            done.append((tmp, path))
+            with open_write(tmp, mode) as f:
+                f.write(data)
+                fsync_file(f, True)
+        for tmp, path in done:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in done:
+            remove(tmp)  # a full disk: no partial temporary file left behind
+        raise
+    for d in sorted({os.path.dirname(os.path.abspath(p)) for _, p in done}):
+        fsync_dir(d)
+
+
 def commit(tmp: str, path: str, fsync: bool = True) -> None:
     """Rename a finished (already fsynced) temporary file into place and make the rename durable."""
     os.replace(tmp, path)

@@ -11,10 +11,14 @@ Used by io.py only; everything else goes through io. What an object store change
   writes through this module update what is known.
 - credentials come from the provider's own chain (for S3: botocore's env vars, ~/.aws, instance roles); options
   given here (``configure``) may set endpoints and the like, never keys, so no secret is ever on a command line.
+- no credentials, credentials refused, access denied or an unreachable endpoint become one ``StorageAccessError``
+  (a PermissionError: the CLI exits 2) naming the URL, the cause and the fix (``access_error``), never a credential
+  and never the provider's traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -36,6 +40,88 @@ SECRET_WORDS = ("key", "secret", "token", "password", "passphrase", "credential"
 CREDENTIAL_CHAINS = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE, ~/.aws/credentials or an instance role "
                      "for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS, AZURE_STORAGE_CONNECTION_STRING or "
                      "AZURE_STORAGE_ACCOUNT_KEY for Azure")
+
+# What each action needs on S3 (docs/object_storage.md, Permissions), for the access-denied message.
+S3_PERMISSIONS = {"list": "s3:ListBucket", "read": "s3:GetObject and s3:ListBucket",
+                  "write": "s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucket"}
+# Error codes meaning the credentials themselves were refused (not a missing permission).
+REFUSED_CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                            "TokenRefreshRequired", "InvalidClientTokenId", "AuthFailure", "RequestTimeTooSkewed")
+# Exception class names (botocore, google-auth, azure) for "no usable credentials" and "cannot connect": matched by
+# name so that no provider package has to be importable here.
+CREDENTIAL_ERROR_NAMES = ("Credential", "TokenLoad", "TokenRetrieval", "AuthToken", "SSO", "ProfileNotFound")
+CONNECTION_ERROR_NAMES = ("EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectionError",
+                          "ClientConnectorError", "ServerTimeoutError", "ConnectionRefusedError")
+
+
+class StorageAccessError(PermissionError):
+    """No credentials, credentials refused, access denied or an unreachable endpoint for a URL: one line naming the
+    URL, the cause and the fix (never a credential). A PermissionError, so the CLI reports it and exits 2."""
+
+
+def _class_names(exc: BaseException) -> List[str]:
+    return [c.__name__ for c in type(exc).__mro__]
+
+
+def _error_code(exc: BaseException) -> str:
+    """The service's error code (S3: AccessDenied, InvalidAccessKeyId...) from the exception or its cause."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            return str(response.get("Error", {}).get("Code") or "")
+    return ""
+
+
+def _endpoint() -> str:
+    ep = _options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return redact(str(ep)) if ep else "the provider's default"
+
+
+def access_error(url: str, exc: BaseException, action: str = "read", role: str = "") -> Optional[StorageAccessError]:
+    """The one-line error for a credential, permission or connection failure of ``action`` (list, read, write) on
+    ``url`` (``role``: "input", "output", to name it so); None for anything else (a missing object, a corrupt file),
+    which the caller handles as before."""
+    if isinstance(exc, StorageAccessError):
+        return exc
+    names, code = _class_names(exc), _error_code(exc)
+    where = f"{role} {redact(url)}" if role else redact(url)
+    if any(k in n for n in names for k in CREDENTIAL_ERROR_NAMES):
+        return StorageAccessError(f"{where}: no usable credentials ({type(exc).__name__}); set them in the "
+                                  f"provider's chain: {CREDENTIAL_CHAINS}")
+    if code in REFUSED_CREDENTIAL_CODES:
+        return StorageAccessError(f"{where}: the storage service refused the credentials ({code}); check the keys, "
+                                  f"profile or session token your provider chain gives (an expired session: log in "
+                                  f"again), and the endpoint ({_endpoint()})")
+    if isinstance(exc, PermissionError):
+        need = S3_PERMISSIONS[action] if str(url).startswith("s3://") else f"{action} access"
+        # a HEAD's refusal carries no code, only its status: refused credentials look the same
+        invalid = " (or are not valid)" if code in ("", "403") else ""
+        return StorageAccessError(f"{where}: access denied ({code or 'permission denied'}) to {action} it; the "
+                                  f"credentials in use need {need} there{invalid} (docs/object_storage.md, "
+                                  f"Permissions)")
+    if any(n in CONNECTION_ERROR_NAMES for n in names):
+        return StorageAccessError(f"{where}: cannot reach the storage endpoint {_endpoint()} "
+                                  f"({type(exc).__name__}); check --storage-option endpoint_url / "
+                                  f"AWS_ENDPOINT_URL_S3 and the network")
+    return None
+
+
+def _maps_access_errors(action: str, url_arg: int = 0):
+    """Decorator: a credential, permission or connection failure of the wrapped function becomes
+    ``access_error(<its positional argument url_arg>, ...)``; every other exception passes unchanged."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                mapped = access_error(args[url_arg], e, action)
+                if mapped is None or mapped is e:
+                    raise
+                raise mapped from e
+        return wrapper
+    return wrap
+
 
 _options: Dict[str, object] = {}
 _part_size = UPLOAD_PART
@@ -65,23 +151,57 @@ def _netloc(url: str) -> str:
     return str(url).partition("://")[2].split("/", 1)[0]
 
 
+# Query parameters that carry a credential: presigned / signed URLs (S3 SigV4 X-Amz-Signature, X-Amz-Credential,
+# X-Amz-Security-Token; S3 SigV2 Signature + AWSAccessKeyId; GCS X-Goog-Signature / Signature; Azure SAS sig) and any
+# parameter named like a secret (access_token, key...). Such a URL is a bearer credential: whoever reads it can
+# read (or write) the object until it expires.
+_SIGNATURE_PARAMS = ("sig", "signature")
+
+
+def _secret_query_params(url: str) -> list[str]:
+    """Names of the query parameters of ``url`` that carry a credential (case-insensitive), in order."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    query = urlsplit(str(url)).query
+    names = [name for name, _ in parse_qsl(query, keep_blank_values=True)]
+    return [n for n in names if n.lower() in _SIGNATURE_PARAMS or "signature" in n.lower()
+            or any(w in n.lower() for w in SECRET_WORDS)]
+
+
 def redact(url: str) -> str:
-    """The URL with any user:password@ replaced by ***@ (for messages)."""
+    """The URL with any user:password@ replaced by ***@ and the value of every credential-carrying query parameter
+    (presigned URLs) by *** (for messages)."""
+    url = str(url)
     netloc = _netloc(url)
-    if "@" not in netloc:
-        return str(url)
-    scheme = str(url).partition("://")[0]
-    return f"{scheme}://***@{netloc.rpartition('@')[2]}{str(url)[len(scheme) + 3 + len(netloc):]}"
+    if "@" in netloc:
+        scheme = url.partition("://")[0]
+        url = f"{scheme}://***@{netloc.rpartition('@')[2]}{url[len(scheme) + 3 + len(netloc):]}"
+    secret = {n.lower() for n in _secret_query_params(url)}
+    if secret:
+        base, _, query = url.partition("?")
+        query, _, fragment = query.partition("#")
+        parts = [f"{k}=***" if k.lower() in secret else f"{k}{sep}{v}"
+                 for k, sep, v in (item.partition("=") for item in query.split("&"))]
+        url = base + "?" + "&".join(parts) + (f"#{fragment}" if fragment else "")
+    return url
 
 
 def check_url(url: str, what: str = "URL") -> None:
-    """Refuse a URL carrying credentials (``s3://user:pass@bucket/...``, ``http://user:pass@host``): inputs and the
-    output are recorded in plan.json, manifests, Slurm scripts and error messages. The message never echoes them."""
+    """Refuse a URL carrying credentials (``s3://user:pass@bucket/...``, ``http://user:pass@host``, a presigned
+    ``https://...?X-Amz-Signature=...``): inputs and the output are recorded in plan.json, manifests, Slurm scripts and
+    error messages. The message never echoes them."""
     # a bucket or host name cannot contain "@" (S3, GCS, Azure naming rules): one in the authority is userinfo
     if "://" in str(url) and "@" in _netloc(url):
         raise ValueError(f"{what} {redact(url)}: credentials in a URL are refused (they would be recorded in "
                          f"plan.json, manifests, Slurm scripts and errors); remove the user:password@ part and use "
                          f"the provider's own chain instead: {CREDENTIAL_CHAINS}")
+    secret = sorted(_secret_query_params(url), key=lambda n: "sig" not in n.lower()) if "://" in str(url) else []
+    if secret:  # name the signature first: the parameter users recognise
+        raise ValueError(f"{what} {redact(url)}: a presigned or signed URL is refused: its {secret[0]}= parameter "
+                         "is a credential (anyone who reads the URL can use it until it expires) and would be "
+                         "recorded in plan.json, manifests, Slurm scripts and errors; give the plain object URL "
+                         "(s3://bucket/key, gs://bucket/key, az://container/key) and let the provider's own chain "
+                         f"supply the credential: {CREDENTIAL_CHAINS}")
 
 
 def check_options(options: Dict[str, object]) -> None:
@@ -148,6 +268,7 @@ def _under_listed(url: str) -> bool:
     return any(url.startswith(p) for p in _listed)
 
 
+@_maps_access_errors("list")
 def list_tree(url: str, progress_every: float = 2.0) -> List[str]:
     """Every object under ``url`` (a prefix), sorted, listed once with paged requests; only (size, time) is kept per
     object, for ``size``/``mtime_ns``. Long listings log their progress (objects, rate) at most every
@@ -210,6 +331,7 @@ def refresh_listing(url: str) -> None:
     list_tree(url)
 
 
+@_maps_access_errors("read")
 def info(url: str) -> Optional[Tuple[int, int]]:
     """(size, mtime_ns) of an object, or None when it does not exist."""
     if url in _known:
@@ -227,6 +349,7 @@ def info(url: str) -> Optional[Tuple[int, int]]:
     return _known[url][:2]
 
 
+@_maps_access_errors("read")
 def exists(url: str) -> bool:
     if info(url) is not None:
         return True
@@ -250,6 +373,7 @@ def mtime_ns(url: str) -> int:
     return i[1]
 
 
+@_maps_access_errors("read")
 def open_read(url: str, block_size: int = 0) -> BinaryIO:
     if url not in _known and _under_listed(url):
         raise FileNotFoundError(f"{url}: no such object")
@@ -271,6 +395,7 @@ def open_read(url: str, block_size: int = 0) -> BinaryIO:
     return io.BufferedReader(f, buffer_size=min(block_size or READ_BLOCK, 1 << 20))
 
 
+@_maps_access_errors("list")
 def glob(pattern: str) -> List[str]:
     fs, path = filesystem(pattern)
     out = []
@@ -286,6 +411,7 @@ def _forget(url: str) -> None:
     _known.pop(url, None)
 
 
+@_maps_access_errors("write")
 def write_bytes(url: str, data: bytes) -> None:
     fs, path = filesystem(url)
     fs.pipe_file(path, data)
@@ -294,6 +420,7 @@ def write_bytes(url: str, data: bytes) -> None:
         _known[url] = (len(data), time.time_ns(), "")
 
 
+@_maps_access_errors("write", url_arg=1)
 def upload(local: str, url: str) -> None:
     """Upload a finished local file: one PUT below 2 parts, else a multipart upload of ``_part_size`` parts that S3
     assembles only on completion (a killed upload leaves no object, only parts a bucket lifecycle rule expires)."""
@@ -308,6 +435,7 @@ def upload(local: str, url: str) -> None:
         _known[url] = (n, time.time_ns(), "")
 
 
+@_maps_access_errors("write")
 def remove(url: str) -> None:
     if url not in _known and _under_listed(url):
         return
@@ -326,12 +454,13 @@ def check_writable(url: str) -> None:
     try:
         write_bytes(probe, b"ok")
         remove(probe)
+    except StorageAccessError as e:  # named after the output, not the probe object
+        cause = e.__cause__ or e
+        raise (access_error(url, cause, "write", role="output") or e) from cause
     except (OSError, ValueError) as e:
-        endpoint = _options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
-            os.environ.get("AWS_ENDPOINT_URL") or "the provider's default"
         raise PermissionError(f"output {url} is not writable ({type(e).__name__}: {e}); check the bucket exists, "
                               f"the credentials in your provider chain may write there, and the endpoint "
-                              f"({endpoint}); or choose another --output") from e
+                              f"({_endpoint()}); or choose another --output") from e
 
 
 def basename(url: str) -> str:

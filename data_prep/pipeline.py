@@ -23,6 +23,7 @@ import data_prep.write.manifest as mf
 from data_prep import curate, io
 from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
+from data_prep.read.probe import probe_inputs
 from data_prep.read.units import Unit, list_inputs, plan_units
 from data_prep.settings import INT32_MAX, Settings, fingerprint
 from data_prep.steps import tokenize
@@ -31,6 +32,7 @@ from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
 from data_prep.write.rejects import merge_reject_logs
 from data_prep.write.removals import merge_removal_logs
 from data_prep.write.shards import expected_idx_bytes, read_header
+from data_prep.write.yield_check import NoUsableOutput, check_yield
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +63,20 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
     return st
 
 
-def run(settings: Settings) -> Optional[dict]:
+def run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]:
     """Tokenize (this slice of) the units; returns the manifest once all units are complete, else None (a slice
-    whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed."""
+    whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed, ProbeError before
+    any work if the first inputs cannot give documents, NoUsableOutput (write/yield_check.py) instead of writing a
+    manifest with no document or with more than ``max_reject_fraction`` of the records rejected."""
     settings.check_locations()  # before the tokenizer is loaded or the output probed
+    if not 0.0 <= max_reject_fraction <= 1.0:
+        raise ValueError(f"--max-reject-fraction must be in 0..1 (1: fail only when nothing is written), got "
+                         f"{max_reject_fraction}")
     io.configure(settings.storage_options, settings.upload_part_size)
     settings.output_dir = io.abspath(settings.output_dir)
+    run_here = functools.partial(_run, max_reject_fraction=max_reject_fraction)
     if not io.is_url(settings.output_dir):
-        return _run(settings)
+        return run_here(settings)
     # A URL output: shards are written to a private local staging dir and uploaded from there; removed at the end,
     # so nothing a run started outlives it (--staging-dir picks the disk it is made on).
     parent = settings.staging_dir
@@ -76,25 +84,37 @@ def run(settings: Settings) -> Optional[dict]:
         os.makedirs(parent, exist_ok=True)
     settings.staging_dir = tempfile.mkdtemp(prefix="data_prep-staging-", dir=parent)
     try:
-        return _run(settings)
+        return run_here(settings)
     finally:
         shutil.rmtree(settings.staging_dir, ignore_errors=True)
         settings.staging_dir = parent
 
 
-def _run(settings: Settings) -> Optional[dict]:
-    settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
+def _check_options(settings: Settings) -> None:
     if settings.long_docs not in ("split", "reject"):
         raise ValueError("--long-docs must be split or reject")
     if settings.max_record_size < 1:
         raise ValueError("--max-record-size must be positive (e.g. 64Mi)")
     if not 0 < settings.max_doc_tokens <= INT32_MAX:
         raise ValueError(f"--max-doc-tokens must be in 1..{INT32_MAX} (the format stores int32 lengths)")
+
+
+def _plan(settings: Settings) -> List[Unit]:
+    """The inputs listed, probed (unless this is a --merge-only run, which reads none) and cut into units."""
+    pieces = list_inputs(settings.inputs)
+    if not settings.merge_only:  # refuse a wrong --text-field or an unreadable input before any work
+        probe_inputs(pieces, settings.text_field, settings.max_record_size)
+    return plan_units(pieces, settings.shard_size)
+
+
+def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]:
+    settings.tokenizer = os.path.abspath(settings.tokenizer) if settings.tokenizer else settings.tokenizer
+    _check_options(settings)
     tok = load_tokenizer(settings.tokenizer, settings.eod_id)  # fail before any work if it is missing or broken
     info = tok.info
     dtype = np.dtype(optimal_dtype(info.vocab_size)).name
     io.check_writable(settings.output_dir)
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    units = _plan(settings)
     out_settings = settings.output_affecting(info.sha256)
     ctx = _curation(settings, units, out_settings)
     if settings.stage not in curate.STAGES:
@@ -143,7 +163,7 @@ def _run(settings: Settings) -> Optional[dict]:
                         f"them:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
                   require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet,
-                  work_dir=settings.work_dir())
+                  work_dir=settings.work_dir(), max_reject_fraction=max_reject_fraction)
 
 
 def _curation(settings: Settings, units: List[Unit], out_settings: dict):
@@ -169,10 +189,12 @@ def _list_outputs(out_dir: str) -> None:
 
 
 def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True, quiet=False,
-           work_dir="") -> Optional[dict]:
+           work_dir="", max_reject_fraction: float = 1.0) -> Optional[dict]:
     """Write manifest.json when every unit is complete (whichever slice or node gets here last does it).
 
-    With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any)."""
+    With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any). With every
+    unit complete, a run with no document (or too many rejects) raises NoUsableOutput instead of writing it: this is
+    the first place that sees the whole run's totals (write/yield_check.py says why not per unit or slice)."""
     _list_outputs(out_dir)  # workers (other processes, other nodes) wrote since: see their markers and logs
     missing = []
     for u in units:
@@ -204,6 +226,11 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
     merge_reject_logs(out_dir, [u.name for u in units], work_dir)
     if any("removed" in st for st in stats):
         merge_removal_logs(out_dir, [u.name for u in units], work_dir)
+    try:
+        check_yield(out_dir, stats, out_settings["text_field"], max_reject_fraction)
+    except NoUsableOutput:
+        io.remove(io.join(out_dir, mf.MANIFEST))  # an earlier run's: nothing may look complete
+        raise
     io.atomic_write(io.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest
 

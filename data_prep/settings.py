@@ -19,8 +19,8 @@ def check_locations(inputs: List[str], output_dir: str, steps_flag: Optional[str
     (``steps_flag``: "--steps", or "curate") the output is a POSIX directory. The curation passes exchange hash
     buckets and removal lists through the output directory with renames, which an object store does not have."""
     for path in inputs:
-        io.check_url(path, "input")
-    io.check_url(output_dir, "output")
+        io.check_url(path, "input")  # the positional INPUTS
+    io.check_url(output_dir, "-o/--output")
     if steps_flag and io.is_url(io.abspath(output_dir)):
         raise ValueError(f"{steps_flag} with the output {output_dir}: the curation passes need a POSIX output "
                          "directory (a shared file system across nodes); curate into one (inputs may be URLs), then "

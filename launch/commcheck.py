@@ -2,7 +2,7 @@
 
 Started like the training entry (torchrun / DeepSpeed launcher / srun set RANK, WORLD_SIZE, MASTER_ADDR, ...), e.g.
     launch/preflight.sh RECIPE --hostfile hosts --comm-check
-    launch/train.sh RECIPE --hostfile hosts --entry "python launch/commcheck.py"
+    launch/train.sh RECIPE --hostfile hosts --entry "python -m launch.commcheck"
 Rank 0 prints, per message size: size, time per all-reduce, algbw = size / time and busbw = algbw * 2(n-1)/n (the
 ring all-reduce's bytes on the busiest link, nccl-tests PERFORMANCE.md), and checks every result for correctness.
 gloo on CPU, nccl when CUDA is available (LAUNCH_COMM_BACKEND overrides). --json writes the table for tools.
@@ -58,6 +58,46 @@ def _group_timeout_s(device) -> float | None:
         return None
 
 
+def gather_names(name: str, world: int, device) -> list[str]:
+    """Every rank's name, as fixed-size byte tensors (no pickle crosses the unauthenticated rendezvous)."""
+    raw = name.encode()[:255]
+    mine = torch.zeros(256, dtype=torch.uint8)
+    mine[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    out = [torch.zeros(256, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(out, mine.to(device))
+    return [bytes(t.cpu().tolist()).rstrip(b"\0").decode(errors="replace") for t in out]
+
+
+def measure(nbytes: int, args, rank: int, world: int, device, sync_cuda: bool) -> dict:
+    """One row: the slowest rank's mean time of an all-reduce of `nbytes`, its bandwidths, and whether every result
+    was right on every rank."""
+    count = max(1, nbytes // 4)
+    buf = torch.empty(count, dtype=torch.float32, device=device)
+    for _ in range(args.warmup):
+        buf.fill_(1.0)
+        dist.all_reduce(buf)
+    times, ok = [], True
+    for _ in range(args.iters):
+        buf.fill_(float(rank + 1))
+        dist.barrier()
+        if sync_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        if sync_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        ok &= bool(torch.all(buf == world * (world + 1) / 2))
+    t = torch.tensor([sum(times) / len(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank defines the collective's time
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    seconds, size = t.item(), count * 4
+    algbw = size / seconds / 1e9
+    return {"bytes": size, "count": count, "time_us": seconds * 1e6, "algbw_gbps": algbw,
+            "busbw_gbps": bus_bandwidth(algbw, world), "ok": bool(flag.item())}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     use_cuda = torch.cuda.is_available()
@@ -73,50 +113,19 @@ def main(argv=None) -> int:
     host = os.environ.get("LAUNCH_HOST", os.uname().nodename)
 
     # Who is where: one line per rank on rank 0, so a missing node shows before any bandwidth number.
-    hosts = [None] * world
-    dist.all_gather_object(hosts, host)
-    rows = []
+    hosts = gather_names(host, world, device)
     if rank == 0:
         print(f"commcheck: {world} ranks on {len(set(hosts))} host(s), backend {backend}, device {device.type}")
         print(f"{'size(B)':>12} {'count':>10} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}  ok")
-    size = args.min_bytes
-    all_ok = True
+    rows, size = [], args.min_bytes
     while size <= args.max_bytes:
-        count = max(1, size // 4)
-        buf = torch.empty(count, dtype=torch.float32, device=device)
-        for _ in range(args.warmup):
-            buf.fill_(1.0)
-            dist.all_reduce(buf)
-        times = []
-        ok = True
-        for _ in range(args.iters):
-            buf.fill_(float(rank + 1))
-            dist.barrier()
-            if use_cuda and backend == "nccl":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            if use_cuda and backend == "nccl":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            ok &= bool(torch.all(buf == world * (world + 1) / 2))
-        # The slowest rank defines the collective's time.
-        t = torch.tensor([sum(times) / len(times)], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        flag = torch.tensor([1 if ok else 0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        ok = bool(flag.item())
-        all_ok &= ok
-        seconds = t.item()
-        nbytes = count * 4
-        algbw = nbytes / seconds / 1e9
-        busbw = bus_bandwidth(algbw, world)
-        rows.append({"bytes": nbytes, "count": count, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-                     "busbw_gbps": busbw, "ok": ok})
+        row = measure(size, args, rank, world, device, use_cuda and backend == "nccl")
+        rows.append(row)
         if rank == 0 and not args.quiet:
-            print(f"{nbytes:>12} {count:>10} {seconds * 1e6:>10.1f} {algbw:>12.4f} {busbw:>12.4f}  {'yes' if ok else 'NO'}",
-                  flush=True)
+            print(f"{row['bytes']:>12} {row['count']:>10} {row['time_us']:>10.1f} {row['algbw_gbps']:>12.4f} "
+                  f"{row['busbw_gbps']:>12.4f}  {'yes' if row['ok'] else 'NO'}", flush=True)
         size *= args.factor
+    all_ok = all(r["ok"] for r in rows)
     if rank == 0:
         peak = max(r["busbw_gbps"] for r in rows)
         print(f"commcheck: peak busbw {peak:.4f} GB/s over {world} ranks; results {'correct' if all_ok else 'WRONG'}")

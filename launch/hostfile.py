@@ -1,22 +1,23 @@
-"""Parse, validate and narrow a DeepSpeed-style hostfile (`hostname slots=N`, `#` comments, blank lines).
+"""Parse, validate and narrow a DeepSpeed-style hostfile (`hostname slots=N`, `#` comments, blank lines), and the
+rule a host name must keep wherever the launcher meets one (a heartbeat, an exit record, the run directory).
 
-The bash launchers call this once and read its plain output; it knows nothing of ssh or back ends.
-
-    python launch/hostfile.py plan HOSTFILE [--include SPEC] [--exclude SPEC] [--num-nodes N] [--num-gpus N]
-
-prints one selected node per line: `host slots devices` (devices = comma-separated slot indices), or exits 2 with
-every problem found, each naming the file and line. SPEC follows DeepSpeed's --include/--exclude:
-`host1@host2` (whole hosts) or `host1:0,1@host2` (slot indices on a host).
+Every problem is reported at once, each naming the file and line. --include / --exclude follow DeepSpeed's syntax:
+`host1@host2` (whole hosts) or `host1:0,1@host2` (slot indices on a host). It knows nothing of ssh or back ends.
 """
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.\-\[\]:]+)(?:\s+slots\s*=\s*(?P<slots>\S+))?\s*$")
+_HOST = r"[A-Za-z0-9_.\-\[\]:]+"
+_LINE = re.compile(rf"^(?P<host>{_HOST})(?:\s+slots\s*=\s*(?P<slots>\S+))?\s*$")
+
+
+def valid_host(name: object) -> bool:
+    """A host name as a hostfile may write it: letters, digits and `_.-[]:`, not starting with '-' (ssh and pdsh
+    would read that as an option, e.g. -oProxyCommand=...)."""
+    return isinstance(name, str) and re.fullmatch(_HOST, name) is not None and not name.startswith("-")
 
 
 class HostfileError(ValueError):
@@ -140,26 +141,3 @@ def select_nodes(nodes: list[Node], include: str = "", exclude: str = "", num_no
     if not selected:
         raise HostfileError("the --include/--exclude selection leaves no hosts")
     return selected
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="hostfile.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=["plan"])
-    ap.add_argument("hostfile")
-    ap.add_argument("--include", default="")
-    ap.add_argument("--exclude", default="")
-    ap.add_argument("--num-nodes", type=int, default=0)
-    ap.add_argument("--num-gpus", type=int, default=0)
-    a = ap.parse_args(argv)
-    try:
-        nodes = select_nodes(parse_hostfile(a.hostfile), a.include, a.exclude, a.num_nodes, a.num_gpus)
-    except HostfileError as e:
-        print(f"hostfile error:\n{e}", file=sys.stderr)
-        return 2
-    for n in nodes:
-        print(n.host, n.slots, ",".join(map(str, n.devices)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

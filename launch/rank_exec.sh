@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ONE rank's command (started by torchrun, DeepSpeed's launch or srun): prefixes its output with host and rank,
-# and when it dies on its own (not stopped by a signal from us) prints one LAUNCH-FAIL line that the launcher
-# watches for to stop every other rank and name the first failure.
+# and when the command ends writes the rank's exit record into LAUNCH_EXIT_DIR (launch/failures.py): how the launcher
+# learns which rank died first. Nothing the rank prints is read as a record.
 #   rank_exec.sh CMD [ARGS...]
 # Reads RANK (torchrun/DeepSpeed), the node index (GROUP_RANK | CROSS_RANK | SLURM_NODEID) and LAUNCH_HOSTS (the
 # hostfile names, in node order) so that the host is named as the user wrote it in the hostfile.
@@ -12,13 +12,25 @@ read -r -a hosts <<<"${LAUNCH_HOSTS:-}"
 host=${LAUNCH_HOST:-${hosts[$node]:-$(hostname)}}
 export LAUNCH_HOST=$host PYTHONUNBUFFERED=1
 tag="[$host rank $rank]"
+exits=${LAUNCH_EXIT_DIR:-}
+unset LAUNCH_EXIT_DIR  # the rank's program has no business there
+
+# One line `rank=R exit=CODE stopped=0|1 at=EPOCH host=H`, created 0600 under a fresh name and renamed: never written
+# through a file or link planted at the final name.
+record() {
+  [ -n "$exits" ] || return 0
+  local tmp
+  tmp=$(mktemp "$exits/.rank-$rank.XXXXXX") || return 0
+  printf 'rank=%s exit=%s stopped=%s at=%s host=%s\n' "$rank" "$1" "$2" "$3" "$host" >"$tmp" &&
+    mv -f "$tmp" "$exits/rank-$rank.exit"
+}
 
 # The user's variables (--env, HF_*, WANDB_*) come from a 0600 file, not from the command line that started us: a
 # command line is readable by every user of the node (ps, /proc/*/cmdline), a mode-0600 file only by its owner.
 if [ -n "${LAUNCH_ENV_FILE:-}" ]; then
   if [ ! -r "$LAUNCH_ENV_FILE" ]; then
     echo "$tag error: cannot read the run's env file $LAUNCH_ENV_FILE on this node (the launcher copies it there)" >&2
-    echo "LAUNCH-FAIL rank=$rank host=$host exit=2 at=$EPOCHREALTIME cmd=$1" >&2
+    record 2 0 "$EPOCHREALTIME"
     exit 2
   fi
   while IFS= read -r line; do
@@ -27,9 +39,9 @@ if [ -n "${LAUNCH_ENV_FILE:-}" ]; then
   unset line
 fi
 
-# Under DeepSpeed's pdsh runner the command comes as shell-quoted words in LAUNCH_RANK_CMD (see train.sh).
+# Under DeepSpeed's pdsh runner the command comes as shell-quoted words in LAUNCH_RANK_CMD (launch/backends/deepspeed.py).
 if [ $# -eq 0 ] && [ -n "${LAUNCH_RANK_CMD:-}" ]; then
-  eval "set -- $LAUNCH_RANK_CMD"  # words quoted by printf %q: eval only removes that quoting
+  eval "set -- $LAUNCH_RANK_CMD"  # words quoted by shlex.quote: eval only removes that quoting
 fi
 
 stopped=0
@@ -46,8 +58,9 @@ ended=$EPOCHREALTIME  # when the command ended, before anything else: the launch
 # `wait` returns early when a trapped signal arrives: keep waiting for the command itself.
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
 wait 2>/dev/null  # let the prefixing sed flush the last lines
+record "$rc" "$stopped" "$ended"
 # rc 143 = SIGTERM: a stop that came from the launcher or a peer's failure, never the root cause.
 if [ "$rc" -ne 0 ] && [ "$stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
-  echo "LAUNCH-FAIL rank=$rank host=$host exit=$rc at=$ended cmd=$1" >&2
+  echo "$tag exited on its own: exit=$rc" >&2
 fi
 exit "$rc"

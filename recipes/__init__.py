@@ -12,3 +12,10 @@ Subpackages, lowest layer first (each imports only from the ones above it in thi
 
 Commands: `python -m recipes <command>` (or the `llm-recipes` console script); see `python -m recipes --help`.
 """
+
+from recipes.config.logs import drop_library_noise
+
+# Every process of the project imports this package before DeepSpeed: the ranks, the checkpoint writer processes they
+# spawn (a spawned child does not re-run `python -m recipes`), evaluations, exports. So the filter of DeepSpeed's
+# per-process "Setting accelerator to CPU" is set here, before DeepSpeed can log it (recipes.config.logs says why).
+drop_library_noise()

@@ -27,11 +27,22 @@ COMMANDS = {  # command -> (module, one line for --help)
 }
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's `version`, read from the install's metadata)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return f"llm-recipes {dist_version('llm-recipes')}"
+    except PackageNotFoundError:
+        return "llm-recipes (not installed: pip install -e . or launch/setup_env.sh)"
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: python -m recipes <command> [args...]   (or: llm-recipes <command> ...)", "", "commands:"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "`python -m recipes <command> --help` for a command's options."]
+    lines += ["", "`python -m recipes <command> --help` for a command's options and examples; --version for the "
+              "version."]
     return "\n".join(lines)
 
 
@@ -40,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(version())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"error: unknown command '{name}'\n\n{usage()}", file=sys.stderr)

@@ -20,7 +20,7 @@ from typing import Iterator, Optional, Tuple
 
 import orjson
 
-from data_prep import io
+from data_prep import io, objstore
 from data_prep.settings import DEFAULT_MAX_RECORD
 
 Record = Tuple[int, Optional[str], Optional[str]]
@@ -96,12 +96,12 @@ def check_text(value) -> Tuple[Optional[str], Optional[str]]:
 
 def _parse_json_line(line: bytes, field: str) -> Tuple[Optional[str], Optional[str]]:
     try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, INVALID_UTF8
-    try:
-        obj = orjson.loads(line)
+        obj = orjson.loads(line)  # refuses invalid UTF-8 too: only a refused line is decoded to say which it was
     except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, INVALID_UTF8
         # orjson refuses lone surrogates (\ud800): text that cannot be UTF-8, not broken JSON.
         return None, INVALID_UTF8 if "surrogate" in str(e).lower() else MALFORMED_JSON
     if not isinstance(obj, dict):
@@ -335,8 +335,16 @@ def read_piece(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -
         yield from reader(piece, field, max_record)
     except InputError:
         raise
-    except OSError as e:
-        raise InputError(piece.path, f"read failed ({e})") from e
+    except Exception as e:
+        # no credentials, access denied, endpoint unreachable: one line for the whole run, not one per unit
+        denied = objstore.access_error(piece.path, e, "read", role="input")
+        if denied is e:
+            raise
+        if denied is not None:
+            raise denied from e
+        if isinstance(e, OSError):
+            raise InputError(piece.path, f"read failed ({e})") from e
+        raise
 
 
 def position_kind(piece: Piece) -> str:

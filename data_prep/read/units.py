@@ -12,6 +12,7 @@ import functools
 import glob
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
@@ -20,6 +21,10 @@ import orjson
 from data_prep import io, objstore
 from data_prep.read.formats import Piece, is_hf_dataset_dir, kind_of
 
+# A directory written by `data_prep curate` is read as its kept documents (shard_NNNNNN.jsonl) only: its manifest,
+# markers, logs and dedup/ bookkeeping are not documents (read as such, every line of them would be a reject).
+CURATION_MANIFEST = "curation.json"
+CURATED_DOCS = re.compile(r"shard_\d{6}\.jsonl")
 SPLITTABLE = ("jsonl",)  # uncompressed, one record per line: can be cut at any newline
 ROW_KINDS = ("parquet", "hf")  # cut into row ranges (parquet: along its row groups)
 PACKABLE = ("jsonl", "txt")  # small files of these kinds share a unit
@@ -80,6 +85,9 @@ def list_inputs(specs: Sequence[str]) -> List[Piece]:
                         found[d] = "hf"
                         dirs[:] = []
                         continue
+                    if os.path.exists(os.path.join(d, CURATION_MANIFEST)):  # `curate` output: its kept documents
+                        files = [x for x in files if CURATED_DOCS.fullmatch(x)]
+                        dirs[:] = []
                     for name in files:
                         kind = kind_of(name)
                         if kind and not name.startswith("."):

@@ -81,10 +81,19 @@ def cluster_marker(ctx: CurateContext) -> str:
     return _path(ctx, "cluster", "json")
 
 
-def _save_npy(path: str, arr: np.ndarray) -> None:
+def _npy_bytes(arr: np.ndarray) -> bytes:
     buf = pyio.BytesIO()
     np.save(buf, arr, allow_pickle=False)
-    io.atomic_write(path, buf.getvalue(), shared=True)  # slices may race on the cluster file
+    return buf.getvalue()
+
+
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    io.atomic_write(path, _npy_bytes(arr), shared=True)  # slices may race on the cluster file
+
+
+def _save_npys(items) -> None:
+    """Several arrays of one task: one directory fsync for all (the task's marker follows)."""
+    io.atomic_write_many([(p, _npy_bytes(a)) for p, a in items], shared=True)
 
 
 def _load_npy(path: str, mmap: bool = True) -> np.ndarray:
@@ -170,18 +179,19 @@ def hash_unit(unit: Unit, ctx: CurateContext) -> dict:
         return _failure(unit, e)
     rep.flush()
     os.makedirs(ctx.dedup_dir, exist_ok=True)
-    counts = {}
+    counts, files = {}, []
     for i, k in keys.items():
         name = steps[i].name
         arr, offsets = dd.bucket_sorted(k, ctx.steps.buckets)
-        _save_npy(_path(ctx, name, f"keys_{unit.index:06d}", "npy"), arr)
-        _save_npy(_path(ctx, name, f"offsets_{unit.index:06d}", "npy"), offsets)
+        files += [(_path(ctx, name, f"keys_{unit.index:06d}", "npy"), arr),
+                  (_path(ctx, name, f"offsets_{unit.index:06d}", "npy"), offsets)]
         if i in sigs:
             num_perm = steps[i].cfg.num_perm
             sa = np.stack(sigs[i]) if sigs[i] else np.zeros((0, num_perm), np.uint32)
-            _save_npy(_path(ctx, name, f"sigs_{unit.index:06d}", "npy"), sa)
-            _save_npy(_path(ctx, name, f"sigrefs_{unit.index:06d}", "npy"), np.array(sig_refs[i], dtype=np.uint64))
+            files += [(_path(ctx, name, f"sigs_{unit.index:06d}", "npy"), sa),
+                      (_path(ctx, name, f"sigrefs_{unit.index:06d}", "npy"), np.array(sig_refs[i], dtype=np.uint64))]
         counts[name] = len(sig_refs[i]) if i in sigs else len(k)
+    _save_npys(files)
     io.atomic_write(hash_marker(ctx, unit.index),
                     orjson.dumps({"fingerprint": ctx.fp, "unit": unit.name, "key": unit.key(), "documents": counts}))
     return {"ok": True}
@@ -208,7 +218,7 @@ class _Signatures:
 def bucket_task(bucket: Bucket, ctx: CurateContext) -> dict:
     """This bucket's slice of every unit's keys -> exact (removed, keeper) pairs / MinHash confirmed edges."""
     b = bucket.index
-    out = {}
+    out, files = {}, []
     for step in ctx.steps.dedup_steps:
         parts = []
         for u in range(ctx.units):
@@ -219,11 +229,12 @@ def bucket_task(bucket: Bucket, ctx: CurateContext) -> dict:
         arr = dd.sort_entries(np.concatenate(parts)) if parts else np.zeros(0, dd.KEY_DTYPE)
         if step.kind == "exact_dedup":
             res = dd.exact_removed(arr)
-            _save_npy(_path(ctx, step.name, f"removed_{b:05d}", "npy"), res)
+            files.append((_path(ctx, step.name, f"removed_{b:05d}", "npy"), res))
         else:
             res = dd.minhash_edges(arr, _Signatures(ctx, step.name), step.cfg.threshold)
-            _save_npy(_path(ctx, step.name, f"edges_{b:05d}", "npy"), res)
+            files.append((_path(ctx, step.name, f"edges_{b:05d}", "npy"), res))
         out[step.name] = len(res)
+    _save_npys(files)
     progress.report(b, 1, 0, 1)
     io.atomic_write(bucket_marker(ctx, b), orjson.dumps({"fingerprint": ctx.fp, "bucket": b, "pairs": out}))
     return {"ok": True}

@@ -1,6 +1,7 @@
-"""Fast path: the library's own ids, faster. First tiktoken (tiktoken_bpe.py: sentencepiece BPE and HF byte-level BPE
-whose merges and pre-tokenizer tiktoken can run; no cache, no per-piece Python), else a piece cache: encode each
-distinct whitespace-delimited piece once, reuse it from a bounded cache.
+"""Fast path: the library's own ids, faster. First gigatoken (gigatoken_bpe.py: HF byte-level BPE and sentencepiece
+BPE with byte fallback, normalizers honoured; Rust, ids out as one flat array), then tiktoken (tiktoken_bpe.py:
+sentencepiece BPE and HF byte-level BPE whose merges and pre-tokenizer tiktoken can run; no cache, no per-piece
+Python), else a piece cache: encode each distinct whitespace-delimited piece once, reuse it from a bounded cache.
 
 The piece cache is exact only when the tokenizer never merges across those pieces, which is decided from the tokenizer's own settings:
 - sentencepiece BPE (not unigram, whose float-score ties depend on context): split_by_whitespace on, whitespace as prefix (not suffix), whitespace escaped to U+2581. The text is
@@ -11,8 +12,8 @@ The piece cache is exact only when the tokenizer never merges across those piece
   runs of letters, of digits and of other characters, so far fewer and shorter distinct keys are encoded.
 - Hugging Face byte-level BPE: no normalizer, a ByteLevel pre-tokenizer with its GPT-2 regex and add_prefix_space
   off; pieces are cut with the same regex and each encoded alone.
-Anything else falls back to whole-document encoding. ``self_check`` compares both on sample texts at start (a
-tiktoken mismatch falls back to the piece cache, which is checked in turn).
+Anything else falls back to whole-document encoding. ``self_check`` compares each on sample texts at start (a
+gigatoken mismatch falls back to tiktoken, a tiktoken one to the piece cache, each checked in turn).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from data_prep.steps.gigatoken_bpe import GigatokenBPE
 from data_prep.steps.tiktoken_bpe import GPT2_PATTERN, ByteLevelTiktoken, SentencePieceTiktoken
 from data_prep.steps.tokenizers import HFTokenizer, SentencePieceTokenizer, Tokenizer
 META = "\u2581"
@@ -211,45 +213,61 @@ class FastEncoder:
 
     SEGMENT_CHARS = 1 << 16
 
-    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 8_192):
+    def __init__(self, tok: Tokenizer, enabled: bool = True, max_cache: int = 8_192, gigatoken: bool = True):
         self.tok = tok
         self.max_cache = max_cache
         self.cache: dict = {}
         self.old: dict = {}
         self.splitter = None
         self.tiktoken = None  # a ByteLevelTiktoken or SentencePieceTiktoken where tiktoken gives the same ids
+        self.gigatoken: Optional[GigatokenBPE] = None
         self.reason: Optional[str] = "disabled by --no-fast-path" if not enabled else None
         self.tiktoken_reason: Optional[str] = None  # why tiktoken is not used
-        if enabled:
-            if isinstance(tok, HFTokenizer):
-                self.tiktoken, self.tiktoken_reason = ByteLevelTiktoken.build(tok.tok)
+        self.gigatoken_reason: Optional[str] = None  # why gigatoken is not used
+        if enabled and gigatoken:
+            self.gigatoken, self.gigatoken_reason = GigatokenBPE.build(tok)
+        # The slower ways are built only when needed (gigatoken refused, or failing its self-check): building tiktoken's
+        # ranks and the piece cache's checks costs seconds of start-up for a 32k vocabulary.
+        if enabled and self.gigatoken is None:
+            self._build_fallbacks()
+
+    def _build_fallbacks(self) -> None:
+        tok = self.tok
+        if isinstance(tok, HFTokenizer):
+            self.tiktoken, self.tiktoken_reason = ByteLevelTiktoken.build(tok.tok)
+        if isinstance(tok, SentencePieceTokenizer):
+            splitter = _SentencePiecePieces(tok)
+        elif isinstance(tok, HFTokenizer):
+            splitter = _ByteLevelPieces(tok)
+        else:
+            splitter = None
+        if splitter is None:
+            self.reason = "unknown tokenizer type"
+        elif splitter.reason:
+            self.reason = splitter.reason
+        else:
+            self.splitter = splitter
             if isinstance(tok, SentencePieceTokenizer):
-                splitter = _SentencePiecePieces(tok)
-            elif isinstance(tok, HFTokenizer):
-                splitter = _ByteLevelPieces(tok)
-            else:
-                splitter = None
-            if splitter is None:
-                self.reason = "unknown tokenizer type"
-            elif splitter.reason:
-                self.reason = splitter.reason
-            else:
-                self.splitter = splitter
-                if isinstance(tok, SentencePieceTokenizer):
-                    self.tiktoken, self.tiktoken_reason = SentencePieceTiktoken.build(tok.sp, splitter.normalize)
+                self.tiktoken, self.tiktoken_reason = SentencePieceTiktoken.build(tok.sp, splitter.normalize)
 
     @property
     def active(self) -> bool:
-        return self.splitter is not None or self.tiktoken is not None
+        return self.splitter is not None or self.tiktoken is not None or self.gigatoken is not None
 
     @property
     def method(self) -> str:
-        """How texts are encoded: tiktoken, piece cache or the library (whole documents)."""
+        """How texts are encoded: gigatoken, tiktoken, piece cache or the library (whole documents)."""
+        if self.gigatoken:
+            return "gigatoken"
         return "tiktoken" if self.tiktoken else "piece cache" if self.splitter else "library"
 
     def describe(self) -> str:
-        """For the run's log: on (how), or off (why)."""
-        why = f"; not tiktoken: {self.tiktoken_reason}" if self.tiktoken is None and self.tiktoken_reason else ""
+        """For the run's log: on (how), or off (why), with why each faster way is not used."""
+        why = ""
+        if self.gigatoken is None and self.gigatoken_reason:
+            why += f"; not gigatoken: {self.gigatoken_reason}"
+        if self.gigatoken is None and self.tiktoken is None and self.tiktoken_reason:
+            why += f"; not tiktoken: {self.tiktoken_reason}"
         return f"on ({self.method}{why})" if self.active else f"off ({self.reason}{why})"
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
@@ -258,8 +276,21 @@ class FastEncoder:
             return self.tok.encode_batch(texts)
         return [a.tolist() for a in self.encode_arrays(texts)]
 
+    def encode_flat(self, texts: List[str]):
+        """(ids of all texts one after another, offsets of len(texts) + 1): no array per document on gigatoken."""
+        if self.gigatoken is not None:
+            return self._encode_gigatoken(texts)
+        arrays = self.encode_arrays(texts)
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int32)
+        return flat, offsets
+
     def encode_arrays(self, texts: List[str]) -> List[np.ndarray]:
-        """Ids of each text as an int32 array."""
+        """Ids of each text as an integer array."""
+        if self.gigatoken is not None:
+            flat, offsets = self._encode_gigatoken(texts)
+            return [flat[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
         if self.tiktoken is not None:
             return self._encode_tiktoken(texts)
         if self.splitter is None:
@@ -287,6 +318,9 @@ class FastEncoder:
             if text is not None:
                 out[i] = np.frombuffer(b"".join(parts[i]), dtype=np.int32)
         return out
+
+    def _encode_gigatoken(self, texts: List[str]):
+        return self.gigatoken.encode_flat(texts, self.tok.encode_batch)
 
     def _encode_tiktoken(self, texts: List[str]) -> List[np.ndarray]:
         tt = self.tiktoken
@@ -330,6 +364,13 @@ class FastEncoder:
         if not self.active or not texts:
             return
         want = [list(a) for a in self.tok.encode_batch(texts)]
+        if self.gigatoken is not None:
+            bad = _first_difference(want, self.encode_arrays(texts))
+            if bad is None:
+                return
+            self.gigatoken = None
+            self.gigatoken_reason = f"self-check mismatch on sample document {bad}"
+            self._build_fallbacks()
         if self.tiktoken is not None:
             bad = _first_difference(want, self._encode_tiktoken(texts))
             if bad is None:

@@ -11,8 +11,13 @@ the same way). Every threshold is a field of ``QualityConfig``; ``null`` in the 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from typing import Dict, List, Optional, Tuple
+from itertools import compress
+from operator import methodcaller, not_
+from typing import Dict, List, Optional
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,7 +58,13 @@ RULES = ("doc_words", "mean_word_length", "symbol_word_ratio", "digit_fraction",
 
 
 class QualityFilter:
-    """``check(text)`` -> None (keep) or the first failed rule's name (one of RULES)."""
+    """``check(text)`` -> None (keep) or the first failed rule's name (one of RULES).
+
+    Counting runs in C, not a Python loop per character, word or n-gram: ASCII digits and words with an ASCII letter
+    by str.count and regular expressions, only non-ASCII characters and words through str.isdigit / str.isalpha one
+    by one (so the counts are those of the per-character definitions), and n-grams are numbered with numpy (each
+    n-gram's id from the (n-1)-gram's id and the next word's id: exact, no hashing) to count repeats. The results equal the plain per-word version's
+    (tests/data_prep/quality_reference.py; compared on real and built text)."""
 
     def __init__(self, cfg: QualityConfig):
         self.c = cfg
@@ -67,7 +78,7 @@ class QualityFilter:
             return "doc_words"
         if n == 0:
             return None  # every other rule is a ratio over words
-        chars = sum(len(w) for w in words)
+        chars = len("".join(words))
         mean = chars / n
         if (c.min_mean_word_length is not None and mean < c.min_mean_word_length) or (
                 c.max_mean_word_length is not None and mean > c.max_mean_word_length):
@@ -76,60 +87,107 @@ class QualityFilter:
             symbols = text.count("#") + text.count("...") + text.count("\u2026")
             if symbols / n > c.max_symbol_word_ratio:
                 return "symbol_word_ratio"
-        if c.max_digit_fraction is not None and sum(ch.isdigit() for ch in text) / chars > c.max_digit_fraction:
+        if c.max_digit_fraction is not None and count_digits(text) / chars > c.max_digit_fraction:
             return "digit_fraction"
         if c.min_alpha_word_fraction is not None:
-            alpha = sum(1 for w in words if any(ch.isalpha() for ch in w))
-            if alpha / n < c.min_alpha_word_fraction:
+            if count_alpha_words(words) / n < c.min_alpha_word_fraction:
                 return "alpha_words"
         # Gopher: "at least two of" the stop words (distinct), case-insensitive
-        if c.min_stop_words is not None and len(self.stop_words.intersection(w.lower() for w in words)) < c.min_stop_words:
+        if c.min_stop_words is not None and len(self.stop_words.intersection(text.lower().split())) < c.min_stop_words:
             return "stop_words"
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        why = self._line_rules(text)
+        if why is None and (c.top_ngram_char_fraction or c.dup_ngram_char_fraction):
+            why = self._ngram_rules(words, chars)
+        return why
+
+    def _line_rules(self, text: str) -> Optional[str]:
+        c = self.c
+        lines = [ln for ln in map(str.strip, text.splitlines()) if ln]
         if c.max_duplicate_line_fraction is not None and lines:
             counts = Counter(lines)
             dup = sum(k for k in counts.values() if k > 1)
             if dup / len(lines) > c.max_duplicate_line_fraction:
                 return "duplicate_lines"
         if c.min_punctuation_line_fraction is not None and lines:
-            ends = sum(1 for ln in lines if ln.endswith(TERMINAL_PUNCTUATION))
+            ends = sum(map(methodcaller("endswith", TERMINAL_PUNCTUATION), lines))
             if ends / len(lines) < c.min_punctuation_line_fraction:
                 return "punctuation_lines"
-        if c.top_ngram_char_fraction:
-            for size, limit in sorted(c.top_ngram_char_fraction.items()):
-                if top_ngram_char_fraction(words, size, chars) > limit:
-                    return "top_ngram"
-        if c.dup_ngram_char_fraction:
-            for size, limit in sorted(c.dup_ngram_char_fraction.items()):
-                if dup_ngram_char_fraction(words, size, chars) > limit:
-                    return "dup_ngram"
+        return None
+
+    def _ngram_rules(self, words: List[str], chars: int) -> Optional[str]:
+        c = self.c
+        grams = NgramIds(words)
+        for size, limit in sorted((c.top_ngram_char_fraction or {}).items()):
+            if grams.top_char_fraction(size, chars) > limit:
+                return "top_ngram"
+        for size, limit in sorted((c.dup_ngram_char_fraction or {}).items()):
+            if grams.dup_char_fraction(size, chars) > limit:
+                return "dup_ngram"
         return None
 
 
-def _ngrams(words: List[str], n: int) -> List[Tuple[str, ...]]:
-    return list(zip(*(words[i:] for i in range(n))))
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
 
 
-def top_ngram_char_fraction(words: List[str], n: int, chars: int) -> float:
-    """Characters (of its words) in all occurrences of the most frequent n-gram, over the words' characters."""
-    grams = _ngrams(words, n)
-    if not grams or not chars:
-        return 0.0
-    gram, count = Counter(grams).most_common(1)[0]
-    if count < 2:
-        return 0.0
-    return sum(len(w) for w in gram) * count / chars
+def count_digits(text: str) -> int:
+    """Characters for which str.isdigit(): ASCII digits counted in C, the rare others one by one."""
+    n = sum(map(text.count, "0123456789"))
+    if not text.isascii():
+        n += sum(map(str.isdigit, _NON_ASCII.findall(text)))
+    return n
 
 
-def dup_ngram_char_fraction(words: List[str], n: int, chars: int) -> float:
-    """Characters of words covered by any n-gram that occurs more than once, over the words' characters (Gopher:
-    each word counts once however many duplicated n-grams cover it)."""
-    grams = _ngrams(words, n)
-    if not grams or not chars:
-        return 0.0
-    counts = Counter(grams)
-    covered = bytearray(len(words))
-    for i, g in enumerate(grams):
-        if counts[g] > 1:
-            covered[i:i + n] = b"\x01" * n
-    return sum(len(w) for w, cov in zip(words, covered) if cov) / chars
+def count_alpha_words(words: List[str]) -> int:
+    """Words holding a character for which str.isalpha(): an ASCII letter found in C, and for the few words without
+    one, their non-ASCII characters asked one by one."""
+    none = list(compress(words, map(not_, map(_ASCII_LETTER.search, words))))
+    return len(words) - len(none) + sum(1 for w in none if not w.isascii() and any(map(str.isalpha, w)))
+
+
+class NgramIds:
+    """Words numbered, and n-grams numbered from them: gram_n[i] = the id of (gram_{n-1}[i], word[i + n - 1])."""
+
+    def __init__(self, words: List[str]):
+        ids: Dict[str, int] = {w: i for i, w in enumerate(dict.fromkeys(words))}
+        self.word = np.fromiter(map(ids.__getitem__, words), dtype=np.int64, count=len(words))
+        self.vocab = len(ids)
+        self.lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        self.grams = {1: (self.word, self.vocab)}
+
+    def ids(self, n: int):
+        """(id of each n-gram in order, number of distinct ids)."""
+        if n not in self.grams:
+            prev, count = self.ids(n - 1)
+            pair = prev[:-1] * self.vocab + self.word[n - 1:]
+            uniq, inv = np.unique(pair, return_inverse=True)
+            self.grams[n] = (inv.astype(np.int64), len(uniq))
+        return self.grams[n]
+
+    def top_char_fraction(self, n: int, chars: int) -> float:
+        """As top_ngram_char_fraction: the first-seen of the most frequent n-grams (Counter.most_common's pick)."""
+        if len(self.word) < n or not chars:
+            return 0.0
+        g, k = self.ids(n)
+        counts = np.bincount(g, minlength=k)
+        top = counts.max()
+        if top < 2:
+            return 0.0
+        first = np.full(k, len(g), dtype=np.int64)
+        np.minimum.at(first, g, np.arange(len(g)))
+        at = int(first[counts == top].min())  # where the first of the most frequent n-grams first occurs
+        return int(self.lengths[at : at + n].sum()) * int(top) / chars
+
+    def dup_char_fraction(self, n: int, chars: int) -> float:
+        """As dup_ngram_char_fraction: characters of words covered by an n-gram occurring more than once."""
+        if len(self.word) < n or not chars:
+            return 0.0
+        g, k = self.ids(n)
+        starts = np.flatnonzero(np.bincount(g, minlength=k)[g] > 1)
+        if not len(starts):
+            return 0.0
+        edge = np.zeros(len(self.word) + 1, dtype=np.int64)
+        np.add.at(edge, starts, 1)
+        np.add.at(edge, starts + n, -1)
+        covered = np.cumsum(edge[:-1]) > 0
+        return int(self.lengths[covered].sum()) / chars

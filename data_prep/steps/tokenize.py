@@ -100,17 +100,38 @@ class _UnitRun:
         texts = [t for _, _, t in batch]
         if self.enc is None:
             self.enc = _encoder(self.s, texts)
-        ids_list = self.enc.encode_arrays(texts)
-        s = self.s
-        if s.verify_fraction > 0:
-            self._verify(texts, ids_list)
+        flat, offsets = self.enc.encode_flat(texts)
+        if self.s.verify_fraction > 0:
+            self._verify(texts, flat, offsets)
+        lengths = np.diff(offsets)
+        s, info = self.s, self.enc.tok.info
+        head = [info.bos_id] if s.add_bos and info.bos_id is not None else []
+        tail = [info.eod_id] if s.append_eod else []
+        if len(lengths) and int(lengths.max()) + len(head) + len(tail) <= s.max_doc_tokens:
+            ntok = self._add_all(flat, offsets, lengths, head, tail)
+        else:
+            ntok = self._add_each(batch, flat, offsets, head, tail)
+        self._progress(len(batch), ntok, sum(len(t) for t in texts))
+
+    def _add_all(self, flat, offsets, lengths, head, tail) -> int:
+        """Every document of the batch is one sequence: BOS/EOD put in place with one numpy call each, one write."""
         dtype = self.writer.dtype
-        eod, bos = self.enc.tok.info.eod_id, self.enc.tok.info.bos_id
-        head = np.array([bos] if s.add_bos and bos is not None else [], dtype=dtype)
-        tail = np.array([eod] if s.append_eod else [], dtype=dtype)
+        out = flat.astype(dtype)
+        if tail:
+            out = np.insert(out, offsets[1:], np.asarray(tail, dtype=dtype))
+        if head:
+            starts = offsets[:-1] + (np.arange(len(lengths)) if tail else 0)
+            out = np.insert(out, starts, np.asarray(head, dtype=dtype))
+        self.writer.add_documents(out, lengths + len(head) + len(tail))
+        return len(out)
+
+    def _add_each(self, batch, flat, offsets, head, tail) -> int:
+        """Document by document: some are longer than --max-doc-tokens (split, or rejected)."""
+        s, dtype = self.s, self.writer.dtype
+        head, tail = np.asarray(head, dtype=dtype), np.asarray(tail, dtype=dtype)
         ntok = 0
-        for (piece, pos, _), ids in zip(batch, ids_list):
-            arr = np.concatenate([head, ids.astype(dtype, copy=False), tail])
+        for k, (piece, pos, _) in enumerate(batch):
+            arr = np.concatenate([head, flat[offsets[k] : offsets[k + 1]].astype(dtype, copy=False), tail])
             if len(arr) > s.max_doc_tokens:
                 if s.long_docs == "reject":
                     self.reject(piece, pos, TOO_LONG)
@@ -120,9 +141,9 @@ class _UnitRun:
                 seqs = [arr]
             self.writer.add_document(seqs)
             ntok += len(arr)
-        self._progress(len(batch), ntok, sum(len(t) for t in texts))
+        return ntok
 
-    def _verify(self, texts, ids_list):
+    def _verify(self, texts, flat, offsets):
         f = self.s.verify_fraction
         picks = []
         for i in range(len(texts)):
@@ -133,7 +154,7 @@ class _UnitRun:
         if picks and self.enc.active:
             whole = self.enc.tok.encode_batch([texts[i] for i in picks])
             for i, want in zip(picks, whole):
-                if list(want) != ids_list[i].tolist():
+                if list(want) != flat[offsets[i] : offsets[i + 1]].tolist():
                     raise FastPathMismatch(
                         f"fast path differs from whole-document encoding in {self.unit.name} (document {i} of a "
                         "batch); rerun with --no-fast-path and report the tokenizer")

@@ -1,14 +1,18 @@
-"""bench: per tokenizer family, our pipeline vs the bare tokenizer vs Megatron-LM's preprocess_data.py, one run.
+"""bench: per tokenizer family, our pipeline vs bare gigatoken vs the bare library vs Megatron-LM, one run.
 
 The corpus is varied real text (web_corpus.py: documentation and source cut into web-page-sized documents); one
 tokenizer per family is trained on it (``--vocab-size``, default 32k): sentencepiece BPE with nmt_nfkc, nfkc_cf and
 identity (Llama-2 style) normalization, and a Hugging Face byte-level BPE tokenizer.json (GPT-2 style). Per family,
 the same corpus, tokenizer and number of processes:
+- bare gigatoken: gigatoken's own file API (``encode_files`` over the jsonl: reading and JSON in Rust, ids out, no
+  shard written) as a subprocess on N threads, end to end (start-up, load, encode); families gigatoken supports only;
 - bare: N processes each encode their share of the documents whole with the library's own call (reading untimed);
   seconds = the slowest process's encode time;
 - ours: `python -m data_prep tokenize` as a subprocess, end to end (start-up, read, tokenize, write, fsync, manifest);
 - Megatron: (with ``--megatron-lm PATH``, a Megatron-LM checkout) its tools/preprocess_data.py as a subprocess with
-  --workers N --append-eod, end to end, same tokenizer (the HF one as a directory with tokenizer_config.json).
+  --workers N --append-eod, end to end, same tokenizer (the HF one as a directory with tokenizer_config.json); and,
+  when the checkout has it, tools/preprocess_data_fast.py (gigatoken inside, --use-gigatoken, one process on N
+  threads) the same way.
 Wall seconds and CPU seconds (all processes; steadier than wall on a shared machine) are both printed; ratios are
 speed-ups (their seconds / ours). Peak RSS = the largest VmHWM of any process of a run; ours is also run on a
 corpus ``scale`` times larger (more distinct text, not repeats) to show it stays flat.
@@ -56,18 +60,43 @@ def bare(corpus: str, tokenizer: str, workers: int) -> dict:
     return {"seconds": max(r[0] for r in res), "cpu": sum(r[1] for r in res), "tokens": sum(r[2] for r in res)}
 
 
-def _timed(cmd: List[str], cwd: Optional[str] = None, env: Optional[dict] = None) -> dict:
+_GIGATOKEN = """
+import sys, gigatoken as gt
+corpus, tok = sys.argv[1], sys.argv[2]
+g = gt.Tokenizer.from_sentencepiece(tok) if tok.endswith(".model") else gt.Tokenizer(tok)
+ids = g.encode_files(gt.JsonlFileSource([corpus], field="text"), parallel=True)
+import awkward as ak
+print(int(ak.sum(ak.num(ids, axis=1))) + len(ids))
+"""
+
+
+def bare_gigatoken(corpus: str, tokenizer: str, workers: int) -> dict:
+    """gigatoken's encode_files on ``workers`` threads, as a subprocess (tokens + 1 EOD per document)."""
+    env = dict(_ENV, RAYON_NUM_THREADS=str(workers))
+    r = _timed([sys.executable, "-c", _GIGATOKEN, corpus, tokenizer], env=env, stdout=True)
+    r["tokens"] = int(r.pop("stdout").split()[-1])
+    return r
+
+
+def _timed(cmd: List[str], cwd: Optional[str] = None, env: Optional[dict] = None, stdout: bool = False) -> dict:
     """Run ``cmd``: wall and CPU seconds (it and every process it waited for), peak RSS of its process tree."""
+    import tempfile
+
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env or _ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    out = tempfile.TemporaryFile() if stdout else subprocess.DEVNULL
+    p = subprocess.Popen(cmd, cwd=cwd, env=env or _ENV, stdout=out, stderr=subprocess.PIPE)
     peak_mb = _peak_rss_of_tree_mb(p)
     secs = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise RuntimeError(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr.read().decode()[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"seconds": secs, "cpu": cpu, "peak_rss_mb": peak_mb}
+    res = {"seconds": secs, "cpu": cpu, "peak_rss_mb": peak_mb}
+    if stdout:
+        out.seek(0)
+        res["stdout"] = out.read().decode()
+    return res
 
 
 def pipeline(corpus: str, tokenizer: str, out: str, workers: int, fast: bool = True) -> dict:
@@ -79,16 +108,19 @@ def pipeline(corpus: str, tokenizer: str, out: str, workers: int, fast: bool = T
     return r
 
 
-def megatron(megatron_lm: str, corpus: str, tokenizer: str, out: str, workers: int) -> dict:
-    """Megatron-LM's tools/preprocess_data.py, run through megatron_lm_runner (see there why)."""
+def megatron(megatron_lm: str, corpus: str, tokenizer: str, out: str, workers: int, fast: bool = False) -> dict:
+    """Megatron-LM's tools/preprocess_data.py (or, ``fast``, preprocess_data_fast.py: gigatoken on ``workers``
+    threads), run through megatron_lm_runner (see there why)."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     kind = "SentencePieceTokenizer" if tokenizer.endswith(".model") else "HuggingFaceTokenizer"
-    env = dict(_ENV, PYTHONPATH=os.path.abspath(megatron_lm))
+    env = dict(_ENV, PYTHONPATH=os.path.abspath(megatron_lm), RAYON_NUM_THREADS=str(workers))
+    script = "preprocess_data_fast.py" if fast else "preprocess_data.py"
+    extra = ["--use-gigatoken"] if fast else ["--workers", str(workers), "--log-interval", "100000"]
     r = _timed([sys.executable, "-m", "data_prep.tools.megatron_lm_runner",
-                os.path.join(megatron_lm, "tools", "preprocess_data.py"), "--input", corpus, "--output-prefix",
+                os.path.join(megatron_lm, "tools", script), "--input", corpus, "--output-prefix",
                 os.path.join(out, "mlm"), "--tokenizer-type", kind, "--tokenizer-model", tokenizer,
-                "--workers", str(workers), "--append-eod", "--log-interval", "100000"], cwd=out, env=env)
+                "--append-eod"] + extra, cwd=out, env=env)
     from data_prep.write.shards import indexed_dataset_class
 
     ds = indexed_dataset_class()(os.path.join(out, "mlm_text_document"))
@@ -161,6 +193,13 @@ def make_tokenizer(family: str, corpus: str, out_dir: str, vocab_size: int, samp
     return d
 
 
+def _gigatoken_builds(tokenizer: str) -> bool:
+    from data_prep.steps.gigatoken_bpe import GigatokenBPE
+    from data_prep.steps.tokenizers import load_tokenizer
+
+    return GigatokenBPE.build(load_tokenizer(tokenizer))[0] is not None
+
+
 def _method(tokenizer: str) -> str:
     from data_prep.steps.fast_path import FastEncoder
     from data_prep.steps.tokenizers import load_tokenizer
@@ -169,7 +208,8 @@ def _method(tokenizer: str) -> str:
 
 
 def bench(out_dir: str, corpus_mb: float = 32.0, workers: int = 2, scale: int = 10, vocab_size: int = 32000,
-          megatron_lm: Optional[str] = None, families: Optional[List[str]] = None) -> int:
+          megatron_lm: Optional[str] = None, families: Optional[List[str]] = None,
+          megatron_lm_fast: Optional[str] = None) -> int:
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     families = families or list(FAMILIES)
@@ -195,16 +235,31 @@ def bench(out_dir: str, corpus_mb: float = 32.0, workers: int = 2, scale: int = 
         tok = os.path.join(tok_dir, "tokenizer.json") if os.path.isdir(tok_dir) else tok_dir
         method = _method(tok)
         print(f"-- {family}: ours encodes with {method} ({tok})")
-        runs = {"bare": bare(small, tok, workers),
-                "ours": pipeline(small, tok, os.path.join(out_dir, "shards"), workers)}
+        runs = {"ours": pipeline(small, tok, os.path.join(out_dir, "shards"), workers)}
+        if _gigatoken_builds(tok):
+            runs["gigatoken"] = bare_gigatoken(small, tok, workers)
+        runs["bare"] = bare(small, tok, workers)
         if megatron_lm:
             runs["Megatron"] = megatron(megatron_lm, small, tok_dir, os.path.join(out_dir, "megatron"), workers)
+        fast_lm = megatron_lm_fast or megatron_lm
+        if fast_lm and os.path.exists(os.path.join(fast_lm, "tools", "preprocess_data_fast.py")):
+            try:
+                runs["Megatron fast"] = megatron(fast_lm, small, tok_dir, os.path.join(out_dir, "mlm_fast"),
+                                                 workers, fast=True)
+            except RuntimeError as e:  # e.g. Megatron-LM main imports triton, absent on CPU machines
+                print(f"   Megatron fast: did not run ({str(e).strip().splitlines()[-1][:160]})")
         for name, r in runs.items():
             rss = f"{r['peak_rss_mb']:7.0f}" if "peak_rss_mb" in r else "      -"
             print(f"   {name:41s} {r['seconds']:7.2f} {r['cpu']:7.2f} {mb / r['seconds']:6.2f} {rss}  "
                   f"{r['tokens']:,}")
-        if runs["ours"]["tokens"] != runs["bare"]["tokens"]:
-            print(f"token counts differ: bare {runs['bare']['tokens']:,} ours {runs['ours']['tokens']:,}")
+        differ = [n for n, r in runs.items() if r["tokens"] != runs["bare"]["tokens"]]
+        for n in [n for n in differ if n in ("gigatoken", "Megatron fast")]:  # not ours: a finding, not a failure
+            print(f"   note: {n} gives {runs[n]['tokens']:,} tokens, the library {runs['bare']['tokens']:,}: "
+                  "not the library's ids for this family")
+            differ.remove(n)
+        if differ:
+            print(f"token counts differ from the bare library's ({runs['bare']['tokens']:,}): "
+                  + ", ".join(f"{n} {runs[n]['tokens']:,}" for n in differ))
             return 1
         row = {"family": family, "method": method, **{k: v for k, v in runs.items()}}
         if big:
@@ -217,16 +272,18 @@ def bench(out_dir: str, corpus_mb: float = 32.0, workers: int = 2, scale: int = 
 
 
 def _summary(rows: List[Dict], scale: Optional[int]) -> None:
-    """One line per family: ours, bare, Megatron (wall s), speed-ups (wall; cpu), peak RSS (1x -> scale x)."""
-    print("\n| family | ours encodes with | ours s | bare s | Megatron s | ours vs bare (wall; cpu) | "
-          "ours vs Megatron (wall; cpu) | peak RSS ours" + (f" 1x -> {scale}x |" if scale else " |"))
-    print("|---|---|---|---|---|---|---|---|")
+    """One line per family: seconds of each, then ours vs each as speed-ups (theirs / ours; wall; cpu), peak RSS."""
+    print("\n| family | ours encodes with | ours s (cpu) | gigatoken s (cpu) | bare s (cpu) | Megatron s (cpu) | "
+          "Megatron fast s (cpu) | ours vs gigatoken | ours vs bare | ours vs Megatron | ours vs Megatron fast | "
+          "peak RSS ours" + (f" 1x -> {scale}x |" if scale else " |"))
+    print("|---" * 11 + "|")
     for r in rows:
-        o, b, m = r["ours"], r["bare"], r.get("Megatron")
-        vs = lambda x: f"{x['seconds'] / o['seconds']:.2f}x; {x['cpu'] / o['cpu']:.2f}x"  # noqa: E731
+        o = r["ours"]
+        secs = lambda x: f"{x['seconds']:.2f} ({x['cpu']:.2f})" if x else "-"  # noqa: E731
+        vs = lambda x: f"{x['seconds'] / o['seconds']:.2f}x; {x['cpu'] / o['cpu']:.2f}x" if x else "-"  # noqa: E731
         rss = f"{o['peak_rss_mb']:.0f} MB"
         if "big" in r:
             rss += f" -> {r['big']['peak_rss_mb']:.0f} MB ({r['big']['peak_rss_mb'] / o['peak_rss_mb']:.2f})"
-        mlm = f"{m['seconds']:.2f}" if m else "-"
-        print(f"| {r['family']} | {r['method']} | {o['seconds']:.2f} | {b['seconds']:.2f} | {mlm} | ", end="")
-        print(f"{vs(b)} | {vs(m) if m else '-'} | {rss} |")
+        others = [r.get(k) for k in ("gigatoken", "bare", "Megatron", "Megatron fast")]
+        print(f"| {r['family']} | {r['method']} | {secs(o)} | " + " | ".join(secs(x) for x in others) + " | "
+              + " | ".join(vs(x) for x in others) + f" | {rss} |")

@@ -1,8 +1,9 @@
 """Runs Megatron-LM's tools/preprocess_data.py for the bench: ``python -m data_prep.tools.megatron_lm_runner
 PATH/tools/preprocess_data.py ARGS...`` (with the checkout on PYTHONPATH).
 
-megatron.training.initialize imports one kernel module that imports triton at the top, and triton is absent on
-CPU machines; preprocessing never calls it, so that one module is replaced by an empty one before the script runs.
+megatron.training.initialize (and, on Megatron-LM main, megatron.core's inference MoE code) imports one kernel module
+that imports triton at the top, and triton is absent on CPU machines; preprocessing never calls it, so that one module
+is replaced by one whose every name is a no-op before the script runs.
 Nothing else is changed: the script, its tokenizers and its worker pool are Megatron-LM's own.
 """
 
@@ -14,6 +15,13 @@ if __name__ == "__main__":
     name = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
     stub = types.ModuleType(name)
     stub.enable_batch_invariant_mode = lambda *a, **k: None
+
+    def any_kernel(attr):  # any other kernel it names (PEP 562); dunder lookups (inspect's) are not kernels
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return lambda *a, **k: None
+
+    stub.__getattr__ = any_kernel
     sys.modules[name] = stub
     script, sys.argv = sys.argv[1], sys.argv[1:]
     runpy.run_path(script, run_name="__main__")

@@ -2,7 +2,8 @@
 
 ``calibrate_curation`` runs the real passes (steps/curate.py: hash, bucket, cluster, filter) in this one process over
 the sample, cut into work units as a run would, and times each: MB/s per core of each stage (input text bytes over the
-stage's seconds), the share of documents and of text bytes kept, per step. ``curation_lines`` turns that into
+stage's CPU seconds: steady on a shared machine; waits for the disk are not counted), the share of documents and
+of text bytes kept, per step. ``curation_lines`` turns that into
 node-hours for the whole corpus and the tokens left to tokenize.
 """
 
@@ -49,31 +50,31 @@ def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 
         secs: Dict[str, float] = {}
 
         def timed(stage, fn, items):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for it in items:
                 res = fn(it, ctx)
                 if not res.get("ok", True):
                     raise RuntimeError(f"calibration failed on {res.get('path')}: {res.get('error')}")
-            secs[stage] = secs.get(stage, 0.0) + time.perf_counter() - t0
+            secs[stage] = secs.get(stage, 0.0) + time.process_time() - t0
 
         if sl.dedup_steps:
             os.makedirs(ctx.dedup_dir, exist_ok=True)
             timed("dedup hash pass", cu.hash_unit, units)
             timed("dedup bucket pass", cu.bucket_task, [cu.Bucket(b) for b in range(sl.buckets)])
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             cu.cluster_pass(ctx)
-            secs["dedup cluster pass"] = time.perf_counter() - t0
+            secs["dedup cluster pass"] = time.process_time() - t0
         records = kept = 0
         kept_bytes = 0
         removed: Dict[str, int] = {}
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for u in units:
             st = cu.filter_unit(u, ctx)["stats"]
             records += st["input_records"] - sum(st["rejected"].values())
             kept += st["documents"]
             for step, reasons in st["removed"].items():
                 removed[step] = removed.get(step, 0) + sum(reasons.values())
-        secs["filter pass"] = time.perf_counter() - t0
+        secs["filter pass"] = time.process_time() - t0
         for u in units:
             with open(cu.curated_path(out, u.name), "rb") as f:
                 kept_bytes += sum(len(orjson.loads(line)["text"].encode("utf-8", "surrogatepass")) for line in f)

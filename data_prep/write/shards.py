@@ -66,6 +66,19 @@ class ShardWriter:
         if self.buffered >= self.flush_tokens or len(self.len_buf) >= CHUNK:
             self.flush()
 
+    def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Many documents of one sequence each: ``tokens`` all of them one after another, ``lengths`` each one's."""
+        n = len(lengths)
+        self.tok_buf.append(tokens)
+        self.len_buf.extend(lengths.tolist())
+        self.doc_buf.extend(range(self.sequences + 1, self.sequences + n + 1))
+        self.buffered += len(tokens)
+        self.tokens += len(tokens)
+        self.sequences += n
+        self.documents += n
+        if self.buffered >= self.flush_tokens or len(self.len_buf) >= CHUNK:
+            self.flush()
+
     def flush(self) -> None:
         if self.tok_buf:
             data = np.concatenate(self.tok_buf).astype(self.dtype, copy=False).tobytes()

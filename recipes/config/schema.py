@@ -180,6 +180,7 @@ class ParallelConfig(_Section):
     dp: Optional[PositiveInt] = None  # None = derived from the world size
     zero_stage: Literal[0, 1, 2, 3] = 1
     sequence_parallel: bool = False
+    cp: PositiveInt = 1  # context parallelism: each sequence split over cp ranks (recipes.model.context)
     recompute: Literal["none", "selective", "full"] = "none"
     pipeline_partition: Literal["uniform", "parameters"] = "uniform"  # see recipes.parallel.partition
     # expert parallelism (model.moe): the experts of each MoE layer split over ep ranks inside the data-parallel
@@ -281,6 +282,9 @@ class DataConfig(_Section):
 class CheckpointConfig(_Section):
     dir: Optional[str] = None
     save_interval: Optional[PositiveInt] = None
+    # A run predicted to take more than an hour is refused before start without checkpoint.dir (a failure would
+    # lose all of it); false says "I know, run without checkpoints".
+    require_dir: bool = True
     keep_last: PositiveInt = 2
     auto_resume: bool = True
     # launch/stop.sh and launch/train.sh wait this long after SIGTERM (the ranks save a checkpoint and exit) before
@@ -328,6 +332,11 @@ class ClusterConfig(_Section):
     inter_node_gbps: PositiveFloat = 400.0  # GB/s per node (e.g. 8 x 400 Gb/s NDR = 400 GB/s)
     backend: Literal["nccl", "gloo"] = "nccl"
     device: Literal["cuda", "cpu"] = "cuda"
+    # For the save interval `recipes plan --write-recipe` sets (Young/Daly, recipes.planner.save_interval): how often
+    # a node fails (failures per node per day; the presets say where their figure comes from) and how fast each node
+    # writes a checkpoint to its storage (GB/s). None = Llama 3's figures, and the plan says so.
+    node_failures_per_day: Optional[PositiveFloat] = None
+    checkpoint_write_gbps_per_node: Optional[PositiveFloat] = None
 
     @property
     def world_size(self) -> int:
@@ -346,7 +355,8 @@ class SupervisionConfig(_Section):
     # No rank changing step or phase for this long = a hang: stacks dumped, job stopped (and restarted). Larger than
     # the slowest save, evaluation and start-up phase. None = no hang watchdog.
     hang_timeout_seconds: Optional[PositiveFloat] = None
-    # The slowest rank is named in the log when its step time is this many percent above the median
+    # The slowest rank is named in the log when its compute time per step (outside the collectives) is this many
+    # percent above the median of its pipeline stage for 3 log intervals in a row (recipes/train/stragglers.py)
     straggler_pct: PositiveFloat = 20.0
 
 

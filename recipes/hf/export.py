@@ -11,7 +11,6 @@ export_info.json, into a temporary sibling directory renamed to HF_DIR only when
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipes.checkpoint.read import read_full_state
+    from recipes.checkpoint.format.read import read_full_state
     from recipes.hf.convert import family, to_hf
 
     family(recipe.model)  # refuse unsupported architectures before reading anything
@@ -170,8 +170,14 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     return out
 
 
+EXAMPLES = (  # shown by --help
+    "python -m recipes export-hf --checkpoint runs/tiny --out runs/tiny-hf   # the newest complete checkpoint",
+    "python -m recipes export-hf --checkpoint /shared/ckpt/run1 --tag global_step20000 --out /shared/hf/run1-20k",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes export-hf", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes export-hf", __doc__, EXAMPLES)
     ap.add_argument("--checkpoint", required=True, help="training checkpoint directory (checkpoint.dir)")
     ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
     ap.add_argument("--out", required=True, help="transformers model directory to create")
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
     ns = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.format.errors import CheckpointError
     from recipes.hf.convert import UnsupportedModel
 
     setup_logging(quiet=ns.quiet)

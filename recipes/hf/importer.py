@@ -8,11 +8,10 @@ The recipe supplies training, data and layout (parallel.tp/pp and dp, default dp
 by the transformers config's architecture (layers, sizes, heads, query groups, vocabulary, RoPE base and llama3
 scaling, epsilon, tying, biases), so check seq_length (a Mistral/Qwen2 sliding window must be >= it). The
 checkpoint is written by an engine at that layout (one CPU process per rank) with DeepSpeed's own save, plus
-CKPT_DIR/recipe.yaml (the merged recipe, for pretrain --config and export).
+CKPT_DIR/recipe.yaml (the merged recipe, for `recipes train --config` and export).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import warnings
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError, load_recipe
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     from recipes.train.cli import validate_recipe
 
     p = recipe.parallel
-    world = p.tp * p.pp * p.dp
+    world = p.tp * p.cp * p.pp * p.dp  # CP ranks write their DP x CP share of the optimizer like DP ranks
     validate_recipe(recipe, world)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -79,7 +79,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes import-hf", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes import-hf", __doc__)
     ap.add_argument("--hf", required=True, help="transformers model directory (Llama, Qwen2, Mistral, Mixtral, "
                     "Qwen2-MoE or Qwen3-MoE)")
     ap.add_argument("--out", required=True, help="training checkpoint directory to create")

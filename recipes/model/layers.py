@@ -60,6 +60,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from recipes.model import context
+
 
 SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
 
@@ -169,8 +171,12 @@ class SDPAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, d]
         dropout = self.dropout if self.training else 0.0
+        if context.context_parallel_size() > 1:  # this rank's chunks attend to the gathered sequence
+            from recipes.model.context_attention import context_parallel_attention
+
+            return context_parallel_attention(query, key, value, attention_mask, self.softmax_scale, dropout)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, d]
         if attention_mask is None:
             out = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale,
@@ -358,12 +364,15 @@ class EmbeddingPipe(nn.Module):
 
     def forward(self, inputs):
         tokens, position_ids = inputs if isinstance(inputs, tuple) else (inputs, None)
-        x = self.word_embeddings(tokens)  # [b, s, h], all-reduced over TP
+        seq = tokens.shape[1]
+        x = self.word_embeddings(context.local_part(tokens))  # [b, s, h] ([b, s/cp, h] under CP), all-reduced over TP
         if self.position_embeddings is not None:
             if position_ids is None:
-                x = x + self.position_embeddings.weight[: tokens.shape[1]].unsqueeze(0)
+                at = context.local_positions(seq, x.device)
+                x = x + (self.position_embeddings.weight[:seq] if at is None
+                         else self.position_embeddings.weight[at]).unsqueeze(0)
             else:
-                x = x + self.position_embeddings(position_ids)
+                x = x + self.position_embeddings(context.local_part(position_ids))
         x = x.transpose(0, 1).contiguous()
         if self.sequence_parallel:
             x = tensor_parallel.scatter_to_sequence_parallel_region(x)
@@ -397,9 +406,11 @@ class DecoderLayerPipe(TransformerLayer):
                 self._rope = self._rope.to(hidden.device)
             if position_ids is None:
                 sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
-                rope = self._rope[: hidden.shape[0] * sp]  # attention sees the full sequence under SP
-            else:  # per-token angles [s, b, 1, d] (position_ids is the full sequence, also under SP)
-                rope = self._rope[:, 0, 0, :][position_ids.t()].unsqueeze(2)
+                seq = hidden.shape[0] * sp  # attention sees the full sequence under SP (this rank's under CP)
+                at = context.local_positions(seq * context.context_parallel_size(), hidden.device)
+                rope = self._rope[:seq] if at is None else self._rope[at]
+            else:  # per-token angles [s, b, 1, d] (position_ids is the full sequence, also under SP and CP)
+                rope = self._rope[:, 0, 0, :][context.local_part(position_ids).t()].unsqueeze(2)
         docs = None if position_ids is None else _per_micro_batch(position_ids, "_document_ids",
                                                                   lambda: document_ids(position_ids))
         out, _ = super().forward(hidden, attention_mask=docs, rotary_pos_emb=rope)
@@ -466,7 +477,8 @@ def tied_head_forward(embedding: EmbeddingPipe, hidden):
 
 # ---------------------------------------------------------------------------------------------------------- loss
 class VocabParallelLoss:
-    """Mean token cross-entropy over unmasked tokens, on vocab-parallel logits, padded vocabulary masked out."""
+    """Mean token cross-entropy over unmasked tokens, on vocab-parallel logits, padded vocabulary masked out (under CP:
+    over the whole sequence's real tokens, see recipes.model.context.mean_over_context)."""
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
@@ -480,9 +492,10 @@ class VocabParallelLoss:
             pad = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
             pad[max(n_real, 0):] = True
             logits = logits.masked_fill(pad, torch.finfo(logits.dtype).min)
+        labels, loss_mask = context.local_part(labels), context.local_part(loss_mask)  # CP: this rank's tokens
         losses = tensor_parallel.vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
         mask = loss_mask.transpose(0, 1).float()
-        return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+        return context.mean_over_context((losses * mask).sum(), mask.sum())
 
 
 # ------------------------------------------------------------------------------------------------ specs / modules

@@ -91,39 +91,54 @@ def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
     return total
 
 
-def _forward_flops_per_token(model_cfg) -> tuple[float, float, float]:
+def _forward_flops_per_token(model_cfg, causal: bool = False) -> tuple[float, float, float]:
     """(layer matmul FLOPs, attention-score FLOPs, output-layer FLOPs) of one token's forward pass.
 
     Matmuls: 2 FLOPs per weight of every layer matrix and of the output layer. Attention: QK^T and scores x V are
-    2*s*h each per token per layer (no causal discount, as in the Megatron formulas).
+    2*s*h each per token per layer, growing with s^2 per sequence. `causal=False` counts the whole s x s block (what a
+    kernel that computes the scores and then masks them executes); `causal=True` the lower triangle only (what a causal
+    model needs, and what flash kernels execute: they skip the masked blocks): half.
     """
     matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
     h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
     head = 2.0 * model_cfg.padded_vocab_size(1) * h
+    attn = 4.0 * L * s * h * (0.5 if causal else 1.0)
     if model_cfg.moe is not None:  # active weights: router, top_k routed experts, the shared expert
         moe = model_cfg.moe
         moe_layer = (matrices - _mlp_matrices(model_cfg, model_cfg.ffn_size) + moe.num_experts * h
                      + moe.top_k * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
                      + (_mlp_matrices(model_cfg, moe.shared_expert_ffn_size) if moe.shared_expert_ffn_size else 0))
         n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L))
-        return 2.0 * ((L - n_moe) * matrices + n_moe * moe_layer), 4.0 * L * s * h, head
-    return 2.0 * L * matrices, 4.0 * L * s * h, head
+        return 2.0 * ((L - n_moe) * matrices + n_moe * moe_layer), attn, head
+    return 2.0 * L * matrices, attn, head
 
 
-def model_flops_per_step(model_cfg, global_batch: int) -> float:
+def attention_flops_per_step(model_cfg, global_batch: int, recompute: str = "none", causal: bool = False) -> float:
+    """The attention-score part of `hardware_flops_per_step` (QK^T and scores x V, forward + backward, and again in a
+    recompute forward): the part an attention kernel runs rather than a GEMM."""
+    _, attn, _ = _forward_flops_per_token(model_cfg, causal)
+    return (4.0 if recompute in ("full", "selective") else 3.0) * attn * global_batch * model_cfg.seq_length
+
+
+def model_flops_per_step(model_cfg, global_batch: int, causal: bool = True) -> float:
     """Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the numerator of MFU. For
     MoE layers the active weights count (router, top_k experts, shared expert), as MoE MFU is reported.
 
-    For a GPT shape (gelu, f = 4h, MHA) this equals Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
+    Causal attention counts the lower triangle of the s x s block only, the work a causal model needs (Megatron-LM's
+    current `num_floating_point_operations`: "only half of the attention matrix is non-zero"; Meta's lingua counts the
+    same). `causal=False` counts the whole block, the 2021-2022 convention: for a GPT shape (gelu, f = 4h, MHA) it
+    equals Korthikanti's 72 B L s h^2 (1 + s/(6h) + V/(12 h L)), PaLM's 6N + 12 L h s per token. The two differ little
+    at 2-8K tokens and by up to 2x at 128K, where attention is most of a small model's work.
     """
-    mm, attn, head = _forward_flops_per_token(model_cfg)
+    mm, attn, head = _forward_flops_per_token(model_cfg, causal)
     return 3.0 * (mm + attn + head) * global_batch * model_cfg.seq_length
 
 
-def hardware_flops_per_step(model_cfg, global_batch: int, recompute: str = "none") -> float:
+def hardware_flops_per_step(model_cfg, global_batch: int, recompute: str = "none", causal: bool = False) -> float:
     """FLOPs the GPUs actually execute: full recompute repeats every layer's forward (Eq. 3: 4x forward for the
-    layers, 3x for the output layer, which is not recomputed), selective recompute only the attention scores."""
-    mm, attn, head = _forward_flops_per_token(model_cfg)
+    layers, 3x for the output layer, which is not recomputed), selective recompute only the attention scores;
+    `causal=True` when the attention kernel skips the masked upper triangle (flash / SDPA lower-right causal)."""
+    mm, attn, head = _forward_flops_per_token(model_cfg, causal)
     tokens = global_batch * model_cfg.seq_length
     if recompute == "full":
         return (4.0 * (mm + attn) + 3.0 * head) * tokens

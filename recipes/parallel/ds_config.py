@@ -15,7 +15,9 @@ def build_ds_config(recipe, layout: Layout, device_type: str | None = None) -> d
     t = recipe.training
     grad_accum = layout.grad_accum_steps(t.global_batch)
     cfg: dict = {
-        "train_batch_size": t.global_batch,
+        # DeepSpeed counts every rank of its data axis (DP x CP) as a consumer of micro-batches; the CP ranks of a
+        # replica share theirs, so its "batch" is cp x the samples a step really reads (recipes.model.context).
+        "train_batch_size": t.global_batch * layout.cp,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": t.grad_clip,

@@ -2,11 +2,17 @@
 return structured problems (field, what is wrong with the values, the fix) that validation, the planner, the launcher's
 world-size check and the engine only format.
 
-Rank order is TP fastest, then DP, then PP (megatron-core `parallel_state` order "tp-cp-ep-dp-pp" with cp=1, and
-DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model]). Expert parallelism (`ep`) splits the DP
-dimension for the experts of MoE layers only: DP index d holds expert shard d % ep (EP fastest inside DP, as
-megatron-core's expert groups and DeepSpeed's `_get_expert_parallel_ranks`), its expert gradients are reduced over
-the dp / ep ranks with the same shard (the expert-data-parallel group).
+Rank order is TP fastest, then CP, then DP, then PP (megatron-core `parallel_state` order "tp-cp-ep-dp-pp", and
+DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model] whose data axis is DP x CP: context parallelism has
+no parameters of its own, so for DeepSpeed a CP rank is one more data-parallel rank, see recipes.model.context).
+
+Expert parallelism (`ep`) splits the data axis DP x CP for the experts of MoE layers only, as megatron-core's expert
+rank generator does (tp-ep-dp-pp over the same ranks, cp folded into dp): with x = cp_rank + cp x dp_rank a rank's
+index on the data axis, it holds expert shard x % ep and is expert-data-parallel rank x // ep; its expert gradients
+are reduced over the dp x cp / ep ranks with the same shard (the expert-data-parallel group). Without CP that is DP
+index d holding shard d % ep (EP fastest inside DP, as DeepSpeed's `_get_expert_parallel_ranks`); with CP an EP group
+spans the CP ranks of a replica first (MoE layers route tokens one by one, so where a token's sequence chunk lives does
+not matter to them).
 """
 from __future__ import annotations
 
@@ -33,11 +39,17 @@ class Layout:
     micro_batch: int = 1
     sequence_parallel: bool = False
     recompute: str = "none"  # none | selective | full
-    ep: int = 1  # expert parallelism inside DP (MoE layers only; see the module docstring)
+    cp: int = 1  # context parallelism: each micro-batch's sequence split over cp ranks (recipes.model.context)
+    ep: int = 1  # expert parallelism inside DP x CP (MoE layers only; see the module docstring)
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def data_axis(self) -> int:
+        """DeepSpeed's data-parallel size: DP x CP (gradients are reduced and ZeRO shards over both)."""
+        return self.dp * self.cp
 
     @property
     def model_parallel_size(self) -> int:
@@ -95,6 +107,7 @@ class Layout:
             out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",
                                      "set parallel.sequence_parallel=false or tp >= 2"))
+        out += self._sequence_split_problems(model_cfg)
         out += self._expert_problems(model_cfg)
         if global_batch is not None and global_batch % (self.micro_batch * self.dp):
             per = self.micro_batch * self.dp
@@ -104,10 +117,27 @@ class Layout:
                                      f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
         return out
 
+    def _sequence_split_problems(self, model_cfg) -> list[LayoutProblem]:
+        """CP cuts each sequence into 2 x cp equal chunks (rank i holds chunks i and 2cp-1-i); SP then splits a CP
+        rank's s / cp tokens over the TP ranks."""
+        out: list[LayoutProblem] = []
+        s, cp, tp = model_cfg.seq_length, self.cp, self.tp
+        if cp > 1 and s % (2 * cp):
+            fits = [c for c in range(1, min(s // 2, 2 * cp) + 1) if s % (2 * c) == 0]
+            out.append(LayoutProblem("parallel.cp", f"model.seq_length={s} is not divisible by 2 x parallel.cp = "
+                                     f"{2 * cp} (each CP rank holds two equal chunks of the sequence)",
+                                     f"use cp in {fits} or a model.seq_length divisible by {2 * cp}"))
+        elif self.sequence_parallel and tp > 1 and (s // cp) % tp:
+            out.append(LayoutProblem("parallel.sequence_parallel", f"parallel.sequence_parallel=true splits each "
+                                     f"rank's model.seq_length / cp = {s // cp} tokens over parallel.tp={tp}, which "
+                                     f"does not divide them", f"use a model.seq_length divisible by {tp * cp} or "
+                                     "set parallel.sequence_parallel=false"))
+        return out
+
     def _expert_problems(self, model_cfg) -> list[LayoutProblem]:
         """The MoE / expert-parallel rules (model.moe and parallel.ep)."""
         out: list[LayoutProblem] = []
-        moe, ep = model_cfg.moe, self.ep
+        moe, ep, data = model_cfg.moe, self.ep, self.data_axis
         if moe is None:
             if ep > 1:
                 out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} but the model has no experts (no model.moe)",
@@ -121,24 +151,26 @@ class Layout:
             out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage=0 with parallel.ep={ep}: expert "
                                      "gradients are reduced over the expert-data-parallel group by DeepSpeed's ZeRO "
                                      "optimizer only", "use parallel.zero_stage=1 (or 2 with pp=1)"))
-        fits = [d for d in _divisors_upto(moe.num_experts, self.dp) if self.dp % d == 0]
+        axis = "dp" if self.cp == 1 else f"dp x cp = {self.dp} x {self.cp}"
+        fits = [d for d in _divisors_upto(moe.num_experts, data) if data % d == 0]
         if moe.num_experts % ep:
             out.append(LayoutProblem("parallel.ep", f"model.moe.num_experts={moe.num_experts} is not divisible by "
                                      f"parallel.ep={ep} (each EP rank holds num_experts / ep whole experts)",
-                                     f"use ep in {fits} (divisors of num_experts and of dp={self.dp})"))
-        elif self.dp % ep:
-            out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} does not divide the data-parallel degree dp="
-                                     f"{self.dp}: experts are split over ranks inside DP",
-                                     f"use ep in {fits} (divisors of num_experts and of dp), or change dp"))
+                                     f"use ep in {fits} (divisors of num_experts and of {axis}={data})"))
+        elif data % ep:
+            what = "the data-parallel degree dp" if self.cp == 1 else f"the data axis {axis}"
+            out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} does not divide {what}={data}: experts are "
+                                     f"split over ranks inside it", f"use ep in {fits} (divisors of num_experts and "
+                                     f"of {data}), or change dp"))
         if self.tp > 1:
             out += self._expert_tp_problems(model_cfg)
         return out
 
     def _expert_tp_problems(self, model_cfg) -> list[LayoutProblem]:
         """Experts are split over TP like the dense MLP (megatron-core expert TP = TP); without sequence parallelism
-        each TP rank routes 1/tp of the sequence (the MoE layer is sequence-parallel inside)."""
+        each TP rank routes 1/tp of its (CP rank's) sequence (the MoE layer is sequence-parallel inside)."""
         out: list[LayoutProblem] = []
-        tp, moe = self.tp, model_cfg.moe
+        tp, cp, moe = self.tp, self.cp, model_cfg.moe
         sizes = [("model.moe.ffn_hidden_size", model_cfg.expert_ffn_size)]
         if moe.shared_expert_ffn_size:
             sizes.append(("model.moe.shared_expert_ffn_size", moe.shared_expert_ffn_size))
@@ -147,37 +179,46 @@ class Layout:
                 out.append(LayoutProblem(field, f"{field}={size} is not divisible by parallel.tp={tp} (experts are "
                                          "split over TP ranks)", f"use a multiple of {tp}, or tp in "
                                          f"{_divisors_upto(size, tp)}"))
-        if model_cfg.seq_length % tp:
-            out.append(LayoutProblem("model.seq_length", f"model.seq_length={model_cfg.seq_length} is not divisible "
-                                     f"by parallel.tp={tp}: each TP rank routes an equal slice of the sequence to the "
-                                     "experts", f"use a multiple of {tp}"))
+        s = model_cfg.seq_length
+        local = s // cp  # a CP rank's tokens (when cp does not cut the sequence evenly, parallel.cp is refused)
+        if (cp == 1 or s % (2 * cp) == 0) and local % tp and not self.sequence_parallel:  # SP: said above
+            where = f"model.seq_length={s}" if cp == 1 else f"model.seq_length / cp = {s} / {cp} = {local}"
+            out.append(LayoutProblem("model.seq_length", f"{where} is not divisible by parallel.tp={tp}: each TP rank "
+                                     "routes an equal slice of the sequence to the experts",
+                                     f"use a model.seq_length divisible by {tp * cp}"))
         return out
 
     def coords(self, rank: int) -> dict[str, int]:
-        """(tp, dp, pp) coordinates of a global rank, and its expert shard (ep) and expert-data-parallel index
-        (edp) inside DP."""
-        dp = (rank // self.tp) % self.dp
+        """(tp, cp, dp, pp) coordinates of a global rank."""
         return {
             "tp": rank % self.tp,
-            "dp": dp,
-            "pp": rank // (self.tp * self.dp),
-            "ep": dp % self.ep,
-            "edp": dp // self.ep,
+            "cp": (rank // self.tp) % self.cp,
+            "dp": (rank // (self.tp * self.cp)) % self.dp,
+            "pp": rank // (self.tp * self.cp * self.dp),
         }
 
-    def rank(self, tp: int, dp: int, pp: int) -> int:
-        return tp + self.tp * (dp + self.dp * pp)
+    def rank(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        """A rank's expert shard (ep) and expert-data-parallel index (edp): with x = cp + cp_size x dp its index on
+        the data axis DP x CP, shard x % ep and EDP index x // ep (megatron-core's expert rank generator)."""
+        c = self.coords(rank)
+        x = c["cp"] + self.cp * c["dp"]
+        return {"ep": x % self.ep, "edp": x // self.ep}
 
     def describe(self) -> str:
         extra = []
         if self.ep > 1:
-            extra.append(f"EP={self.ep} (experts, inside DP)")
+            extra.append(f"EP={self.ep} (experts, inside DP{' x CP' if self.cp > 1 else ''})")
         if self.sequence_parallel:
             extra.append("SP")
         if self.recompute != "none":
             extra.append(f"recompute={self.recompute}")
         tail = (", " + ", ".join(extra)) if extra else ""
-        return f"TP={self.tp} x PP={self.pp} x DP={self.dp}, ZeRO-{self.zero_stage}, micro-batch {self.micro_batch}{tail}"
+        cp = f" x CP={self.cp}" if self.cp > 1 else ""
+        return (f"TP={self.tp}{cp} x PP={self.pp} x DP={self.dp}, ZeRO-{self.zero_stage}, micro-batch "
+                f"{self.micro_batch}{tail}")
 
     @classmethod
     def from_recipe(cls, recipe, world_size: int | None = None) -> "Layout":
@@ -187,9 +228,9 @@ class Layout:
             dp = p.dp
         else:
             ws = world_size if world_size is not None else recipe.cluster.world_size
-            mp = p.tp * p.pp
+            names, values, mp = _replica(p)
             if ws % mp:
-                raise ValueError(f"world size {ws} is not divisible by tp x pp = {p.tp} x {p.pp}")
+                raise ValueError(f"world size {ws} is not divisible by {names} = {values}")
             dp = ws // mp
         return cls(
             tp=p.tp,
@@ -199,6 +240,7 @@ class Layout:
             micro_batch=p.micro_batch,
             sequence_parallel=p.sequence_parallel,
             recompute=p.recompute,
+            cp=p.cp,
             ep=p.ep,
         )
 
@@ -211,31 +253,39 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
     p, cl = recipe.parallel, recipe.cluster
     world = world_size if world_size is not None else cl.world_size
     source = world_source or f"{cl.nodes} nodes x {cl.gpus_per_node} GPUs"
-    mp = p.tp * p.pp
+    names, values, mp = _replica(p)
     problems: list[LayoutProblem] = []
     dp = None
     if p.dp is not None:
         if mp * p.dp != world:
             fix = (f"set parallel.dp={world // mp} or remove parallel.dp to derive it" if world % mp == 0
                    else "remove parallel.dp to derive it") + f", or launch {mp * p.dp} ranks"
-            problems.append(LayoutProblem("parallel.dp", f"parallel.tp x pp x dp = {p.tp} x {p.pp} x {p.dp} = "
+            problems.append(LayoutProblem("parallel.dp", f"parallel.{names} x dp = {values} x {p.dp} = "
                                           f"{mp * p.dp} but the world size is {world} ({source})", fix))
         else:
             dp = p.dp
     elif world % mp:
-        problems.append(LayoutProblem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel.tp x "
-                                      f"pp = {p.tp} x {p.pp}", f"launch a multiple of tp x pp = {mp} ranks, or choose "
-                                      f"tp x pp among the divisors of {world}: {_divisors_upto(world, world)}"))
+        problems.append(LayoutProblem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel."
+                                      f"{names} = {values}", f"launch a multiple of {names} = {mp} ranks, or choose "
+                                      f"{names} among the divisors of {world}: {_divisors_upto(world, world)}"))
     else:
         dp = world // mp
     lay = None if dp is None else Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute, ep=p.ep)
+                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp,
+                                         ep=p.ep)
     probe = lay or Layout(tp=p.tp, pp=p.pp, dp=p.ep, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, ep=p.ep)
+                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp, ep=p.ep)
     # Without a valid dp the batch rule cannot be judged; the rest can.
     problems += probe.problems(recipe.model, recipe.training.global_batch if lay else None,
                                p.pipeline_partition, max_tp)
     return lay, problems
+
+
+def _replica(p) -> tuple[str, str, int]:
+    """The degrees of one data-parallel replica (tp x pp, and cp when used): their names, values and product."""
+    if p.cp > 1:
+        return "tp x cp x pp", f"{p.tp} x {p.cp} x {p.pp}", p.tp * p.cp * p.pp
+    return "tp x pp", f"{p.tp} x {p.pp}", p.tp * p.pp
 
 
 def _divisors_upto(n: int, limit: int) -> list[int]:

@@ -13,7 +13,8 @@ def build_pipeline_module(recipe, layout):
 
     m = recipe.model
     config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe), layout.ep)
-    topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.dp)
+    # DeepSpeed's data axis is DP x CP (CP fastest inside it, as in megatron-core's tp-cp-dp-pp order)
+    topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.data_axis)
     return PipelineModule(
         layers=layer_specs(m, config, recipe.training.seed),
         topology=topo,

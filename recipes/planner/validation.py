@@ -3,6 +3,11 @@
 `validate(recipe)` raises one `RecipeError` that lists EVERY error (each names the field, the values and a fix) and
 returns the warnings (beginner mistakes that still run). Types, ranges, unknown keys and YAML syntax are checked
 earlier by `recipes.config.loading`.
+
+`validate_for_launch(recipe, world_size)` is what every path that starts ranks asks first (`recipes train`, `recipes
+render`, the launcher): the rules above plus what a run needs to start at all: a train length, its data (manifests
+present and readable, shards on disk, a vocabulary that fits, see `recipes.planner.data_checks`) and, for a run
+predicted to take more than an hour, a checkpoint directory. It returns the problems; `launch_refusal` formats them.
 """
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ from dataclasses import dataclass
 
 from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
-from recipes.planner.cost import Assumptions, estimate, format_memory
+from recipes.planner.cost import CP_SEARCH_FROM, Assumptions, device_memory, estimate, format_memory
+from recipes.planner.data_checks import Problem, data_problems
+from recipes.planner.units import format_duration
 
 LARGE_BATCH_TOKENS = 2**19  # ~0.5M tokens per step: large enough that skipping warmup risks early divergence
 
@@ -28,6 +35,15 @@ class RecipeWarning:
 def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
     """Check the recipe's cross-field rules for `world_size` GPUs (default: the cluster's). Raise `RecipeError`
     listing all errors; return warnings and informational notes."""
+    errors, warnings = cross_field(recipe, world_size)
+    if errors:
+        raise RecipeError(f"recipe '{recipe.name}' has {len(errors)} error(s):\n"
+                          + "\n".join(f"  - {e}" for e in errors))
+    return warnings
+
+
+def cross_field(recipe, world_size: int | None = None) -> tuple[list[str], list[RecipeWarning]]:
+    """(errors, warnings) of the recipe's cross-field rules for `world_size` GPUs (default: the cluster's)."""
     errors: list[str] = []
     warnings: list[RecipeWarning] = []
     m, par, tr, cl = recipe.model, recipe.parallel, recipe.training, recipe.cluster
@@ -49,7 +65,8 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
             f"automatically, the {padded - m.vocab_size} extra rows are never a target", level="info"))
 
     # --- the parallel layout: its rules live in Layout ---------------------------------------------------------------
-    layout, problems = resolve_layout(recipe, world, max_tp=cl.gpus_per_node)
+    source = None if world_size is None else "the ranks launched"
+    layout, problems = resolve_layout(recipe, world, world_source=source, max_tp=cl.gpus_per_node)
     errors += [str(p) for p in problems]
 
     # --- precision ---------------------------------------------------------------------------------------------------
@@ -80,20 +97,32 @@ def validate(recipe, world_size: int | None = None) -> list[RecipeWarning]:
 
     # --- memory: only for GPU clusters with a well-formed layout --------------------------------------------------------
     if not errors and cl.device == "cuda" and layout is not None:
-        est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
-        if not est.fits:
-            errors.append(f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds "
-                          f"cluster.gpu_memory_gb={cl.gpu_memory_gb:g} for {layout.describe()}: "
-                          f"{format_memory(est.memory_gib)}; " + _memory_fixes(recipe, layout))
-
-    if errors:
-        raise RecipeError(f"recipe '{recipe.name}' has {len(errors)} error(s):\n"
-                          + "\n".join(f"  - {e}" for e in errors))
-    return warnings
+        errors_m, warnings_m = _memory(recipe, layout)
+        errors += errors_m
+        warnings += warnings_m
+    return errors, warnings
 
 
-def _memory_fixes(recipe, layout: Layout) -> str:
-    """Try the usual single changes and report the ones that would fit, with their predicted totals."""
+def _memory(recipe, layout: Layout) -> tuple[list[str], list[RecipeWarning]]:
+    """Predicted memory per GPU over the device (an error) or inside the headroom (a warning)."""
+    m, cl, tr = recipe.model, recipe.cluster, recipe.training
+    est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
+    if not est.fits:
+        return [f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds cluster.gpu_memory_gb="
+                f"{cl.gpu_memory_gb:g} ({device_memory(cl)}) for {layout.describe()}: {format_memory(est.memory_gib)}; "
+                + _memory_fixes(recipe, layout)], []
+    if est.tight:
+        return [], [RecipeWarning(
+            "parallel", f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB for {layout.describe()} fits the "
+            f"{device_memory(cl)} but not the {est.memory_budget_gib:.1f} GiB budget that leaves "
+            f"{Assumptions().memory_headroom:.0%} headroom: an allocator peak can still run out; "
+            + _memory_fixes(recipe, layout, headroom=True))]
+    return [], []
+
+
+def _memory_fixes(recipe, layout: Layout, headroom: bool = False) -> str:
+    """Try the usual single changes and report the ones that would fit (with the headroom, when asked), with their
+    predicted totals."""
     from dataclasses import replace
 
     m, cl, tr = recipe.model, recipe.cluster, recipe.training
@@ -108,17 +137,91 @@ def _memory_fixes(recipe, layout: Layout) -> str:
         tries.append(("parallel.zero_stage=1", replace(layout, zero_stage=1)))
     if layout.tp > 1 and not layout.sequence_parallel:
         tries.append(("parallel.sequence_parallel=true", replace(layout, sequence_parallel=True)))
+    tries += _context_parallel_tries(recipe, layout)
     fits = []
     for label, lay in tries:
-        if tr.global_batch % (lay.micro_batch * lay.dp):
+        if lay.problems(m, tr.global_batch):
             continue
         e = estimate(m, cl, lay, tr.global_batch, precision=tr.precision, assume=Assumptions())
-        if e.fits:
+        if e.fits_with_headroom if headroom else e.fits:
             fits.append(f"{label} ({e.memory_gib['total']:.1f} GiB)")
     if fits:
         return "these single changes would fit: " + ", ".join(fits)
-    return ("no single change (micro_batch=1, recompute=full, ZeRO-3, SP) fits; more GPUs, more tp/pp, or run "
-            "`python -m recipes plan` on this recipe to search all layouts")
+    return ("no single change (micro_batch=1, recompute=full, ZeRO-3, SP, a higher cp) fits; more GPUs, more "
+            "tp/pp, or run `python -m recipes plan` on this recipe to search all layouts")
+
+
+def _context_parallel_tries(recipe, layout: Layout) -> list[tuple[str, Layout]]:
+    """From CP_SEARCH_FROM tokens: the same GPUs with 2x, 4x, 8x the CP degree (DP gives up the ranks), which divides
+    every layer's activations."""
+    from dataclasses import replace
+
+    if recipe.model.seq_length < CP_SEARCH_FROM:
+        return []
+    out = []
+    for f in (2, 4, 8):
+        if layout.dp % f:
+            break
+        lay = replace(layout, cp=layout.cp * f, dp=layout.dp // f)
+        dp = f" parallel.dp={lay.dp}" if recipe.parallel.dp is not None else ""
+        out.append((f"parallel.cp={lay.cp}{dp}", lay))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Before launch: everything a run needs to start
+# ---------------------------------------------------------------------------------------------------------------------
+
+CHECKPOINT_REQUIRED_AFTER_S = 3600  # a run longer than this without checkpoint.dir is refused (unless opted out)
+
+
+def train_length_problems(recipe) -> list[Problem]:
+    tr = recipe.training
+    if tr.train_steps or tr.train_tokens:
+        return []
+    return [Problem("training.train_tokens", "training: the recipe sets no train length (training.train_tokens and "
+                    "training.train_steps are both empty)", "set training.train_tokens=N (e.g. 2e12 written out: "
+                    "2000000000000) or training.train_steps=N; `recipes plan ... --tokens N --write-recipe F` writes "
+                    "it")]
+
+
+def checkpoint_problems(recipe, layout: Layout | None) -> list[Problem]:
+    """No checkpoint.dir on a run predicted to take more than an hour: a failure would lose all of it."""
+    ck, tr, m, cl = recipe.checkpoint, recipe.training, recipe.model, recipe.cluster
+    if ck.dir or not ck.require_dir or layout is None or not (tr.train_steps or tr.train_tokens):
+        return []
+    steps = tr.steps(m.seq_length)
+    assume = Assumptions.for_device(cl.device)
+    step_s = estimate(m, cl, layout, tr.global_batch, precision=tr.precision, assume=assume).time_s["step"]
+    if steps * step_s <= CHECKPOINT_REQUIRED_AFTER_S:
+        return []
+    return [Problem("checkpoint.dir", f"checkpoint.dir: not set, and this run is predicted to take "
+                    f"{format_duration(steps * step_s)} ({steps:,} steps x {step_s:.2f} s at {layout.describe()}, "
+                    f"{cl.gpu}): a failure would lose all of it",
+                    "set checkpoint.dir=DIR (a directory every node sees) and checkpoint.save_interval=N (`recipes "
+                    "plan ... --checkpoint-dir DIR --write-recipe F` sets both), or checkpoint.require_dir=false to "
+                    "run without checkpoints")]
+
+
+def validate_for_launch(recipe, world_size: int | None = None) -> list[Problem]:
+    """Every reason `recipe` cannot start on `world_size` ranks (default: its cluster's), as `Problem`s naming the
+    field or file and the fix; empty when it can. Reads the data manifests (not the shards' contents); starts nothing.
+    The launcher, `recipes train` and `recipes render` call this before any rank exists."""
+    errors, _ = cross_field(recipe, world_size)
+    problems = [Problem("recipe", e) for e in errors]
+    problems += train_length_problems(recipe)
+    problems += data_problems(recipe)
+    if not errors:
+        layout, _ = resolve_layout(recipe, world_size)
+        problems += checkpoint_problems(recipe, layout)
+    return problems
+
+
+def launch_refusal(recipe, problems: list[Problem]) -> str:
+    """The message a refused launch prints (one problem per line, each with its fix)."""
+    head = f"recipe '{recipe.name}' cannot start: {len(problems)} problem(s)" if len(problems) > 1 else \
+        f"recipe '{recipe.name}' cannot start"
+    return head + ":\n" + "\n".join(f"  - {p}" for p in problems)
 
 
 def _divisor_near(n: int, target: int) -> int:

@@ -10,7 +10,6 @@ times, their ratio and the parameter counts.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -18,11 +17,13 @@ import warnings
 
 import torch
 
+from recipes.config.cli_help import command_parser
+
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes bench-moe", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes bench-moe", __doc__)
     ap.add_argument("--config", default="configs/runs/demo-cpu.yaml")
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)

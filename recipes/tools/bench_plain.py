@@ -9,7 +9,6 @@ megatron-core's layers (or our wiring of them) cost time a hand-written model do
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -18,6 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from recipes.config.cli_help import command_parser
 
 
 class PlainBlock(nn.Module):
@@ -122,7 +123,7 @@ def time_model(model, recipe, batches, device, warmup: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes bench-plain", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes bench-plain", __doc__)
     ap.add_argument("--config", default="configs/runs/tiny-cpu.yaml")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)

@@ -13,7 +13,6 @@ directory, removed afterwards.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -22,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from recipes.config.cli_help import command_parser
 
 
 def _children(pid: int) -> list[int]:
@@ -67,9 +68,9 @@ def _child(cmd: list[str]) -> dict:
 
 
 def _sizes(ckpt: str) -> dict:
-    from recipes.checkpoint.read import resolve_tag
+    from recipes.checkpoint.format.tags import resolve_tag
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
-    from recipes.checkpoint.relayout import Source
+    from recipes.checkpoint.format.relayout import Source
 
     recipe = load_checkpoint_recipe(ckpt, None, [])
     src = Source(resolve_tag(ckpt), recipe.model)
@@ -79,13 +80,13 @@ def _sizes(ckpt: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes bench-reshape", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes bench-reshape", __doc__)
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--to", required=True, help="target layout, e.g. tp=2,pp=2,dp=4")
     ap.add_argument("--workers", default="1", help="comma-separated worker counts to compare, e.g. 1,2 (default 1)")
     ns = ap.parse_args(argv)
     counts = [int(w) for w in ns.workers.split(",")]
-    base = _child([sys.executable, "-c", "import recipes.checkpoint.relayout, deepspeed.utils.tensor_fragment"])
+    base = _child([sys.executable, "-c", "import recipes.checkpoint.format.relayout, deepspeed.utils.tensor_fragment"])
     base_rss = base["peak"]
     print(f"import-only child: peak RSS {base_rss / 2**20:.0f} MiB (torch + DeepSpeed); load {os.getloadavg()[0]:.1f}")
     print(f"{'checkpoint':<20} {'layers':>6} {'hidden':>6} {'params':>12} {'largest':>11} {'optim GiB':>9} "

@@ -11,7 +11,6 @@ synthetic tokens at the recipe's layout and prints tokens/s, TFLOP/s per GPU and
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -19,6 +18,8 @@ import time
 import warnings
 
 import torch
+
+from recipes.config.cli_help import command_parser
 
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
 
@@ -47,7 +48,7 @@ def _sync(device):
 def engine_stepper(recipe, layout, device, total_steps: int):
     """One recipe training step per call (DeepSpeed engine, our train_step)."""
     from recipes.train.engine import initialize
-    from recipes.train.loop import train_step
+    from recipes.train.step import train_step
 
     eng = initialize(recipe, layout, device, total_steps=total_steps)
 
@@ -127,7 +128,7 @@ def profile_steps(step, batches, device, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes bench-train", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes bench-train", __doc__)
     ap.add_argument("--config", default="configs/runs/tiny-cpu.yaml")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

@@ -11,7 +11,6 @@ are a walkthrough. Local GPUs are used when present (torchrun, NCCL, bf16); othe
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -20,6 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from recipes.config.cli_help import command_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_RECIPE = REPO / "configs" / "runs" / "demo-cpu.yaml"
@@ -90,7 +91,7 @@ def generate(hf_dir: Path, prompt: str, max_new_tokens: int = 48) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes demo", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes demo", __doc__)
     ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     ap.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     ap.add_argument("--corpus-mb", type=float, default=4.0, help="size of the sample corpus in MB (default 4)")

@@ -9,13 +9,15 @@ Nothing is downloaded: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set before lm-ev
 tasks are local (recipes/tools/eval_tasks: an in-domain (Python) multiple-choice task and a perplexity task over a local text
 file, both `dataset_path: json` over files shipped next to their YAML). `--text FILE` runs the perplexity task over
 your own .jsonl ({"text": ...} per line) or .txt (one document); `--include-path DIR` adds your own task YAMLs (their
-data_files must be absolute or local to the working directory). A checkpoint is exported to a temporary directory
-with `recipes.hf.export` first. Scores go to stdout, to --out as JSON, and with --log-metrics / --tensorboard into a
-training run's metrics.jsonl (one record: step + eval/<task>/<metric>) and TensorBoard, where the report plots them.
+data_files must be absolute or local to the working directory). A task folder is code: lm-eval imports the .py files
+its YAMLs name with `!function`, so give only a folder you trust; a task, group or tag in it named like one lm-eval
+ships (arc_easy...) or one shipped here is refused, naming it (lm-eval would let it replace the known task). A
+checkpoint is exported to a temporary directory with `recipes.hf.export` first. Scores go to stdout, to --out as JSON,
+and with --log-metrics / --tensorboard into a training run's metrics.jsonl (one record: step + eval/<task>/<metric>)
+and TensorBoard, where the report plots them.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,35 @@ def task_configs(names: list[str], text_file: str | None, tmp: Path) -> list:
             cfg["dataset_kwargs"]["data_files"] = {"test": str(_as_jsonl(Path(text_file), tmp))}
         specs.append(cfg)
     return specs
+
+
+def task_manager(include_path: str | None):
+    """lm-eval's TaskManager: its own tasks, plus those of `include_path`, none of which may take a known name.
+
+    lm-eval lets a task of an include path replace a built-in one of the same name with only a log warning, so a
+    folder could run its code under a name users trust (`arc_easy`). The index is built with the folder *first* and
+    lm-eval's own tasks after it (a later path wins): a name of the folder whose entry is then not the folder's own
+    is a known name. One scan of lm-eval's ~14,000 names, as without a folder."""
+    from lm_eval.tasks import TaskManager
+
+    if not include_path:
+        return TaskManager()
+    folder = Path(include_path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--include-path {include_path}: no such directory (give a folder of lm-eval task "
+                                "YAMLs)")
+    own = TaskManager(include_path=str(folder), include_defaults=False).task_index
+    builtin_dir = Path(sys.modules[TaskManager.__module__].__file__).parent  # what include_defaults scans
+    merged = TaskManager(include_path=[str(folder), str(builtin_dir)], include_defaults=False)
+    shipped = {p.stem for p in TASKS_DIR.glob("*.yaml")}
+    for name, entry in sorted(own.items()):
+        if name in shipped or merged.task_index.get(name) != entry:
+            kind = entry.kind.name.lower().removeprefix("py_")  # task, group or tag
+            known = f"a task shipped in {TASKS_DIR}" if name in shipped else "a task lm-eval ships"
+            raise RecipeError(f"--include-path {folder}: {kind} '{name}' ({entry.yaml_path or folder}) has the name "
+                              f"of {known}; a task folder is code (lm-eval imports the .py files its YAML names with "
+                              f"!function) and must not replace a known task: rename it (e.g. my_{name})")
+    return merged
 
 
 def _as_jsonl(path: Path, tmp: Path) -> Path:
@@ -97,12 +129,12 @@ def evaluate_model(model_dir: str | Path, tasks: list[str], *, device: str = "cp
         raise RecipeError("recipes evaluate needs lm-evaluation-harness: pip install 'lm-eval[hf]==0.4.13' (or "
                           "pip install -e '.[eval]')") from None
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"--model {model_dir}: no transformers model there (config.json missing); give an "
                                 "export-hf output directory, or --checkpoint CKPT_DIR to export one first")
+    tasks_known = task_manager(include_path)  # before the model loads: a refused folder costs no model load
     kwargs = {}
     if (model_dir / "export_info.json").is_file():
         # Our exports were trained on documents that follow an EOD (data_prep appends one, adds no BOS): score from
@@ -117,7 +149,7 @@ def evaluate_model(model_dir: str | Path, tasks: list[str], *, device: str = "cp
     with tempfile.TemporaryDirectory() as tmp:
         results = evaluator.simple_evaluate(
             model=lm, tasks=task_configs(tasks, text_file, Path(tmp)),
-            task_manager=TaskManager(include_path=include_path) if include_path else TaskManager(),
+            task_manager=tasks_known,
             limit=limit, log_samples=False, bootstrap_iters=0)
     return {"model": str(model_dir), "tasks": list(tasks), "scores": scores_of(results),
             "n_samples": {t: v.get("effective", v.get("original")) for t, v in results.get("n-samples", {}).items()},
@@ -162,7 +194,7 @@ def log_scores(scores: dict[str, float], step: int, metrics_file: str | None, tb
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes evaluate", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes evaluate", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a transformers model directory (e.g. an export-hf output)")
     src.add_argument("--checkpoint", help="a training checkpoint directory: exported to a temporary directory first")
@@ -170,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
     ap.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                     help=f"comma-separated lm-eval tasks (default {','.join(DEFAULT_TASKS)}, shipped in {TASKS_DIR})")
-    ap.add_argument("--include-path", help="a directory of your own lm-eval task YAMLs")
+    ap.add_argument("--include-path", help="a directory of your own lm-eval task YAMLs; it is code (its !function "
+                                           "entries import the .py beside them): only a folder you trust; names of "
+                                           "known tasks are refused")
     ap.add_argument("--text", help="run recipes_ppl over this .jsonl ({\"text\": ...} lines) or .txt file instead")
     ap.add_argument("--limit", type=int, help="at most N documents per task")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
@@ -196,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [t.strip() for t in ns.tasks.split(",") if t.strip()]
     kw = dict(device=ns.device, batch_size=ns.batch_size, limit=ns.limit, text_file=ns.text,
               include_path=ns.include_path, dtype=ns.dtype)
-    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.format.errors import CheckpointError
     from recipes.hf.convert import UnsupportedModel
 
     try:

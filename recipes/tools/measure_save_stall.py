@@ -38,6 +38,7 @@ import warnings
 from pathlib import Path
 
 from recipes.parallel.rendezvous import free_port
+from recipes.config.cli_help import command_parser
 
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
 
@@ -46,6 +47,27 @@ RECIPE = str(REPO / "configs/runs/tiny-cpu.yaml")
 MODEL_110M = ["model.hidden_size=1536", "model.ffn_hidden_size=4096", "model.num_layers=3",
               "model.num_attention_heads=12", "model.num_query_groups=4", "model.vocab_size=8192",
               "model.seq_length=64"]
+
+
+def _save_window(saver, step: int, gap: int, timed_step) -> dict:
+    """The window: the save, then `gap` steps (polling, as the loop does), then waiting for the save if it is still in
+    flight. Its excess over `gap` normal steps is the stall, whatever caused it (blocking, or steps slowed by the
+    writer); noise in the steps cancels instead of adding up."""
+    t0 = time.perf_counter()
+    saver.save(step, {"step": step, "consumed_samples": step})
+    blocked = time.perf_counter() - t0
+    during = []
+    for _ in range(gap):
+        in_flight = saver.inflight is not None
+        t = timed_step()
+        saver.poll()
+        if in_flight:
+            during.append(t)
+    t1 = time.perf_counter()
+    saver.finish()
+    end = time.perf_counter()
+    return {"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
+            "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap}
 
 
 def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str,
@@ -65,7 +87,7 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     from recipes.parallel.layout import Layout
     from recipes.tools.bench_train import synthetic_steps
     from recipes.train.engine import init_distributed, init_parallel_state, initialize
-    from recipes.train.loop import train_step
+    from recipes.train.step import train_step
 
     recipe = load_recipe(recipe_path, overrides + ["parallel.tp=1", "parallel.pp=1", f"parallel.dp={ranks}",
                                                    "parallel.micro_batch=1", f"training.global_batch={ranks}"])
@@ -93,24 +115,7 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     for _ in range(saves):
         for mode, saver in savers.items():
             timed_step()
-            # The window: the save, then `gap` steps (polling, as the loop does), then waiting for the save if it is
-            # still in flight. Its excess over `gap` normal steps is the stall, whatever caused it (blocking, or
-            # steps slowed by the writer); noise in the steps cancels instead of adding up.
-            t0 = time.perf_counter()
-            saver.save(step, {"step": step, "consumed_samples": step})
-            blocked = time.perf_counter() - t0
-            during = []
-            for _ in range(gap):
-                in_flight = saver.inflight is not None
-                t = timed_step()
-                saver.poll()
-                if in_flight:
-                    during.append(t)
-            t1 = time.perf_counter()
-            saver.finish()
-            end = time.perf_counter()
-            rows[mode].append({"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
-                               "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap})
+            rows[mode].append(_save_window(saver, step, gap, timed_step))
         normal += [timed_step() for _ in range(2)]
     for saver in savers.values():
         saver.close()
@@ -193,7 +198,7 @@ def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes measure-save-stall", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes measure-save-stall", __doc__)
     ap.add_argument("overrides", nargs="*", help="recipe overrides (after the default ~110M model's)")
     ap.add_argument("--config", default=RECIPE)
     ap.add_argument("--ranks", type=int, default=1)

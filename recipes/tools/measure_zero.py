@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from recipes.parallel.rendezvous import free_port
+from recipes.config.cli_help import command_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,7 +126,7 @@ def measure(recipe_path: str, overrides: list[str], stages: list[int], dp: int, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes measure-zero", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes measure-zero", __doc__)
     ap.add_argument("recipe")
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--dp", type=int, default=2)

@@ -5,12 +5,12 @@ Presets are plain YAML (configs/models/*.yaml, configs/clusters/*.yaml); a recip
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from recipes.config.loading import CONFIGS_DIR, RecipeError, deep_merge, load_raw, recipe_from_dict
 from recipes.model.shape import count_parameters
+from recipes.config.cli_help import command_parser
 
 
 def model_presets() -> list[dict]:
@@ -37,7 +37,7 @@ def cluster_presets() -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes presets", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes presets", __doc__)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -55,12 +55,15 @@ def main(argv=None) -> int:
         print(f"{r['preset']:<24} {r['layers']:>6} {r['hidden']:>6} {r['heads']:>5} {r['groups']:>6} {r['ffn']:>6} "
               f"{r['vocab']:>6} {r['seq']:>5}  {shape:<26} {r['experts']:<11} {r['parameters']:>17,} "
               f"{r['active_parameters']:>17,}")
-    print(f"\n{'cluster preset':<22} {'GPU':<12} {'GPUs/node':>9} {'memory GiB':>10} {'TFLOP/s':>8} "
-          f"{'NVLink GB/s':>11} {'IB GB/s/node':>12}")
+    print(f"\n{'cluster preset':<22} {'GPU':<12} {'GPUs/node':>9} {'memory GB (GiB)':>15} {'TFLOP/s':>8} "
+          f"{'NVLink GB/s':>11} {'IB GB/s/node':>12} {'failures/node-day':>17} {'ckpt GB/s/node':>14}")
     for c in clusters:
+        gb = c.get("gpu_memory_gb")
+        memory = f"{gb:g} ({gb * 1e9 / 2**30:.1f})" if isinstance(gb, (int, float)) else "?"
         print(f"{c['preset']:<22} {c.get('gpu', '?'):<12} {c.get('gpus_per_node', '?'):>9} "
-              f"{c.get('gpu_memory_gb', '?'):>10} {c.get('peak_tflops', '?'):>8} {c.get('intra_node_gbps', '?'):>11} "
-              f"{c.get('inter_node_gbps', '?'):>12}")
+              f"{memory:>15} {c.get('peak_tflops', '?'):>8} {c.get('intra_node_gbps', '?'):>11} "
+              f"{c.get('inter_node_gbps', '?'):>12} {c.get('node_failures_per_day') or '-':>17} "
+              f"{c.get('checkpoint_write_gbps_per_node') or '-':>14}")
     return 0
 
 

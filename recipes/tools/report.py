@@ -6,7 +6,6 @@ a report can be rebuilt for any finished run: `python -m recipes.tools.report --
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -15,6 +14,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: the report is files, never a window
 import matplotlib.pyplot as plt  # noqa: E402
+
+from recipes.config.cli_help import command_parser  # noqa: E402
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "fragmentation")
 
@@ -227,7 +228,7 @@ def write_report(out_dir: str | Path, *, metrics: str | Path, plans: dict[str, d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes.tools.report", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes report", __doc__)
     ap.add_argument("--metrics", required=True, help="metrics.jsonl of a training run")
     ap.add_argument("--plan", action="append", default=[], help="planner --json output (repeatable)")
     ap.add_argument("--out", required=True)

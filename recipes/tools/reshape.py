@@ -6,13 +6,17 @@ lr schedule, consumed samples), so that the run resumes under the new layout wit
     python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
 
 How: ZeRO-1/2 sources to ZeRO-1/2 targets (tied or untied embeddings) are re-laid by the streaming writer
-(recipes.checkpoint.relayout): `--workers N` processes (default: one per core) write the target's (pipeline stage,
-TP rank) items tensor by tensor, each bounded by the largest tensor and one target rank's optimizer partition. Other cases: the source is read offline into a full,
-name-keyed state (recipes.checkpoint.read), saved as a full state directory (recipes.train.state_writer) and written
-at the target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
-recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
-divisible by micro_batch x dp) are refused with the validator's reason before anything is written.
+(recipes.checkpoint.format.relayout): `--workers N` processes (default: one per core) write the target's (pipeline
+stage, TP rank) items tensor by tensor, each bounded by the largest tensor and one target rank's optimizer partition.
+Other cases: the source is read offline into a full, name-keyed state (recipes.checkpoint.format.read), saved as a
+full state directory (recipes.checkpoint.format.full_state) and written at the target layout by an engine built there
+(one CPU process per target rank, recipes.train.state_writer), using DeepSpeed's own save. Targets the recipe cannot
+run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not divisible by
+micro_batch x dp) are refused with the validator's reason before anything is written.
 Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
+Context parallelism holds no parameters and DeepSpeed's data axis is DP x CP, so a CP run's files are those of a run
+at DP x CP: a CP source is read as one, and a target `cp=N` (default 1) is written as DP x CP data ranks, its recipe
+stored with its cp.
 """
 from __future__ import annotations
 
@@ -24,18 +28,19 @@ from pathlib import Path
 
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
 
 def parse_target(spec: str) -> dict:
-    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1}."""
+    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1} (and 'cp': N when given; default 1)."""
     out = {}
     for part in filter(None, spec.split(",")):
         key, _, value = part.partition("=")
         key = {"zero": "zero_stage"}.get(key.strip(), key.strip())
-        if key not in ("tp", "pp", "dp", "zero_stage") or not value.strip().isdigit():
-            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,zero=N], got '{part}'")
+        if key not in ("tp", "pp", "dp", "cp", "zero_stage") or not value.strip().isdigit():
+            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,cp=N][,zero=N], got '{part}'")
         out[key] = int(value)
     for key in ("tp", "pp", "dp"):
         if key not in out:
@@ -52,24 +57,36 @@ def target_recipe(recipe, target: dict, source_zero: int):
         raise RecipeError("reshape writes ZeRO-0/1/2 checkpoints; use zero=1 or zero=2 (a ZeRO-3 run can resume "
                           "from a ZeRO-1/2 reshape only through export/import of the weights)")
     data = recipe.model_dump(mode="json")
-    data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero)
+    data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero,
+                            cp=target.get("cp", 1))
     new = type(recipe).model_validate(data)
-    world = target["tp"] * target["pp"] * target["dp"]
+    world = target["tp"] * new.parallel.cp * target["pp"] * target["dp"]
     try:
         validate_recipe(new, world)
     except (RecipeError, ValueError) as e:
         raise RecipeError(f"cannot reshape to tp={target['tp']}, pp={target['pp']}, dp={target['dp']}, "
-                          f"ZeRO-{zero}: {e}") from e
+                          f"cp={new.parallel.cp}, ZeRO-{zero}: {e}") from e
     return new, world
+
+
+def as_data_parallel(recipe):
+    """The recipe with CP folded into DP (dp x cp, cp 1): the DeepSpeed files of a CP run are those of a run at
+    DP x CP (CP has no parameters; DeepSpeed's data axis is DP x CP), so a CP source reads as one and a CP target is
+    written as one (recipes.model.context)."""
+    p = recipe.parallel
+    if p.cp == 1:
+        return recipe
+    data = recipe.model_dump(mode="json")
+    data["parallel"].update(dp=(p.dp or 1) * p.cp, cp=1)
+    return type(recipe).model_validate(data)
 
 
 def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False,
             writer: str = "auto", workers: int | None = None) -> Path:
     """writer: "stream" (worker processes over the target's (stage, TP rank) items, tensor by tensor:
-    recipes.checkpoint.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto" (stream
-    where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
-    from recipes.checkpoint.read import detect_layout, resolve_tag
-    from recipes.checkpoint.relayout import unsupported
+    recipes.checkpoint.format.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto"
+    (stream where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
+    from recipes.checkpoint.format.tags import resolve_tag
 
     if recipe.model.moe is not None:
         raise RecipeError("reshape does not re-lay mixture-of-experts checkpoints yet (the experts' EP x TP split is "
@@ -78,26 +95,37 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
-    tag_dir = resolve_tag(ckpt_dir, tag)
-    source = detect_layout(tag_dir)
+    tag_dir = resolve_tag(ckpt_dir, tag)  # before the heavy imports: a bad --tag costs nothing
+    from recipes.checkpoint.format.layout import detect_layout
+    from recipes.checkpoint.format.relayout import unsupported
+
+    source = detect_layout(tag_dir)  # a CP run's files read as DP x CP data-parallel ranks
     new, world = target_recipe(recipe, target, source.zero_stage)
+    written = as_data_parallel(new)  # what the writers lay out; `new` (with its cp) is the recipe stored
     why_not = unsupported(source, recipe, new.parallel.zero_stage)
     if writer == "stream" and why_not:
         raise RecipeError(f"--writer stream cannot re-lay this checkpoint: {why_not}; use --writer engine")
     streaming = writer != "engine" and not why_not
-    log.info(f"reshape: {source.describe()} -> TP={target['tp']} x PP={target['pp']} x DP={target['dp']}, "
+    log.info(f"reshape: {source.describe()} -> TP={target['tp']} x CP={new.parallel.cp} x PP={target['pp']} x "
+             f"DP={target['dp']}, "
         f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer" if streaming else
                                               f"engine writer, {world} processes" + (f" ({why_not})" if why_not else "")))
     if streaming:
-        _stream(tag_dir, out, new, world, quiet, workers)
+        _stream(tag_dir, out, written, world, quiet, workers)
     else:
-        from recipes.checkpoint.read import read_full_state
+        from recipes.checkpoint.format.read import read_full_state
         from recipes.train.state_writer import publish_checkpoint
 
         state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
-        publish_checkpoint(out, world, state.weights, state.meta, new, state.exp_avg, state.exp_avg_sq, quiet=quiet)
+        publish_checkpoint(out, world, state.weights, state.meta, written, state.exp_avg, state.exp_avg_sq,
+                           quiet=quiet)
+    if written is not new:
+        from recipes.checkpoint.recipe_file import write_recipe
+
+        write_recipe(new, out)  # the run resumes at the target's cp
     log.info(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
-        f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.zero_stage={new.parallel.zero_stage} "
+        f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.cp={new.parallel.cp} "
+        f"parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
     return out
 
@@ -110,7 +138,7 @@ def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool, workers: int
     import tempfile
 
     from data_prep.io import fsync_dir
-    from recipes.checkpoint.relayout import relayout
+    from recipes.checkpoint.format.relayout import relayout
     from recipes.parallel.layout import Layout
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -134,12 +162,20 @@ def _positive(value: str) -> int:
     return int(value)
 
 
+EXAMPLES = (  # shown by --help
+    "python -m recipes reshape --checkpoint /shared/ckpt/run1 --out /shared/ckpt/run1-dp36 --to tp=4,pp=5,dp=36",
+    "python -m recipes reshape --checkpoint runs/tiny --tag global_step6 --out runs/tiny-2x1x4 --to tp=2,pp=1,dp=4",
+    "python -m recipes train --config runs/tiny-2x1x4/recipe.yaml --local 8 checkpoint.dir=runs/tiny-2x1x4"
+    "   # resume there",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes reshape", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes reshape", __doc__, EXAMPLES)
     ap.add_argument("--checkpoint", required=True, help="source training checkpoint directory")
     ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
     ap.add_argument("--out", required=True, help="new checkpoint directory (becomes checkpoint.dir of the resumed run)")
-    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,zero=1]")
+    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,cp=2][,zero=1] (cp default 1)")
     ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
     ap.add_argument("--writer", choices=("auto", "stream", "engine"), default="auto",
                     help="stream: tensor by tensor, no engine (ZeRO-1/2 to ZeRO-1/2); engine: one process per target "
@@ -151,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     setup_logging(quiet=ns.quiet)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.format.errors import CheckpointError
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 
     try:

@@ -6,7 +6,6 @@ starts (--local) or before torch.distributed is initialised (launcher), so a bad
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -19,6 +18,8 @@ from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import free_port
 from recipes.train import signals
+from recipes.train.evaluation import check_include_path_origin
+from recipes.config.cli_help import command_parser
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,22 @@ def _check_runs_here(recipe) -> None:
                           "checkpoint.dir is not set; set checkpoint.dir=DIR or remove evaluation.interval")
 
     on_cpu = recipe.cluster.device == "cpu" or not torch.cuda.is_available()
-    if on_cpu and recipe.parallel.sequence_parallel and recipe.parallel.tp > 1:
-        # megatron-core's sequence-parallel linears gather into a CUDA-only buffer (GlobalMemoryBuffer).
-        raise RecipeError("parallel.sequence_parallel = true needs CUDA GPUs (megatron-core's sequence-parallel "
-                          "linears use a CUDA buffer); set parallel.sequence_parallel=false for CPU runs")
     if on_cpu and recipe.training.precision == "fp16":
         raise RecipeError("training.precision = fp16 is not supported by DeepSpeed on CPU; use training.precision=bf16 "
                           "or fp32 for CPU runs (fp16 with dynamic loss scaling runs on GPUs)")
 
+
+
+def _warn_if_no_gpu(recipe) -> None:
+    """A GPU recipe where torch sees no GPU trains on CPU (engine.pick_device); said once here, since DeepSpeed's own
+    per-process "Setting accelerator to CPU" is dropped as noise (recipes.config.logs.LIBRARY_NOISE)."""
+    import torch
+
+    if recipe.cluster.device == "cuda" and not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        log.warning(f"cluster.device = cuda but torch sees no GPU here ({build}, CUDA_VISIBLE_DEVICES="
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r}): this run trains on CPU with gloo; set "
+                    "cluster.device=cpu if that is meant, else check the node's GPUs and the torch build")
 
 
 def launch_local(n: int, argv: list[str]) -> int:
@@ -78,7 +87,7 @@ def launch_local(n: int, argv: list[str]) -> int:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             r, c = failed[0]
-            print(f"pretrain --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
+            print(f"recipes train --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
             for p in procs:
                 if p.poll() is None:
                     p.kill()
@@ -103,8 +112,29 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+EXAMPLES = (  # shown by --help
+    "python -m data_prep demo out/demo   # shards + manifest.json to train on",
+    "python -m recipes train --config configs/runs/tiny-cpu.yaml --local 8 "
+    "data.manifests=[out/demo/shards/manifest.json] \\\n"
+    "      model.vocab_size=3000 parallel.tp=2 parallel.pp=2 checkpoint.dir=runs/tiny   # 8 CPU ranks (gloo) here",
+    "torchrun --nproc-per-node 8 -m recipes train --config RUN.yaml checkpoint.dir=/shared/ckpt/run1   # one GPU node",
+    "launch/train.sh RUN.yaml --hostfile hosts -- checkpoint.dir=/shared/ckpt/run1   # many nodes (docs/cluster.md)",
+    "(the same command again resumes from the newest complete checkpoint in checkpoint.dir)",
+)
+def _before_rank_imports() -> None:
+    """A rank, before torch.distributed's users are imported."""
+    # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
+    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
+    from recipes.train.stragglers import COMM_CLOCK
+
+    COMM_CLOCK.install()  # before DeepSpeed and megatron-core are imported: some of them bind torch.distributed's calls
+
+
 def main(args: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recipes train", description=__doc__.split("\n")[0])
+    ap = command_parser("python -m recipes train", __doc__, EXAMPLES)
     ap.add_argument("--config", required=True, help="recipe file or preset name (configs/runs/...)")
     ap.add_argument("--local", type=int, metavar="N", help="start N CPU worker processes here (gloo)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or per-step prints")
@@ -118,10 +148,19 @@ def main(args: list[str] | None = None) -> int:
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
     try:
         recipe = load_recipe(ns.config, ns.overrides)
+        check_include_path_origin(ns.config, ns.overrides, recipe.evaluation.include_path)  # a task folder is code
         world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
+        from recipes.planner.validation import launch_refusal, validate_for_launch
+
+        problems = validate_for_launch(recipe, world)  # before any worker or process group exists
+        if problems:
+            print(f"error: {launch_refusal(recipe, problems)}", file=sys.stderr)
+            return 2
         # Warnings once: from the --local launcher, or from rank 0 under a launcher.
-        validate_recipe(recipe, world, show_warnings=bool(ns.local) or os.environ.get("RANK", "0") == "0"
-                        and not os.environ.get("RECIPES_LOCAL_WORKER"))
+        speaks = bool(ns.local) or os.environ.get("RANK", "0") == "0" and not os.environ.get("RECIPES_LOCAL_WORKER")
+        validate_recipe(recipe, world, show_warnings=speaks)
+        if speaks:
+            _warn_if_no_gpu(recipe)
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,14 +177,9 @@ def main(args: list[str] | None = None) -> int:
 
     if os.environ.get("RECIPES_LOCAL_WORKER"):
         _die_with_parent()
-    # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
-    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
-    from recipes.train.loop import run
-
+    _before_rank_imports()
     from recipes.checkpoint.lease import LeaseError
+    from recipes.train.trainer import run
 
     try:
         code = run(recipe, quiet=ns.quiet)

@@ -15,6 +15,7 @@ manifest.json (written by data_prep):
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,6 +24,8 @@ from pathlib import Path
 import torch
 
 from data_prep.steps.tokenizers import TokenizerInfo
+from recipes.train.data_cache import cache_subdir, no_pickle_loads, pickle_refusal, shard_identity, verify_cache
+from recipes.train.shard_set import ShardSet, build_index, set_path
 
 
 class DataError(ValueError):
@@ -55,6 +58,10 @@ class Blend:
     prefixes: list[str]
     weights: list[float]
     tokenizer: DatasetTokenizer
+    # per prefix: the source (manifest) it came from, whose shards may be read as one concatenation (their weights
+    # are proportional to their tokens); None for data.blend's prefixes, each blended on its own
+    sources: list = field(default_factory=list)
+    recorded: dict = field(default_factory=dict)  # prefix -> (sha256 of .idx, of .bin) as the manifest recorded
 
 
 def _manifest_path(entry: str) -> Path:
@@ -82,6 +89,8 @@ def load_blend(recipe, source=None) -> Blend:
     tokenizer = None
     prefixes: list[str] = []
     weights: list[float] = []
+    sources: list = []
+    recorded: dict = {}
     for entry in d.manifests:
         path = _manifest_path(entry)
         m = json.loads(path.read_text())
@@ -91,12 +100,17 @@ def load_blend(recipe, source=None) -> Blend:
                             f"manifest's (vocab {tokenizer.vocab_size}, eod {tokenizer.eod}); use one tokenizer")
         tokenizer = tokenizer or tok
         blend = m.get("blend") or [x for s in m.get("shards", []) for x in (s["tokens"], s["prefix"])]
+        for sh in m.get("shards", []):
+            recorded[str((path.parent / sh["prefix"]).resolve())] = (sh.get("sha256_idx"), sh.get("sha256_bin"))
         for w, prefix in zip(blend[0::2], blend[1::2]):
             prefixes.append(str((path.parent / prefix).resolve()))
             weights.append(float(w))
+            # a blend file's prefixes are absolute, one source per directory; a manifest's shards are one source
+            sources.append(str(Path(prefixes[-1]).parent) if m.get("sources") else str(path))
     if d.blend:
         prefixes = [p for _, p in d.blend]
         weights = [float(w) for w, _ in d.blend]
+        sources = [None] * len(prefixes)
     if not prefixes:
         raise DataError("data: no shards; set data.manifests to data_prep's manifest.json (or data.blend)")
     for p in prefixes:
@@ -107,32 +121,98 @@ def load_blend(recipe, source=None) -> Blend:
     if tokenizer.vocab_size > recipe.model.vocab_size:
         raise DataError(f"model.vocab_size = {recipe.model.vocab_size} < the tokenizer's {tokenizer.vocab_size}; "
                         f"set model.vocab_size >= {tokenizer.vocab_size}")
-    return Blend(prefixes, weights, tokenizer)
+    return Blend(prefixes, weights, tokenizer, sources, recorded)
 
 
 def build_datasets(recipe, train_samples: int, valid_samples: int, cache_dir: str, source=None):
-    """(train, valid) GPTDatasets (of data stage `source` when given); global rank 0 builds the index caches first,
-    the others then read them."""
+    """(train, valid) GPTDatasets (of data stage `source` when given). The shards of one manifest are one low-level
+    dataset (shard_set.py: seconds over 10,000 shards); the index cache lives under a directory keyed on the shards'
+    identity and every file in it is checked before megatron-core opens it (data_cache.py). Global rank 0 builds the
+    caches first, the others then read them."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
     blend = load_blend(recipe, source)
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    cache = cache_subdir(cache_dir, shard_identity(blend.prefixes, blend.recorded))
+    cache.mkdir(parents=True, exist_ok=True)
+    no_pickle_loads()
+    verify_cache(cache, repair=_rank() == 0)
+    paths, weights = _low_level_paths(blend, cache)
     config = GPTDatasetConfig(
         random_seed=recipe.training.seed,
         sequence_length=recipe.model.seq_length,
-        blend=(blend.prefixes, blend.weights),
+        blend=(paths, weights),
         split=recipe.data.split,
-        path_to_cache=cache_dir,
+        path_to_cache=str(cache),
         tokenizer=blend.tokenizer,
         reset_position_ids=recipe.model.document_mask,
         reset_attention_mask=False,  # would build an s x s mask per sample; the model derives it from the positions
         eod_mask_loss=False,
         create_attention_mask=False,
     )
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [train_samples, valid_samples, 0], lambda: True, config).build()
+    try:
+        train, valid, _ = BlendedMegatronDatasetBuilder(
+            shard_set_gpt_dataset(), [train_samples, valid_samples, 0], lambda: True, config).build()
+    except ValueError as e:
+        why = pickle_refusal(e, cache)
+        if why:
+            raise DataError(why) from None
+        raise
     return train, valid
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _low_level_paths(blend: Blend, cache: Path) -> tuple[list[str], list[float]]:
+    """The blend megatron-core sees: each source's shards as one ShardSet (its index built once, by rank 0 first),
+    data.blend's prefixes as they are."""
+    groups: dict = {}
+    for prefix, weight, src in zip(blend.prefixes, blend.weights, blend.sources or [None] * len(blend.prefixes)):
+        key = src if src is not None else ("prefix", prefix)
+        groups.setdefault(key, ([], []))
+        groups[key][0].append(prefix)
+        groups[key][1].append(weight)
+    paths, weights = [], []
+    for key, (prefixes, ws) in groups.items():
+        if isinstance(key, tuple):
+            paths.append(prefixes[0])
+        else:
+            path = set_path(cache, prefixes, shard_identity(prefixes, blend.recorded))
+            _build_first_on_rank0(path, prefixes)
+            paths.append(str(path))
+        weights.append(sum(ws))
+    return paths, weights
+
+
+def _build_first_on_rank0(path: Path, prefixes: list[str]) -> None:
+    """Rank 0 builds the index, then the others find it (a shared cache) or build it once per node (a node-local
+    one: the first rank there takes the lock, the rest wait and find it done)."""
+    try:
+        if _rank() == 0:
+            build_index(path, prefixes)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        build_index(path, prefixes)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+
+
+@functools.lru_cache(maxsize=1)
+def shard_set_gpt_dataset():
+    """megatron-core's GPTDataset whose low-level dataset is a ShardSet when its path is one (else an
+    IndexedDataset, as megatron-core builds it). Made on first use: importing megatron-core takes seconds."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    class ShardSetGPTDataset(GPTDataset):
+        @staticmethod
+        def build_low_level_dataset(dataset_path: str, config):
+            if Path(dataset_path, "shards.json").is_file():
+                return ShardSet(Path(dataset_path))
+            return GPTDataset.build_low_level_dataset(dataset_path, config)
+
+    return ShardSetGPTDataset
 
 
 def collate(items: list[dict], positions: bool):

@@ -14,8 +14,10 @@ from datetime import timedelta
 
 import torch
 
+from recipes.checkpoint.format import deepspeed_private
 from recipes.config.stages import stage_plan, with_stage_lr
 from recipes.model.fast_path import any_non_finite, check_attention_backend, compile_decoder_layers
+from recipes.parallel.cpu_buffers import place_sequence_parallel_buffers_on_cpu
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.parallel.partition import UNEVEN_GROUPS_FIX, uneven_group_problem
@@ -47,9 +49,7 @@ def init_distributed(recipe) -> torch.device:
     else:
         # DeepSpeed's shared-memory all-reduce is a JIT-built C++ op used only for inference all-reduce; loading it
         # in every CPU rank costs ~30 s on a small machine and training never calls it.
-        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-        deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+        deepspeed_private.skip_shm_comm_op()
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
@@ -66,11 +66,8 @@ def _timeout_for_new_groups(timeout: timedelta) -> None:
     initialize_model_parallel (init_parallel_state); DeepSpeed's pipeline / topology / tied-weight groups are made
     with deepspeed.comm.new_group(ranks), which takes no timeout, so its backend's new_group is bound to ours."""
     global _GROUP_TIMEOUT
-    import deepspeed.comm.comm as ds_comm
-
     _GROUP_TIMEOUT = timeout
-    if ds_comm.cdb is not None:
-        ds_comm.cdb.new_group = lambda ranks: torch.distributed.new_group(ranks, timeout=timeout)
+    deepspeed_private.bind_new_group_timeout(timeout)
 
 
 def shutdown_distributed() -> None:
@@ -86,21 +83,22 @@ def shutdown_distributed() -> None:
 
 
 def init_parallel_state(layout: Layout) -> None:
-    """megatron-core process groups, rank order tp-dp-pp (TP fastest), the same order DeepSpeed's topology uses; with
-    parallel.ep the expert groups too (recipes.train.expert_parallel)."""
+    """megatron-core process groups, rank order tp-cp-ep-dp-pp (TP fastest), the order DeepSpeed's topology uses
+    (its data axis is DP x CP); with parallel.ep the expert groups too, EP splitting DP x CP as megatron-core's expert
+    rank generator does (recipes.parallel.layout, recipes.train.expert_parallel)."""
     from megatron.core import parallel_state
 
     world = torch.distributed.get_world_size()
     if world != layout.world_size:
-        raise RuntimeError(f"world size {world} != TP x PP x DP = {layout.describe()}; start {layout.world_size} "
-                           "processes or change parallel.tp/pp/dp")
+        raise RuntimeError(f"world size {world} != TP x CP x PP x DP = {layout.describe()}; start "
+                           f"{layout.world_size} processes or change parallel.tp/cp/pp/dp")
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     minutes = {} if _GROUP_TIMEOUT is None else {
         "distributed_timeout_minutes": max(1, round(_GROUP_TIMEOUT.total_seconds() / 60))}  # the recipe's
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp, order="tp-cp-ep-dp-pp",
-        expert_model_parallel_size=layout.ep,  # experts split inside DP (cp = 1: the same groups as "tp-dp-pp")
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep, order="tp-cp-ep-dp-pp",
         create_gloo_process_groups=False, **minutes)  # the default backend is gloo on CPU already; NCCL runs need none
     if layout.ep > 1:
         from recipes.train.expert_parallel import register_expert_groups
@@ -110,7 +108,9 @@ def init_parallel_state(layout: Layout) -> None:
 
 class MegatronMPU:
     """The `mpu` object DeepSpeed asks for, over megatron-core's groups: "model parallel" = TP (PP = 1 path), so ZeRO
-    shards optimizer state and gradients over the data-parallel group only."""
+    shards optimizer state and gradients over the data-parallel group only; "data parallel" = DP x CP (megatron-core's
+    `with_context_parallel` groups): CP ranks hold the same parameters and their gradients are reduced like DP's
+    (recipes.model.context)."""
 
     def __init__(self):
         from megatron.core import parallel_state as ps
@@ -134,13 +134,13 @@ class MegatronMPU:
         return self.ps.get_tensor_model_parallel_src_rank()
 
     def get_data_parallel_rank(self):
-        return self.ps.get_data_parallel_rank()
+        return self.ps.get_data_parallel_rank(with_context_parallel=True)
 
     def get_data_parallel_world_size(self):
-        return self.ps.get_data_parallel_world_size()
+        return self.ps.get_data_parallel_world_size(with_context_parallel=True)
 
     def get_data_parallel_group(self):
-        return self.ps.get_data_parallel_group()
+        return self.ps.get_data_parallel_group(with_context_parallel=True)
 
     def get_data_parallel_group_ranks(self):
         return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())
@@ -247,8 +247,7 @@ class Engine:
 def _refuse_uneven_stage_groups(model, ep: int = 1) -> None:
     """Raise (on every rank alike, before any collective) when the split DeepSpeed chose gives stages different
     optimizer param-group counts: ZeRO-1 would hang in the first step (see recipes.parallel.partition)."""
-    names = [spec.typename.__name__ for spec in model._layer_specs]
-    problem = uneven_group_problem(names, list(model.parts), ep)
+    problem = uneven_group_problem(deepspeed_private.layer_class_names(model), list(model.parts), ep)
     if problem:
         raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); "
                          f"{UNEVEN_GROUPS_FIX}")
@@ -275,6 +274,8 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     from recipes.parallel.pipeline import build_pipeline_module
 
     ds_config = build_ds_config(recipe, layout, device.type)
+    if device.type == "cpu" and layout.sequence_parallel and layout.tp > 1:
+        place_sequence_parallel_buffers_on_cpu()  # megatron-core's SP collectives allocate on CUDA otherwise
     attention_backend = check_attention_backend(recipe, device)  # before building: a refusal costs nothing
     is_pipe = layout.pp > 1
     if is_pipe:

@@ -8,6 +8,10 @@ the run's metrics.jsonl and TensorBoard by the subprocess itself. One evaluation
 the previous one (a slow evaluation slows training instead of piling up). It runs on evaluation.device (default CPU:
 on a GPU node give it a GPU the training does not use, or accept that it shares rank 0's). The checkpoint is read in
 the first seconds of the evaluation; checkpoint.keep_last >= 2 keeps it on disk that long.
+
+`evaluation.include_path` is code: lm-eval imports the .py files its task YAMLs name with `!function`. So it is taken
+from the command line or from a recipe the user wrote, never from a recipe that sits in a checkpoint directory
+(`check_include_path_origin`, before any rank starts); `recipes evaluate` refuses task names that shadow known ones.
 """
 from __future__ import annotations
 
@@ -16,14 +20,59 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
-from recipes.checkpoint.store import tag_for
+from recipes.checkpoint.format.tags import tag_for  # (no torch: the include-path check stays light)
+from recipes.config.loading import RecipeError, _read_mapping, resolve_preset
 
 log = logging.getLogger(__name__)
 
 # The rank's rendezvous variables would make the evaluation (accelerate, under lm-eval) think it is one rank of a job.
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
              "ROLE_RANK", "RECIPES_LOCAL_WORKER", "TORCHELASTIC_RUN_ID")
+
+
+def check_include_path_origin(config: str, overrides: Sequence[str], include_path: str | None) -> None:
+    """Refuse `evaluation.include_path` set by a recipe file that sits in a checkpoint directory.
+
+    How a checkpoint's recipe is recognised: by where it is, not by what it says. The file (the one given with
+    --config, or the one of its `extends` chain that sets the key) is in a directory that holds checkpoint content
+    (a `latest` file or a global_stepN directory), which is where the training loop, import-hf and reshape write
+    their recipe.yaml and where the docs send `--config`. A marker written into the copy would prove nothing: whoever
+    prepared a checkpoint directory wrote that file and would leave the marker out. A value given on the command line
+    (`evaluation.include_path=DIR`) is the user's own and is taken whatever the recipe file is."""
+    if not include_path or any(o.split("=", 1)[0].strip() == "evaluation.include_path" for o in overrides):
+        return
+    source = _file_setting_include_path(config)
+    if source is not None and _in_checkpoint_dir(source):
+        raise RecipeError(
+            f"evaluation.include_path = {include_path} comes from {source}, a recipe inside a checkpoint directory: "
+            "a task folder is code (lm-eval imports the .py files its YAML names with !function), so it is taken "
+            "only from a recipe you wrote or from the command line; if you trust that folder, pass "
+            f"evaluation.include_path={include_path} as an override (or evaluation.include_path=null to drop it)")
+
+
+def _file_setting_include_path(path, seen: tuple = ()) -> Path | None:
+    """The file whose value of evaluation.include_path the loaded recipe has: the file itself, else the last of its
+    `extends` that sets it (recipes.config.loading's precedence)."""
+    path = (Path(path) if Path(path).is_file() else resolve_preset(str(path))).resolve()
+    if path in seen:
+        return None
+    data = _read_mapping(path)
+    section = data.get("evaluation")
+    if isinstance(section, dict) and "include_path" in section:
+        return path
+    parents = data.get("extends") or []
+    for parent in reversed([parents] if isinstance(parents, str) else parents):
+        found = _file_setting_include_path(resolve_preset(parent, path.parent), seen + (path,))
+        if found is not None:
+            return found
+    return None
+
+
+def _in_checkpoint_dir(path: Path) -> bool:
+    folder = path.parent
+    return (folder / "latest").is_file() or any(folder.glob("global_step[0-9]*"))
 
 
 class BackgroundEval:
@@ -34,11 +83,6 @@ class BackgroundEval:
         self.tensorboard = recipe.logging.tensorboard
         self.proc: subprocess.Popen | None = None
         self.step = None
-
-    def due(self, step: int, total_steps: int) -> bool:
-        """Every rank answers alike (the loop saves a checkpoint on these steps, a collective)."""
-        n = self.cfg.interval
-        return bool(n) and (step % n == 0 or step == total_steps)
 
     def command(self, step: int) -> list[str]:
         c = self.cfg

@@ -82,13 +82,3 @@ def _main_loss_scale(engine) -> float:
             return float(v)
     return 1.0
 
-
-def routing_stats(eng, recipe) -> dict:
-    """Collective (every rank, same steps): the routing statistics since the last call
-    (recipes.model.moe.routing_stats), for metrics.jsonl; {} for a dense model (no collective)."""
-    from recipes.model.moe import routing_stats as collect
-
-    if recipe.model.moe is None:
-        return {}
-    return collect(eng.module, recipe.model, eng.layout.grad_accum_steps(recipe.training.global_batch),
-                   eng.layout.dp, eng.device)

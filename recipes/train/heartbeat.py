@@ -6,6 +6,9 @@ same path, i.e. the log dir is on a shared file system): LAUNCH_HEARTBEAT_DIR, w
 sees half a file), and LAUNCH_STACKS_DIR, where faulthandler writes every thread's Python stack to `rank-<R>.txt`
 when the launcher sends SIGUSR2. Without those variables (a plain `--local` run, a test) both are no-ops.
 
+Both files are created under fresh unpredictable names (exclusively, mode 0600: never through a file or link someone
+planted in a shared directory) and renamed into place.
+
 `beat(step, phase)` stores two values; a new step is written at once (one tiny file per step, so the launcher's "last
 step reached" after a crash is exact), phase changes within a step by a daemon thread at most WRITE_INTERVAL_S apart
 and only when something changed, so a fast loop does not hammer a shared file system.
@@ -19,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,9 +43,11 @@ def install_stack_dump() -> Path | None:
         return None
     path = Path(d) / f"rank-{_rank()}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a")  # kept open for the life of the process: faulthandler writes to its file descriptor
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    f = os.fdopen(fd, "a")  # kept open for the life of the process: faulthandler writes to its file descriptor
     f.write(f"# rank {_rank()} host {os.environ.get('LAUNCH_HOST', socket.gethostname())} pid {os.getpid()}\n")
     f.flush()
+    os.replace(tmp, path)  # the open descriptor follows the file to its name
     faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
     return path
 
@@ -82,11 +88,15 @@ class Heartbeat:
                 return
             step, phase, since, step_time = state
             record = dict(self._fixed, step=step, phase=phase, since=since, time=time.time(), step_time_s=step_time)
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp = None
             try:
-                tmp.write_text(json.dumps(record))
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(record))
                 os.replace(tmp, self.path)  # atomic: the launcher reads either the old or the new file
             except OSError:
+                if tmp:
+                    Path(tmp).unlink(missing_ok=True)
                 return  # a full or vanished log dir must not stop training; the watchdog then sees no progress
             self._written = state
 

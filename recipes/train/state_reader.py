@@ -3,16 +3,18 @@ DeepSpeed loads its own files (any ZeRO stage, pipeline and expert partitioning 
 then every rank's parameters are gathered over TP (and EP for the experts) into full tensors, one file per pipeline
 stage, joined by the caller. The mirror image of `recipes.train.state_writer`.
 
-Export uses it for MoE checkpoints: `recipes.checkpoint.read` reads DeepSpeed's files offline but knows neither the
-experts' split (TP x EP, recipes.parallel.expert_shards) nor where expert parallelism put them (each EP rank's experts
-live only in its own ZeRO partitions). Weights are the fp32 masters (exact, whatever the training precision).
+Export uses it for MoE checkpoints: `recipes.checkpoint.format.read` reads DeepSpeed's files offline but knows
+neither the experts' split (TP x EP, recipes.checkpoint.format.expert_shards) nor where expert parallelism put them
+(each EP rank's experts live only in its own ZeRO partitions). Weights are the fp32 masters (exact, whatever the
+training precision); the gather is recipes.checkpoint.format.engine_state.gather_full_weights. A context-parallel run
+is read as DP x CP data ranks at cp = 1 (its files are those of that layout: DeepSpeed's data axis is DP x CP, and
+the expert shard of data rank x is x % ep either way, recipes.parallel.layout).
 
     python -m recipes.train.state_reader --recipe RECIPE.yaml --checkpoint DIR --tag TAG --out PARTS_DIR  (each rank)
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -23,21 +25,19 @@ from pathlib import Path
 
 import torch
 
-from recipes.checkpoint.read import FullState, detect_layout, resolve_tag
+from recipes.checkpoint.format.read import FullState, detect_layout, resolve_tag
+from recipes.checkpoint.format.tags import client_state
 from recipes.checkpoint.recipe_file import RECIPE_FILE, write_recipe
-from recipes.checkpoint.shards import canonical_name, merge_tp, split_dim, strip_vocab
-from recipes.parallel.expert_shards import is_moe_split, merge_moe
 
 
 def read_full_weights(ckpt_dir: str | Path, recipe, tag: str | None = None, timeout: int = 1800) -> FullState:
     """The checkpoint's full weights (canonical names, fp32, vocabulary unpadded) and its meta, like
-    recipes.checkpoint.read.read_full_state, read by one local CPU process per rank of the checkpoint's layout."""
-    from recipes.checkpoint import store
-
+    recipes.checkpoint.format.read.read_full_state, read by one local CPU process per rank of the checkpoint's
+    layout."""
     tag_dir = resolve_tag(ckpt_dir, tag)
     lay = detect_layout(tag_dir)
     at_layout = recipe.model_copy(deep=True)
-    for key, value in (("tp", lay.tp), ("pp", lay.pp), ("dp", lay.dp), ("zero_stage", lay.zero_stage)):
+    for key, value in (("tp", lay.tp), ("pp", lay.pp), ("dp", lay.dp), ("cp", 1), ("zero_stage", lay.zero_stage)):
         setattr(at_layout.parallel, key, value)
     world = lay.tp * lay.pp * lay.dp
     with tempfile.TemporaryDirectory(prefix="state-reader-") as tmp:
@@ -53,9 +53,8 @@ def read_full_weights(ckpt_dir: str | Path, recipe, tag: str | None = None, time
             raise RuntimeError(f"checkpoint reader failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
                                f"{proc.stderr[-4000:]}")
         weights = _join_parts(Path(tmp), lay.pp)
-    marker = json.loads((tag_dir / store.MARKER).read_text())
     meta = {"tag": tag_dir.name, "source_layout": {**lay.__dict__, "ep": recipe.parallel.ep},
-            "client_state": marker.get("client_state", {})}
+            "client_state": client_state(tag_dir)}
     return FullState(weights=weights, meta=meta)
 
 
@@ -71,38 +70,11 @@ def _join_parts(parts_dir: Path, stages: int) -> OrderedDict:
 
 
 # ------------------------------------------------------------------------------------------------- in each rank
-def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
-    parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size(group))]
-    torch.distributed.all_gather(parts, t.contiguous(), group=group)
-    return parts
-
-
-def full_weights(eng, recipe) -> OrderedDict:
-    """Collective over each stage's TP and TP x EP groups: this stage's parameters as full canonical tensors."""
-    from deepspeed.utils import safe_get_full_fp32_param
-    from megatron.core import parallel_state as ps
-
-    m = recipe.model
-    swiglu = m.activation == "swiglu"
-    tp, ep = eng.layout.tp, eng.layout.ep
-    out = OrderedDict()
-    for raw, p in eng.module.named_parameters():
-        name = canonical_name(raw)
-        value = safe_get_full_fp32_param(p) if eng.layout.zero_stage >= 1 else None
-        value = (p.data if value is None else value).float().cpu()
-        if is_moe_split(name) and tp * ep > 1:  # tp_ep group: ranks ordered EP-major, TP-minor
-            flat = _gather(value, ps.get_expert_tensor_and_model_parallel_group())
-            value = merge_moe(name, [flat[e * tp:(e + 1) * tp] for e in range(ep)], swiglu)
-        elif split_dim(name) is not None and tp > 1:
-            value = merge_tp(name, _gather(value, ps.get_tensor_model_parallel_group()), swiglu)
-        out[name] = strip_vocab(name, value, m.vocab_size).contiguous()
-    return out
-
-
 def _rank_main(recipe_path: Path, ckpt_dir: str, tag: str, out_dir: Path) -> int:
     from megatron.core import parallel_state as ps
     from safetensors.torch import save_file
 
+    from recipes.checkpoint.format.engine_state import gather_full_weights
     from recipes.config.loading import load_recipe
     from recipes.config.logs import setup_logging
     from recipes.parallel.layout import Layout
@@ -115,7 +87,7 @@ def _rank_main(recipe_path: Path, ckpt_dir: str, tag: str, out_dir: Path) -> int
     init_parallel_state(layout)
     eng = initialize(recipe, layout, device, recipe.training.steps(recipe.model.seq_length))
     eng.engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
-    weights = full_weights(eng, recipe)
+    weights = gather_full_weights(eng, recipe)
     if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
         stage = ps.get_pipeline_model_parallel_rank()
         save_file(dict(weights), str(out_dir / f"part-{stage}.safetensors"))

@@ -62,3 +62,13 @@ def hf_bpe(texts, tmp_path_factory):
                                 800, "<|endoftext|>")
 
 
+@pytest.fixture(scope="session")
+def hf_llama3_style(texts, tmp_path_factory):
+    """Byte-level BPE with Llama-3's pre-tokenizer: Split(its regex, Isolated) then ByteLevel without regex."""
+    from tokenizers import Regex, pre_tokenizers
+
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return train_byte_level_bpe(texts, tmp_path_factory.mktemp("hf3"), pre, 900, "<|end_of_text|>")

@@ -1,4 +1,5 @@
-"""`python -m data_prep bench` on a tiny corpus: every family measured, identical token counts, the summary table."""
+"""`python -m data_prep bench` on a tiny corpus: every family measured (ours, bare gigatoken, the bare library),
+identical token counts, the summary table."""
 
 import re
 
@@ -15,18 +16,19 @@ def test_bench_prints_a_row_per_family(tmp_path):
                 timeout=600)
     out = r.stdout
     for family in FAMILIES:
-        section = out.split(f"-- {family}: ours encodes with ", 1)[1]
-        assert section.startswith("tiktoken"), section[:200]
-        for run in ("bare", "ours", "ours, 2x corpus"):
+        section = out.split(f"-- {family}: ours encodes with ", 1)[1].split("\n-- ", 1)[0]
+        assert section.startswith(("gigatoken", "tiktoken")), section[:200]
+        for run in ("bare", "gigatoken", "ours", "ours, 2x corpus"):
             assert re.search(rf"^   {re.escape(run)}\s+[\d.]+\s+[\d.]+\s+[\d.]+", section, re.M), (run, section[:600])
     header = next(line for line in out.splitlines() if line.startswith("| family |"))
-    assert header.count("|") == 9 and "ours vs bare" in header and "ours vs Megatron" in header
+    assert header.count("|") == 13 and "ours vs gigatoken" in header and "ours vs Megatron fast" in header
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| family")]
     assert [row.split(" | ")[0][2:] for row in rows] == list(FAMILIES)
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert len(cells) == 8 and cells[1] == "tiktoken" and cells[4] == "-", row  # no Megatron-LM given
-        assert re.fullmatch(r"[\d.]+x; [\d.]+x", cells[5]) and re.fullmatch(r"\d+ MB -> \d+ MB \([\d.]+\)", cells[7])
+        assert len(cells) == 12 and cells[1] in ("gigatoken", "tiktoken") and cells[5] == cells[6] == "-", row
+        assert re.fullmatch(r"[\d.]+x; [\d.]+x", cells[7]) and re.fullmatch(r"[\d.]+x; [\d.]+x", cells[8])
+        assert re.fullmatch(r"\d+ MB -> \d+ MB \([\d.]+\)", cells[11])
     assert "token counts differ" not in out
 
 

@@ -1,8 +1,9 @@
 """The fast path (cache of whitespace-delimited pieces) gives the library's own ids, or is not used.
 
-These tests turn tiktoken off (``enc.tiktoken = None``) so the piece cache is what runs; test_dp_tiktoken.py covers
+These tests turn tiktoken off (``enc.tiktoken = enc.gigatoken = None``) so the piece cache is what runs; test_dp_tiktoken.py covers
 tiktoken."""
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 from tests.support.data_prep import TRICKY, read_all_docs, write_jsonl
@@ -24,8 +25,8 @@ def _docs(texts):
 def test_sentencepiece_fast_path_is_identical(model, texts, request):
     path = request.getfixturevalue(model)
     tok = load_tokenizer(path)
-    enc = FastEncoder(tok, max_cache=500)  # small cache: clearing mid-stream must not change ids
-    enc.tiktoken = None
+    enc = FastEncoder(tok, max_cache=500, gigatoken=False)  # small cache: clearing mid-stream must not change ids
+    enc.tiktoken = enc.gigatoken = None
     assert enc.active, enc.reason
     docs = _docs(texts)
     sp = spm.SentencePieceProcessor(model_file=path)
@@ -55,8 +56,8 @@ def test_llama_style_settings_are_the_ones_tested(sp_model):
 def test_hf_byte_level_bpe_fast_path_is_identical(hf_bpe, texts):
     from tokenizers import Tokenizer
 
-    enc = FastEncoder(load_tokenizer(hf_bpe), max_cache=500)
-    enc.tiktoken = None
+    enc = FastEncoder(load_tokenizer(hf_bpe), max_cache=500, gigatoken=False)
+    enc.tiktoken = enc.gigatoken = None
     assert enc.active, enc.reason
     docs = _docs(texts)
     ref = Tokenizer.from_file(hf_bpe)
@@ -74,7 +75,7 @@ def test_not_exact_tokenizers_fall_back(tmp_path, hf_bpe, texts):
     tok.normalizer = normalizers.Lowercase()
     p1 = tmp_path / "norm.json"
     tok.save(str(p1))
-    enc = FastEncoder(load_tokenizer(str(p1)))
+    enc = FastEncoder(load_tokenizer(str(p1)), gigatoken=False)
     assert not enc.active and "normalizer" in enc.reason
     assert enc.encode_batch(texts[:3]) == [e.ids for e in tok.encode_batch(texts[:3], add_special_tokens=False)]
 
@@ -82,12 +83,12 @@ def test_not_exact_tokenizers_fall_back(tmp_path, hf_bpe, texts):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     p2 = tmp_path / "prefix.json"
     tok.save(str(p2))
-    assert not FastEncoder(load_tokenizer(str(p2))).active
+    assert not FastEncoder(load_tokenizer(str(p2)), gigatoken=False).active
 
 
 def test_self_check_disables_a_wrong_fast_path(sp_model, texts):
-    enc = FastEncoder(load_tokenizer(sp_model))
-    enc.tiktoken = None
+    enc = FastEncoder(load_tokenizer(sp_model), gigatoken=False)
+    enc.tiktoken = enc.gigatoken = None
     enc.splitter.runs = not enc.splitter.runs  # simulate a wrong decision about the model's settings
     enc.self_check(texts[:20] + TRICKY)
     assert not enc.active and "self-check" in enc.reason
@@ -106,13 +107,17 @@ def test_pipeline_with_and_without_fast_path_and_verify_fraction(tmp_path, texts
 
 def test_verify_fraction_stops_on_a_mismatch(tmp_path, texts, sp_model, monkeypatch):
     write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts[:10]])
-    orig = FastEncoder.encode_arrays
+    orig = FastEncoder.encode_flat
 
-    def broken(self, batch):
-        ids = orig(self, batch)
-        return [x[:-1] if self.active else x for x in ids]
+    def broken(self, batch):  # every document loses its last id
+        flat, offsets = orig(self, batch)
+        if not self.active:
+            return flat, offsets
+        lengths = np.maximum(np.diff(offsets) - 1, 0)
+        keep = np.concatenate([flat[a : a + n] for a, n in zip(offsets[:-1], lengths)])
+        return keep, np.concatenate([[0], np.cumsum(lengths)])
 
-    monkeypatch.setattr(FastEncoder, "encode_arrays", broken)
+    monkeypatch.setattr(FastEncoder, "encode_flat", broken)
     monkeypatch.setattr(FastEncoder, "self_check", lambda self, texts: None)
     with pytest.raises(FastPathMismatch):
         run(Settings(inputs=[str(tmp_path / "a.jsonl")], output_dir=str(tmp_path / "o"), tokenizer=sp_model,
@@ -124,8 +129,8 @@ def test_verify_fraction_stops_on_a_mismatch(tmp_path, texts, sp_model, monkeypa
 def test_second_level_cut_is_used_and_identical(model, texts, request):
     """Texts are cut into letter / digit / other runs where the vocabulary allows it (decided from its pieces)."""
     path = request.getfixturevalue(model)
-    enc = FastEncoder(load_tokenizer(path), max_cache=300)
-    enc.tiktoken = None
+    enc = FastEncoder(load_tokenizer(path), max_cache=300, gigatoken=False)
+    enc.tiktoken = enc.gigatoken = None
     assert enc.active and enc.splitter.fine is not None
     docs = _docs(texts)
     got = []
@@ -150,11 +155,11 @@ def test_documents_cut_into_parts_give_the_same_ids(model, coarse, texts, reques
     starts whatever the text around. With parts of ~40 characters (many cuts in every document) the ids are still
     the library's, for the fine (letter/digit/other) and the coarse (word) cut."""
     path = request.getfixturevalue(model)
-    enc = FastEncoder(load_tokenizer(path), max_cache=300)
+    enc = FastEncoder(load_tokenizer(path), max_cache=300, gigatoken=False)
     assert enc.active, enc.reason
     if coarse:
         enc.splitter.fine = None
-    enc.tiktoken = None  # the piece cache is what is cut into parts (tiktoken encodes documents whole)
+    enc.tiktoken = enc.gigatoken = None  # the piece cache is what is cut into parts (tiktoken encodes documents whole)
     enc.SEGMENT_CHARS = 40
     docs = _docs(texts) + ["   ", " a", "a ", "\u2581", " \u2581 ", "a \u2581 b  c" * 30]
     prepared = enc.splitter.prepare(docs)

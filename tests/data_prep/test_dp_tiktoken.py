@@ -32,22 +32,10 @@ def _docs(texts):
     return texts + paras + TRICKY + EDGE
 
 
-@pytest.fixture(scope="session")
-def hf_llama3_style(texts, tmp_path_factory):
-    """Byte-level BPE with Llama-3's pre-tokenizer: Split(its regex, Isolated) then ByteLevel without regex."""
-    from tokenizers import Regex, pre_tokenizers
-
-    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    return train_byte_level_bpe(texts, tmp_path_factory.mktemp("hf3"), pre, 900, "<|end_of_text|>")
-
-
 @pytest.mark.parametrize("model", ["sp_model", "sp_model_nfkc", "sp_model_nfkc_cf", "hf_bpe", "hf_llama3_style"])
 def test_every_family_runs_on_tiktoken_with_the_library_ids(model, texts, request):
     path = request.getfixturevalue(model)
-    enc = FastEncoder(load_tokenizer(path))
+    enc = FastEncoder(load_tokenizer(path), gigatoken=False)
     assert enc.method == "tiktoken", enc.describe()
     docs = _docs(texts)
     enc.self_check(docs[:20])
@@ -60,7 +48,7 @@ def test_every_family_runs_on_tiktoken_with_the_library_ids(model, texts, reques
 
 
 def test_special_token_written_in_a_text_goes_to_the_library(hf_bpe):
-    enc = FastEncoder(load_tokenizer(hf_bpe))
+    enc = FastEncoder(load_tokenizer(hf_bpe), gigatoken=False)
     assert enc.method == "tiktoken"
     docs = ["before <|endoftext|> after", "plain"]
     assert [a.tolist() for a in enc.encode_arrays(docs)] == _library_ids(hf_bpe, docs)
@@ -95,7 +83,7 @@ def test_tiktoken_refuses_when_merges_or_regex_differ(hf_bpe, texts, tmp_path):
         tok = load_tokenizer(path)
         built, reason = ByteLevelTiktoken.build(tok.tok)
         assert built is None and why in reason, reason
-        enc = FastEncoder(tok)
+        enc = FastEncoder(tok, gigatoken=False)
         assert enc.method != "tiktoken" and why in enc.describe()
         docs = texts[:20] + TRICKY + EDGE
         assert enc.encode_batch(docs) == _library_ids(path, docs)
@@ -105,7 +93,7 @@ def test_tiktoken_mismatch_at_self_check_falls_back_to_the_piece_cache(hf_bpe, s
     import tiktoken
 
     for path in (hf_bpe, sp_model):
-        enc = FastEncoder(load_tokenizer(path))
+        enc = FastEncoder(load_tokenizer(path), gigatoken=False)
         assert enc.method == "tiktoken"
         old = enc.tiktoken.encoding  # same ranks, every character its own piece: ids differ on real text
         enc.tiktoken.encoding = tiktoken.Encoding("wrong", pat_str=r"(?s:.)", mergeable_ranks=old._mergeable_ranks,

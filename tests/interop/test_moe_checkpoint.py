@@ -6,7 +6,7 @@ split over two TP ranks):
   same class and computes the original logits;
 - training a MoE model for 2 steps at EP2 x TP2 and at 1 x 1 (the same steps: test_moe_training.py) -> export both ->
   the exported logits agree; and the reader of the 1 x 1 checkpoint returns exactly what the offline reader
-  (recipes.checkpoint.read) returns, so the engine-based reader is checked against an independent one.
+  (recipes.checkpoint.format.read) returns, so the engine-based reader is checked against an independent one.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from interop_runs import RECIPE, VOCAB
-from recipes.checkpoint.read import read_full_state
+from recipes.checkpoint.format.read import read_full_state
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.hf.export import main as export_main
 from recipes.hf.importer import main as import_main

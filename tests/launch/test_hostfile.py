@@ -1,13 +1,8 @@
 """Hostfile parsing and selection, and refusals that must happen before any process starts."""
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.support.launch import REPO, TOY, run_launch
-
-sys.path.insert(0, str(REPO / "launch"))
-from hostfile import HostfileError, parse_hostfile, select_nodes  # noqa: E402
+from launch.hostfile import HostfileError, parse_hostfile, select_nodes
+from tests.support.launch import TOY, run_launch
 
 pytestmark = pytest.mark.unit
 

@@ -135,8 +135,9 @@ def test_killed_rank_stops_every_node(ssh_cluster, tmp_path, backend):
 def test_stop_script_stops_a_running_job(ssh_cluster, tmp_path):
     run_id = f"stoptest-{os.getpid()}"
     proc, logs = _start_long_run(ssh_cluster, tmp_path, "torchrun-ssh", run_id)
+    # the run dir remembers the hosts; ssh takes the caller's own options (never a config file from the run dir)
     r = subprocess.run(["bash", str(REPO / "launch" / "stop.sh"), str(logs)], cwd=REPO, capture_output=True,
-                       text=True, env=launch_env(), timeout=60)  # the run dir remembers hosts and ssh config
+                       text=True, env=cluster_env(ssh_cluster), timeout=60)
     assert r.returncode == 0, r.stderr
     assert "stopped run " + run_id in r.stdout
     _, err = proc.communicate(timeout=60)
@@ -158,7 +159,7 @@ def test_stop_waits_for_the_preemption_save_the_recipe_allows(ssh_cluster, tmp_p
                                  env_names=("TOY_CKPT", "TOY_SAVE_SECONDS", "PYTHONPATH"),
                                  overrides=("checkpoint.stop_grace_seconds=40",))
     assert (logs / "stop_grace").read_text().strip() == "40"
-    stop_env = launch_env()
+    stop_env = cluster_env(ssh_cluster)
     stop_env.pop("LAUNCH_STOP_GRACE")
     t0 = time.time()
     r = subprocess.run(["bash", str(REPO / "launch" / "stop.sh"), str(logs)], cwd=REPO, capture_output=True,

@@ -2,21 +2,17 @@
 the test-only fault spec, the restart record, the recipe's supervision facts, and the options train.sh refuses."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 
 import pytest
 
+from launch import supervise, watchdog
 from recipes.train.faults import Fault
 from recipes.train.heartbeat import WRITE_INTERVAL_S, Heartbeat
-from tests.support.launch import REPO, TOY, run_launch
+from tests.support.launch import TOY, run_launch
 
 pytestmark = pytest.mark.unit
-
-_spec = importlib.util.spec_from_file_location("launch_watchdog", REPO / "launch" / "watchdog.py")
-watchdog = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(watchdog)
 
 
 def beat(rank, step, phase, host="n1"):
@@ -44,15 +40,17 @@ def test_watch_reports_a_hang_only_after_the_timeout_without_progress(tmp_path):
     hb.mkdir()
     (hb / "rank-0.json").write_text(json.dumps(beat(0, 1, "data")))
     (hb / "rank-1.json").write_text(json.dumps(beat(1, 1, "forward-backward")))
-    out = tmp_path / "hang.json"
-    t0 = time.monotonic()
-    assert watchdog.watch(str(hb), 2, 0.6, str(out), 0.05) == 3
-    assert time.monotonic() - t0 >= 0.6
-    assert json.loads(out.read_text())["behind"] == [0]
+    w = watchdog.HangWatch(2, 0.6)  # fed the heartbeats and the launcher's clock
+    t0 = 1000.0
+    assert w.observe(watchdog.read_heartbeats(hb), t0) is None
+    assert w.observe(watchdog.read_heartbeats(hb), t0 + 0.59) is None  # not before the timeout
+    v = w.observe(watchdog.read_heartbeats(hb), t0 + 0.61)
+    assert v is not None and v["behind"] == [0]
     # Start-up alone never counts as a hang (the distributed time-outs cover it).
     for r in (0, 1):
         (hb / f"rank-{r}.json").write_text(json.dumps(beat(r, 0, "resume")))
-    assert watchdog.watch(str(hb), 2, 0.3, str(tmp_path / "no.json"), 0.05, for_s=1.5) is None
+    w = watchdog.HangWatch(2, 0.3)
+    assert all(w.observe(watchdog.read_heartbeats(hb), t0 + k * 0.05) is None for k in range(31))
 
 
 def test_heartbeat_file_is_replaced_whole_and_at_most_every_interval(tmp_path, monkeypatch):
@@ -85,9 +83,12 @@ def test_fault_spec_is_strict_and_targets_one_rank_step_host_and_attempt(monkeyp
 
 
 def test_restart_record_keeps_numbers_and_nulls(tmp_path):
-    f = tmp_path / "restarts.jsonl"
-    watchdog.main(["record", str(f), "restart=1", "why=exit code 137", "steps_lost=", "backoff_s=0.5"])
-    assert json.loads(f.read_text()) == {"restart": 1, "why": "exit code 137", "steps_lost": None, "backoff_s": 0.5}
+    failure = supervise.Failure("exit code 137", 137, 1, "node2")
+    rec = json.loads(json.dumps(supervise.restart_record(1, 2, failure, resumed=4, last=None, backoff_s=0.5,
+                                                         failed_at=1.5, replaced=None, hosts=["node1", "node2"])))
+    assert {k: rec[k] for k in ("restart", "why", "exit_code", "steps_lost", "backoff_s", "replaced", "hosts")} == {
+        "restart": 1, "why": "exit code 137", "exit_code": 137, "steps_lost": None, "backoff_s": 0.5,
+        "replaced": None, "hosts": "node1 node2"}
 
 
 def test_supervision_facts_and_refusals(tmp_path):

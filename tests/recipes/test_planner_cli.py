@@ -71,7 +71,8 @@ def test_example_c_7b_on_one_node(capsys):
 def test_example_d_continued_pretraining_of_llama31_on_one_node(capsys):
     doc = plan_json(capsys, EXAMPLES / "d-llama-3.1-8b-continued.yaml")
     rec = doc["recommended"]
-    assert rec["layout"]["tp"] * rec["layout"]["pp"] * rec["layout"]["dp"] == 8 and rec["fits"]
+    lay = rec["layout"]
+    assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 8 and rec["fits"]
     assert doc["parameters"] == 8_030_261_248  # the released Llama-3.1-8B
 
 
@@ -80,7 +81,9 @@ def test_preset_with_cluster_and_flags(capsys):
                     "--global-batch", "256", "--tokens", "1e10", "training.precision=bf16")
     assert doc["cluster"]["nodes"] == 2 and doc["cluster"]["gpu_memory_gb"] == 40
     assert doc["global_batch"] == 256 and doc["train_tokens"] == 1e10
-    assert doc["recommended"]["layout"]["dp"] >= 1
+    lay = doc["recommended"]["layout"]
+    assert lay["tp"] * lay["pp"] * lay["dp"] == 16  # the --nodes 2 world, 8 GPUs each (the preset's)
+    assert 256 % (lay["micro_batch"] * lay["dp"]) == 0  # --global-batch 256 is whole micro-batches per rank
 
 
 def test_no_layout_fits_exit_2_and_says_what_would(capsys):
@@ -120,7 +123,7 @@ def test_cli_exit_codes_in_a_real_process(tmp_path):
 
 def test_render_writes_ds_config_and_resolved_recipe(tmp_path, capsys):
     overrides = ["parallel.zero_stage=2", "parallel.micro_batch=2", "parallel.recompute=full"]
-    rc = render.main([str(EXAMPLES / "c-llama-7b-one-node.yaml"), *overrides, "--out", str(tmp_path)])
+    rc = render.main([str(EXAMPLES / "c-llama-7b-one-node.yaml"), *overrides, "--out", str(tmp_path), "--layout-only"])
     assert rc == 0, capsys.readouterr().err
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert ds["train_batch_size"] == 256 and ds["train_micro_batch_size_per_gpu"] == 2
@@ -138,6 +141,6 @@ def test_render_writes_ds_config_and_resolved_recipe(tmp_path, capsys):
 def test_a_recipe_with_a_layout_is_compared_with_the_recommendation(capsys):
     doc = plan_json(capsys, REPO / "configs" / "runs" / "llama-7b-1node-a100.yaml")
     own = doc["recipe_layout"]
-    assert own["layout"]["zero_stage"] == 1 and own["layout"]["micro_batch"] == 2 and own["fits"]
+    assert own["layout"]["zero_stage"] == 1 and own["layout"]["micro_batch"] == 1 and own["fits"]
     assert any("The recipe's own layout" in line and "ranks" in line for line in doc["explanation"])
     assert plan_json(capsys, EXAMPLES / "c-llama-7b-one-node.yaml")["recipe_layout"] is None  # sets no layout

@@ -66,8 +66,17 @@ def test_each_error_names_field_values_and_fix(changes, expect):
 def test_uniform_split_gives_every_stage_decoder_layers_even_when_uneven():
     """The default split (decoder layers evenly, Megatron's) is accepted where the parameter split is refused above,
     and for a layer count pp does not divide (4 layers over 3 stages)."""
-    validate(make(parallel__pp=4, parallel__tp=1, model__vocab_size=32000))
-    validate(make(parallel__pp=3, parallel__tp=1, cluster__gpus_per_node=6, training__global_batch=12))
+    from recipes.parallel.partition import layer_names, stage_boundaries
+
+    for recipe in (make(parallel__pp=4, parallel__tp=1, model__vocab_size=32000),
+                   make(parallel__pp=3, parallel__tp=1, cluster__gpus_per_node=6, training__global_batch=12)):
+        assert validate(recipe) == []  # no error and no warning
+        # DeepSpeed's own split of the specs: every stage holds decoder layers, 4 in all, at most one apart
+        parts = stage_boundaries(recipe.model, 1, recipe.parallel.pp, recipe.parallel.pipeline_partition)
+        names = layer_names(recipe.model)
+        layers = [names[a:b].count("DecoderLayerPipe") for a, b in zip(parts, parts[1:])]
+        assert len(layers) == recipe.parallel.pp and min(layers) >= 1 and sum(layers) == 4, layers
+        assert max(layers) - min(layers) <= 1, layers
 
 
 def test_global_batch_error_suggests_a_multiple():
@@ -194,3 +203,16 @@ def test_rope_scaling_fields_are_checked():
         load_recipe(tiny, ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=2"])
     with pytest.raises(RecipeError, match=r"rope_scaling is set but model.position_embedding=learned; remove"):
         load_recipe(tiny, ["model.position_embedding=learned", "model.rope_scaling.factor=8"])
+
+
+def test_memory_inside_the_headroom_warns_and_over_the_device_refuses():
+    """Llama-7B on one 8 x A100-80GB node: PP=2 x DP=4 with ZeRO-0 is predicted at ~72.8 GiB, within the device's
+    80 GB = 74.5 GiB but above the 67.1 GiB budget that keeps 10% free: a warning with a fix, not an error."""
+    tight = load_recipe("configs/examples/c-llama-7b-one-node.yaml",
+                        ["parallel.pp=2", "parallel.zero_stage=0", "parallel.micro_batch=1"])
+    (w,) = [w for w in validate(tight) if w.level == "warning"]
+    assert w.field == "parallel" and "fits the 80 GB (74.5 GiB) but not the 67.1 GiB budget" in w.message
+    assert "these single changes would fit:" in w.message and "parallel.zero_stage=1 (44.1 GiB)" in w.message
+    over = load_recipe("configs/examples/c-llama-7b-one-node.yaml", ["parallel.micro_batch=2"])  # ~75.0 GiB
+    msg = errors_of(over)
+    assert "exceeds cluster.gpu_memory_gb=80 (80 GB (74.5 GiB))" in msg and "parallel.micro_batch=1" in msg

@@ -1,6 +1,8 @@
-"""Helpers for the launcher tests: run the launch scripts, pick free ports, wait for the loopback sshd."""
+"""Helpers for the launcher tests: run the launch scripts, pick free ports, find a run's processes, and a corpus big
+enough that a data prep over ssh runs a while."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "launch" / "toy.yaml"
 TOY_ENTRY = f"python {REPO / 'tests' / 'launch' / 'toy_train.py'}"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
 
 
 def launch_env(**extra) -> dict:
@@ -39,3 +40,33 @@ def run_pids(run_id: str) -> list[int]:
         except OSError:
             pass
     return pids
+
+
+def tokenize_pids(out: Path) -> list[int]:
+    """The `data_prep tokenize` slice processes writing into `out` (not the final --merge-only)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if p.name.isdigit() and b"data_prep" in cmd and b"tokenize" in cmd and str(out).encode() in cmd \
+                and b"--merge-only" not in cmd:
+            pids.append(int(p.name))
+    return pids
+
+
+def big_prep_corpus(tmp_path: Path) -> tuple[Path, str]:
+    """(a corpus directory of ~140 MB, a small sentencepiece model): enough text for tokenize to run a while on every
+    node, in several units."""
+    from data_prep.steps.train_tokenizer import train
+
+    texts = [f"document {i} " + "some words of text that repeat " * 40 for i in range(200)]
+    (tmp_path / "sample.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    model = train([str(tmp_path / "sample.jsonl")], str(tmp_path / "sp"), vocab_size=300, threads=1, quiet=True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    line = "".join(json.dumps({"text": t + str(k)}) + "\n" for k, t in enumerate(texts))
+    for i in range(4):
+        (corpus / f"part{i}.jsonl").write_text(line * 150)
+    return corpus, model

@@ -199,5 +199,21 @@ def test_expert_groups_agree_with_deepspeed(world, tp, ep, pp):
     assert sorted(ours.get_ranks("ep")) == sorted(list(g) for g in ds_ep)
     assert sorted(ours.get_ranks("dp")) == sorted(list(g) for g in ds_edp)
     layout = Layout(tp=tp, pp=pp, dp=world // (tp * pp), ep=ep)
-    for group in ours.get_ranks("ep"):  # Layout.coords says the same: one DP slice, ep shards 0..ep-1 in order
-        assert [layout.coords(r)["ep"] for r in group] == list(range(ep))
+    for group in ours.get_ranks("ep"):  # Layout.expert_coords says the same: one DP slice, shards 0..ep-1 in order
+        assert [layout.expert_coords(r)["ep"] for r in group] == list(range(ep))
+
+
+@pytest.mark.parametrize("world,tp,cp,ep,pp", [(8, 1, 2, 2, 1), (16, 2, 2, 4, 1), (16, 1, 2, 2, 2), (8, 1, 4, 4, 1)])
+def test_expert_coords_with_context_parallelism(world, tp, cp, ep, pp):
+    """With CP, Layout.expert_coords names the EP / EDP groups megatron-core builds: initialize_model_parallel's expert
+    rank generator (tp-ep-dp-pp over the same ranks, cp folded into dp), computed here the way megatron-core does."""
+    from megatron.core.parallel_state import RankGenerator
+
+    layout = Layout(tp=tp, pp=pp, dp=world // (tp * cp * pp), cp=cp, ep=ep)
+    experts = RankGenerator(tp=tp, ep=ep, dp=world // (tp * ep * pp), pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+    for group in experts.get_ranks("ep"):
+        assert [layout.expert_coords(r)["ep"] for r in group] == list(range(ep))
+        assert len({layout.expert_coords(r)["edp"] for r in group}) == 1
+    for group in experts.get_ranks("dp"):  # the expert-data-parallel group: one shard, edp 0..n-1
+        assert len({layout.expert_coords(r)["ep"] for r in group}) == 1
+        assert [layout.expert_coords(r)["edp"] for r in group] == list(range(len(group)))

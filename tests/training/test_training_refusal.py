@@ -16,7 +16,7 @@ pytestmark = pytest.mark.multiproc
     (["parallel.tp=3"], "parallel.tp"),                            # 4 ranks cannot hold TP=3
     (["parallel.pp=2", "parallel.zero_stage=2"], "zero_stage"),    # DeepSpeed's pipeline engine refuses ZeRO-2/3
     (["training.global_batch=6", "parallel.tp=1"], "global_batch"),  # 6 samples over DP=4
-    (["parallel.tp=2", "parallel.sequence_parallel=true"], "sequence_parallel"),  # CUDA-only in megatron-core
+    (["parallel.cp=4", "model.seq_length=36"], "parallel.cp"),     # 36 tokens are not 2 x 4 equal chunks
     (["training.precision=fp16", "training.loss_scale=0"], "fp16"),  # DeepSpeed has no fp16 on CPU
 ])
 def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_path):
@@ -41,7 +41,17 @@ def test_invalid_recipe_refused_before_workers(overrides, expect, corpus, tmp_pa
 
 
 def test_worker_exception_exits_nonzero(corpus, tmp_path):
-    missing = tmp_path / "no-such-data"
-    out = pretrain(2, *on_corpus(tmp_path / "run", missing), check=False, timeout=120)
+    """Shards that exist but are not Megatron shards pass the launch checks (which look for the files, not into
+    them) and fail inside the workers: the job stops, non-zero, naming the rank."""
+    import json
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    manifest = json.loads(corpus.read_text())
+    for entry in manifest["shards"]:
+        for ext in (".bin", ".idx"):
+            (broken / (entry["prefix"] + ext)).write_bytes(b"not a shard")
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    out = pretrain(2, *on_corpus(tmp_path / "run", broken / "manifest.json"), check=False, timeout=120)
     assert out.returncode != 0
-    assert "run data_prep first" in out.stderr, out.stderr[-2000:]
+    assert "exited with code" in out.stderr and "stopping the other ranks" in out.stderr, out.stderr[-2000:]

@@ -1,10 +1,11 @@
-"""How the MoE tensors of the canonical full state (recipes.checkpoint.shards: pipeline-layer names, full tensors)
+"""How the MoE tensors of the canonical full state (recipes.checkpoint.format.shards: pipeline-layer names, full
+tensors)
 split over TP and EP ranks, and how the parts join again (the table in recipes.model.moe).
 
 Routed experts are stacked [E, ...]: EP rank r holds experts [r n, (r + 1) n) (n = E / ep) on dim 0, then the TP split
 of an expert matrix (fc1 rows on dim 1, SwiGLU as [gate_t; up_t] per TP rank like the dense fc1; fc2 columns on dim
 2). The shared expert splits like a dense MLP. The router, the shared-expert gate and the qk norms are replicated, as
-recipes.checkpoint.shards already says of every name it does not list. Names are the same at every layout (the
+recipes.checkpoint.format.shards already says of every name it does not list. Names are the same at every layout (the
 expert index is a tensor dimension, not part of the name).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ _SHARED_FC1, _SHARED_FC2 = "mlp.shared_experts.linear_fc1.weight", "mlp.shared_e
 
 
 def is_moe_split(name: str) -> bool:
-    """Whether `name` splits by the rules here (else recipes.checkpoint.shards's rules apply)."""
+    """Whether `name` splits by the rules here (else recipes.checkpoint.format.shards's rules apply)."""
     return name.endswith((_EXPERT_FC1, _EXPERT_FC2, _SHARED_FC1, _SHARED_FC2))
 
 

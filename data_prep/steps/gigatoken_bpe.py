@@ -1,0 +1,212 @@
+"""gigatoken (Rust, SIMD pre-tokenization, cached pre-token encodings) as the first fast path, where it gives the
+library's ids: Hugging Face byte-level BPE tokenizer.json and sentencepiece BPE with byte fallback (its normalizer
+honoured: gigatoken converts the .model to a tokenizer.json the way transformers does, keeping the precompiled
+charsmap, whitespace collapsing and dummy prefix).
+
+We feed it our own texts (our readers keep work units, byte ranges, record-size limits, rejects, resume, S3 and
+``--slice`` as they are) in batches, on the calling thread (``parallel=False``: one core per worker process, and no
+rayon pool inherited across a fork), and take its output as one flat array of ids plus offsets, with no Python object
+per token.
+
+Three things it does differently from the libraries are handled here:
+- sentencepiece never matches its control pieces (``<s>``, ``</s>``, ``<pad>``) in text; gigatoken does, as the
+  tokenizers library does for a tokenizer.json's special tokens. A text holding one (as it reaches gigatoken: after
+  sentencepiece's normalization on the path below, where case folding can make one) goes to the library whole.
+- with remove_extra_whitespaces, sentencepiece strips spaces from the ends of the normalized text; the converted
+  tokenizer.json strips every Unicode whitespace (HF ``Strip``). They differ on a text whose ends, past its spaces,
+  are whitespace the model's normalizer keeps (``\n`` and ``\t`` for nfkc_cf, U+0085 for nmt_nfkc: probed from the
+  model), or ends in a literal U+2581 (which sentencepiece strips at the end like a space, and not at the start).
+  Such a text is normalized by sentencepiece itself and encoded by a copy without the normalizer.
+- its encode cache (pre-token -> ids) grows with the variety of the text and has no bound in 0.10: peak RSS would
+  grow with the corpus. ``CacheBound`` re-creates the encoder (a fresh, empty cache; ~0.1 s for a 32k vocabulary)
+  whenever the process's resident memory has grown ``budget_mb`` (16) past what it was once warm, at most once per
+  32 MB of text, so RSS stays flat from
+  1x to 10x the corpus (measured: README). The ids do not depend on the cache.
+Anything else (unigram models, no byte fallback, a configuration gigatoken refuses) is refused at build with
+gigatoken's reason; the caller still compares ids with the library's at start (FastEncoder.self_check) and falls
+back with the reason in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+CONTROL = 3  # sentencepiece piece type
+# What HF's Strip normalizer strips (Rust's char::is_whitespace).
+WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+              "\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class CacheBound:
+    """When to drop gigatoken's encode cache: resident memory ``budget_mb`` above its level after warm-up (taken
+    after ``warm_bytes`` of text, once the batch buffers and the first cache entries are in), and at least
+    ``min_bytes`` of text since the last drop. RSS also holds each batch's transient arrays: without the second
+    condition a batch-time peak just over the line dropped the cache batch after batch (measured: a reset every
+    ~1.5 MB of text, each one a cold cache)."""
+
+    def __init__(self, budget_mb: float = 16.0, warm_bytes: int = 8 << 20, min_bytes: int = 32 << 20):
+        self.budget_mb, self.warm_bytes, self.min_bytes = budget_mb, warm_bytes, min_bytes
+        self.seen = 0
+        self.since = 0  # text since the last drop
+        self.base: Optional[float] = None
+        self.resets = 0
+
+    def after_batch(self, nbytes: int) -> bool:
+        """True when the cache should be dropped now."""
+        self.seen += nbytes
+        self.since += nbytes
+        if self.seen < self.warm_bytes:
+            return False
+        rss = _rss_mb()
+        if self.base is None:
+            self.base = rss
+            return False
+        if self.since >= self.min_bytes and rss > self.base + self.budget_mb:
+            self.resets += 1
+            self.since = 0
+            return True
+        return False
+
+
+class GigatokenBPE:
+    """Encode texts with gigatoken (``build`` decides whether it can give the library's ids)."""
+
+    def __init__(self, tokenizer_json, specials: List[str], bound: Optional[CacheBound] = None,
+                 survivors: str = "", normalize=None):
+        from gigatoken.gigatoken_rs import load_hf_json
+
+        self._load = load_hf_json
+        self.json = tokenizer_json
+        self.specials = specials  # texts holding one go to the library
+        self._specials_re = None
+        self.bound = bound or CacheBound()
+        # whitespace the model's normalizer keeps: a text ending in it goes through ``normalize`` and ``raw_json``
+        self.survivors, self.normalize = survivors, normalize
+        self.trailing = survivors + "\u2581" if normalize is not None else ""
+        self.raw_json = None  # made on first need (most texts never need it)
+        self.raw = None
+        self._reset_cache()
+
+    @classmethod
+    def build(cls, tok) -> Tuple[Optional["GigatokenBPE"], Optional[str]]:
+        """(encoder, None) or (None, why gigatoken is not used) for a data_prep Tokenizer."""
+        from data_prep.steps.tokenizers import HFTokenizer, SentencePieceTokenizer
+
+        try:
+            from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+        except ImportError:
+            return None, "gigatoken is not installed"
+        specials: List[str] = []
+        try:
+            if isinstance(tok, SentencePieceTokenizer):
+                from sentencepiece import sentencepiece_model_pb2 as pb
+
+                proto = tok.sp.serialized_model_proto()
+                m = pb.ModelProto()
+                m.ParseFromString(proto)
+                if m.trainer_spec.model_type != 2:
+                    return None, "not a BPE model (gigatoken runs sentencepiece BPE only)"
+                specials = [p.piece for p in m.pieces if p.type == CONTROL]
+                data = sentencepiece_to_tokenizer_json(proto)
+                if m.normalizer_spec.remove_extra_whitespaces:
+                    kept = "".join(c for c in WHITESPACE if c != " " and c in tok.sp.normalize("x" + c))
+                    return cls(data, specials, survivors=kept, normalize=tok.sp.normalize), None
+            elif isinstance(tok, HFTokenizer):
+                data = tok.tok.to_str()
+            else:
+                return None, "unknown tokenizer type"
+            return cls(data, specials), None
+        except Exception as e:  # gigatoken refuses what it cannot run, with its reason
+            return None, f"gigatoken refused it ({e})"
+
+    def _reset_cache(self) -> None:
+        had_raw = self.raw is not None
+        self.backend = self.raw = None  # the old caches are freed before the new encoders are built
+        self.backend = self._load(self.json)
+        if had_raw:
+            self._load_raw()
+
+    def _load_raw(self):
+        if self.raw_json is None:
+            cfg = json.loads(self.json)
+            cfg["normalizer"] = None
+            self.raw_json = json.dumps(cfg, ensure_ascii=False)
+        self.raw = self._load(self.raw_json)
+        return self.raw
+
+    def _ends_in_kept_whitespace(self, text: str) -> bool:
+        t = text.strip(" ")
+        return bool(t) and (t[0] in self.survivors or t[-1] in self.trailing)
+
+    def _has_special(self, text: str) -> bool:
+        if self._specials_re is None:
+            self._specials_re = re.compile("|".join(map(re.escape, self.specials)))
+        return self._specials_re.search(text) is not None
+
+    def encode_flat(self, texts: List[str], library) -> Tuple[np.ndarray, np.ndarray]:
+        """(ids of all texts, one after another, as uint32; offsets, len(texts) + 1 int64). ``library(texts)``
+        encodes the texts gigatoken would not give the library's ids for (a control piece in the text as it reaches
+        gigatoken)."""
+        normal, raw, lib, normalized = [], [], [], []
+        for i, t in enumerate(texts):
+            if self.trailing and self._ends_in_kept_whitespace(t):
+                raw.append(i)
+            elif self.specials and self._has_special(t):
+                lib.append(i)
+            else:
+                normal.append(i)
+        if raw:
+            normalized = self.normalize([texts[i] for i in raw])
+            keep = [k for k, t in enumerate(normalized) if not (self.specials and self._has_special(t))]
+            lib += [raw[k] for k in range(len(raw)) if k not in set(keep)]
+            raw, normalized = [raw[k] for k in keep], [normalized[k] for k in keep]
+        if not raw and not lib:
+            out = _flat(self.backend, texts)
+        else:
+            raw_backend = self.raw if self.raw is not None else self._load_raw()
+            groups = [(normal, _flat(self.backend, [texts[i] for i in normal])), (raw, _flat(raw_backend, normalized))]
+            if lib:
+                whole = [np.asarray(ids, dtype=np.uint32) for ids in library([texts[i] for i in lib])]
+                offsets = np.zeros(len(lib) + 1, dtype=np.int64)
+                np.cumsum([len(a) for a in whole], out=offsets[1:])
+                groups.append((lib, (np.concatenate(whole), offsets)))
+            out = splice(len(texts), groups)
+        if self.bound.after_batch(sum(map(len, texts))):
+            self._reset_cache()
+        return out
+
+
+
+def _flat(backend, texts: List[str]) -> Tuple[np.ndarray, np.ndarray]:
+    import awkward as ak
+
+    if not texts:
+        return np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
+    layout = ak.to_layout(backend.encode_batch(texts, parallel=False))
+    offsets = np.asarray(layout.offsets.data, dtype=np.int64)
+    flat = np.asarray(layout.content.data)[offsets[0] : offsets[-1]]
+    return flat, offsets - offsets[0] if offsets[0] else offsets
+
+
+def splice(n: int, groups) -> Tuple[np.ndarray, np.ndarray]:
+    """One (flat, offsets) for texts 0..n-1 from groups of (their indices, their (flat, offsets))."""
+    lengths = np.zeros(n, dtype=np.int64)
+    for idx, (_, off) in groups:
+        lengths[np.asarray(idx, dtype=np.int64)] = np.diff(off)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.zeros(int(offsets[-1]), dtype=np.uint32)
+    for idx, (part, off) in groups:
+        for k, i in enumerate(idx):
+            flat[offsets[i] : offsets[i + 1]] = part[off[k] : off[k + 1]]
+    return flat, offsets

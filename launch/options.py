@@ -1,0 +1,156 @@
+"""The command-line options of `train` and `preflight` (launch/train.sh, launch/preflight.sh): DeepSpeed's hostfile
+vocabulary (--hostfile, --include, --exclude, --num-nodes, --num-gpus), the rendezvous, the run's names, and the
+recipe overrides after `--`. Options and the recipe may come in any order; every bad value is one line and exit 2."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+
+from launch.common import LaunchError
+
+COMMON_USAGE = """
+  --hostfile FILE          DeepSpeed-style hostfile: "host slots=N" per line, # comments (default: $LAUNCH_HOSTFILE)
+  --backend NAME           deepspeed (default when pdsh exists) | torchrun-ssh | slurm | local
+  --include SPEC           hosts/slots to use, DeepSpeed syntax: host1@host2 or host1:0,1@host2
+  --exclude SPEC           hosts/slots to leave out (same syntax)
+  --num-nodes N            use the first N selected hosts
+  --num-gpus N             use N slots per host
+  --master-addr ADDR       rendezvous address (default: the first host, as ssh resolves it)
+  --master-port PORT       rendezvous port (default: derived from the run id, the first free one on the master)
+  --env VAR[,VAR...]       also propagate these variables to every rank (or set LAUNCH_EXPORT="VAR VAR")
+  --entry CMD              the per-rank program (default: "python -m recipes train"; python = the venv python)
+  --log-dir DIR            where per-node logs go (default runs/launch/RUN_ID); not writable by other users
+  --run-id ID              name of this run (default: recipe name + time)
+  --comm-check             (preflight) also run the all-reduce bandwidth check across all ranks
+  --dry-run                print the plan and the resolved command per node; start nothing
+  -- OVERRIDES...          section.key=value recipe overrides, passed to every rank"""
+
+TRAIN_USAGE = f"""usage: launch/train.sh RECIPE [--hostfile FILE] [options] [-- section.key=value ...]
+Start a training run on the hosts of a hostfile, supervise it, stop every rank on every node when one dies or the
+job hangs, and restart it from the newest complete checkpoint when restarts are allowed.
+{COMMON_USAGE}
+  --no-preflight           skip the ssh/repo reachability check of every node
+  --quiet                  write rank output to the logs only, not to the terminal
+  --max-restarts N         restart the job from the newest complete checkpoint after a failure or a hang, up to N
+                           times (default: the recipe's supervision.max_restarts); not with --backend slurm
+  --spares K               keep the last K hosts of the selection out of the world: a host that failed twice is
+                           replaced by a spare with the same slots; with none left the run stops
+environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s; default: the
+  recipe's checkpoint.stop_grace_seconds), LAUNCH_SLURM_GRACE (s, 300: a Slurm job saves and requeues itself this long
+  before its time limit), LAUNCH_VENV
+exit codes: 0 finished, 1 failed or stopped, 2 bad arguments or hostfile, 3 world size does not fit the recipe,
+  4 a node is not ready, 5 another run holds checkpoint.dir, 130 interrupted"""
+
+PREFLIGHT_USAGE = f"""usage: launch/preflight.sh RECIPE --hostfile FILE [options] [-- section.key=value ...]
+Check a cluster before committing it to a run; start nothing (except the optional communication check).
+{COMMON_USAGE}
+exit codes: 0 ready, 2 bad hostfile/arguments, 3 world size does not fit the recipe, 4 a node is not ready"""
+
+BACKENDS = ("deepspeed", "torchrun-ssh", "slurm", "local")
+_VALUED = {"--hostfile": "hostfile", "--backend": "backend", "--include": "include", "--exclude": "exclude",
+           "--num-nodes": "num_nodes", "--num-gpus": "num_gpus", "--master-addr": "master_addr",
+           "--master-port": "master_port", "--env": "env", "--entry": "entry", "--log-dir": "log_dir",
+           "--run-id": "run_id"}
+_FLAGS = {"--comm-check": "comm_check", "--no-preflight": "no_preflight", "--dry-run": "dry_run"}
+_TRAIN_VALUED = {"--max-restarts": "max_restarts", "--spares": "spares"}
+_TRAIN_FLAGS = {"--quiet": "quiet"}
+
+
+@dataclass
+class Options:
+    recipe: str = ""
+    hostfile: str = ""
+    backend: str = ""
+    include: str = ""
+    exclude: str = ""
+    num_nodes: int = 0
+    num_gpus: int = 0
+    master_addr: str = ""
+    master_port: int | None = None
+    env_names: list[str] = field(default_factory=list)
+    entry: str = "python -m recipes train"
+    log_dir: str = ""
+    run_id: str = ""
+    comm_check: bool = False
+    no_preflight: bool = False
+    dry_run: bool = False
+    quiet: bool = False
+    max_restarts: int | None = None
+    spares: int = 0
+    overrides: list[str] = field(default_factory=list)
+
+
+class HelpRequested(Exception):
+    pass
+
+
+def parse(argv: list[str], command: str = "train", environ=os.environ) -> Options:
+    """train / preflight options; LaunchError(code 2) for a bad one, HelpRequested for -h."""
+    valued = dict(_VALUED, **(_TRAIN_VALUED if command == "train" else {}))
+    flags = dict(_FLAGS, **(_TRAIN_FLAGS if command == "train" else {}))
+    raw: dict[str, str] = {}
+    o = Options(hostfile=environ.get("LAUNCH_HOSTFILE", ""))
+    env_words = [environ.get("LAUNCH_EXPORT", "")]
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            o.overrides = argv[i + 1:]
+            break
+        if a in ("-h", "--help"):
+            raise HelpRequested()
+        if a in flags:
+            setattr(o, flags[a], True)
+        elif a in valued:
+            if i + 1 >= len(argv):
+                raise LaunchError(f"{a} needs a value (see --help)", 2)
+            i += 1
+            if a == "--env":
+                env_words.append(argv[i].replace(",", " "))
+            else:
+                raw[valued[a]] = argv[i]
+        elif a.startswith("-"):
+            raise LaunchError(f"unknown option '{a}' (see --help)", 2)
+        elif o.recipe:
+            raise LaunchError(f"two recipes given: '{o.recipe}' and '{a}' (overrides go after --)", 2)
+        else:
+            o.recipe = a
+        i += 1
+    o.env_names = " ".join(env_words).split()
+    _apply(o, raw, environ)
+    return o
+
+
+def _count(raw: dict, key: str, message: str) -> int | None:
+    if key not in raw:
+        return None
+    if not re.fullmatch(r"[0-9]+", raw[key]):
+        raise LaunchError(message.format(raw[key]), 2)
+    return int(raw[key])
+
+
+def _apply(o: Options, raw: dict, environ) -> None:
+    for key in ("hostfile", "backend", "include", "exclude", "master_addr", "entry", "log_dir", "run_id"):
+        if key in raw:
+            setattr(o, key, raw[key])
+    o.num_nodes = _count(raw, "num_nodes", "--num-nodes '{}': give a number of hosts") or 0
+    o.num_gpus = _count(raw, "num_gpus", "--num-gpus '{}': give a number of slots per host") or 0
+    o.max_restarts = _count(raw, "max_restarts", "--max-restarts '{}': give the number of restarts allowed (0 or more)")
+    o.spares = _count(raw, "spares", "--spares '{}': give how many hosts at the end of the selection to keep as "
+                                     "spares") or 0
+    port = raw.get("master_port", environ.get("MASTER_PORT", ""))
+    if port:
+        if not re.fullmatch(r"[0-9]+", port) or not 0 < int(port) < 65536:
+            raise LaunchError(f"--master-port '{port}' is not a port number", 2)
+        o.master_port = int(port)
+    if not o.recipe:
+        raise LaunchError("no recipe given (usage: launch/train.sh RECIPE [--hostfile FILE] [options] "
+                          "[-- overrides]; see --help)", 2)
+    if not o.backend:
+        o.backend = "local" if not o.hostfile else "deepspeed" if shutil.which("pdsh") else "torchrun-ssh"
+    if o.backend not in BACKENDS:
+        raise LaunchError(f"--backend '{o.backend}' unknown; use deepspeed, torchrun-ssh, slurm or local", 2)
+    if o.backend != "local" and not o.hostfile:
+        raise LaunchError(f"--backend {o.backend} needs --hostfile FILE (or LAUNCH_HOSTFILE)", 2)

@@ -1,0 +1,113 @@
+"""ssh with the launcher's own options: LAUNCH_SSH_CONFIG (aliases, ports, keys; never a file from a run directory),
+BatchMode (never hang on a password prompt), a connect timeout. A host is always its own argument after `--`, checked
+with the hostfile's host rule; only text this launcher rendered (every word quoted) becomes the remote command."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from launch.common import REPO_DIR, LaunchError, python, say
+from launch.hostfile import valid_host
+
+
+class Ssh:
+    def __init__(self, environ=os.environ):
+        self.config = environ.get("LAUNCH_SSH_CONFIG", "")
+        self.opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={environ.get('LAUNCH_SSH_TIMEOUT', '10')}"]
+        if self.config:
+            if not (os.path.isfile(self.config) and os.access(self.config, os.R_OK)):
+                raise LaunchError(f"LAUNCH_SSH_CONFIG={self.config} is not a readable file")
+            self.opts = ["-F", self.config] + self.opts
+        self._shim_dir: str | None = None
+
+    def argv(self, host: str, command: str) -> list[str]:
+        if not valid_host(host):
+            raise LaunchError(f"'{host}' is not a host name (letters, digits and _.-[]:, not starting with '-')")
+        return ["ssh", *self.opts, "--", host, command]
+
+    def run(self, host: str, command: str, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=True,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+
+    def run_all(self, hosts: list[str], command_of: Callable[[str], str], input: str | None = None
+                ) -> dict[str, subprocess.CompletedProcess]:
+        """The command on every host at once; host -> its result."""
+        if not hosts:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+            results = pool.map(lambda h: self.run(h, command_of(h), input), hosts)
+            return dict(zip(hosts, results))
+
+    def resolve_addr(self, host: str) -> str:
+        """The address other nodes reach `host` at: ssh's resolved HostName (so ssh aliases work), else the name."""
+        r = subprocess.run(["ssh", *self.opts, "-G", "--", host], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+        for line in r.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname" and value:
+                return value
+        return host
+
+    def tool_env(self) -> dict[str, str]:
+        """For tools that run ssh themselves (pdsh, DeepSpeed's runner): a one-line `ssh` wrapper first on PATH that
+        adds -F LAUNCH_SSH_CONFIG, and pdsh's own variable for it. Empty without a config."""
+        if not self.config:
+            return {}
+        if self._shim_dir is None:
+            real = shutil.which("ssh")
+            if not real:
+                raise LaunchError("ssh is not installed (apt-get install openssh-client)")
+            self._shim_dir = tempfile.mkdtemp(prefix="launch-ssh.")
+            shim = os.path.join(self._shim_dir, "ssh")
+            with open(shim, "w") as f:
+                f.write(f'#!/bin/sh\nexec {shlex.quote(real)} -F {shlex.quote(self.config)} "$@"\n')
+            os.chmod(shim, 0o700)
+        return {"PATH": f"{self._shim_dir}:{os.environ.get('PATH', '')}",
+                "PDSH_SSH_ARGS_APPEND": f"{os.environ.get('PDSH_SSH_ARGS_APPEND', '')} -F {self.config}".strip()}
+
+    def close(self) -> None:
+        if self._shim_dir:
+            shutil.rmtree(self._shim_dir, ignore_errors=True)
+            self._shim_dir = None
+
+
+def check_reachable(ssh: Ssh, hosts: list[str]) -> bool:
+    """ssh, this repository and its venv on every host, in parallel; one line per host that is not ready."""
+    probe = f"test -x {shlex.quote(python())} && test -d {shlex.quote(str(REPO_DIR / 'recipes'))} && echo ok"
+    ok = True
+    for host, r in ssh.run_all(hosts, lambda h: probe).items():
+        if "ok" not in r.stdout.split():
+            say(f"node {host}: NOT ready: {(r.stdout + r.stderr).replace(chr(10), ' ')[:300]}")
+            say(f"  fix: passwordless ssh to {host} (ssh {host} true), and this repo + venv at {REPO_DIR} on it")
+            ok = False
+    return ok
+
+
+def push_private_file(ssh: Ssh, hosts: list[str], path: str) -> bool:
+    """The file to every host at the same path over ssh's stdin (never its command line), created 0600 under a fresh
+    name and renamed; on a shared file system each node replaces it with the same bytes."""
+    with open(path) as f:
+        text = f.read()
+    d, name = shlex.quote(os.path.dirname(path)), os.path.basename(path)
+    cmd = (f"umask 077 && mkdir -p {d} && t=$(mktemp {d}/{shlex.quote('.' + name)}.XXXXXX) && cat >\"$t\" && "
+           f"mv -f \"$t\" {shlex.quote(path)}")
+    ok = True
+    for host, r in ssh.run_all(hosts, lambda h: cmd, input=text).items():
+        if r.returncode != 0:
+            say(f"node {host}: cannot write {path}: {r.stderr.replace(chr(10), ' ')[:300]}")
+            ok = False
+    return ok
+
+
+def drop_file(ssh: Ssh, hosts: list[str], path: str) -> None:
+    """Best effort, at exit: the ranks read it when they started."""
+    ssh.run_all(hosts, lambda h: f"rm -f {shlex.quote(path)}")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

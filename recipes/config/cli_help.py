@@ -1,0 +1,25 @@
+"""Help of the recipes commands: a description made of whole sentences and examples to copy.
+
+A command's description is its module docstring's first paragraph, all of it: the docstrings wrap at 120 columns,
+so their first *line* is often half a sentence ("... as a training"). Examples follow the options, as typed.
+"""
+from __future__ import annotations
+
+import argparse
+import textwrap
+from typing import Sequence
+
+WIDTH = 100
+
+
+def first_paragraph(doc: str) -> str:
+    """The text up to the first blank line, as one paragraph."""
+    return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+def command_parser(prog: str, doc: str, examples: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """An ArgumentParser whose description is the whole first paragraph of `doc` and whose epilog lists `examples`
+    (each a command line, optionally followed by '  # why')."""
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples) if examples else None
+    return argparse.ArgumentParser(prog=prog, description=textwrap.fill(first_paragraph(doc), WIDTH), epilog=epilog,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,0 +1,437 @@
+"""Why the planner recommends a layout, in sentences computed from the priced layouts.
+
+Every sentence is a small function of the plan (`Plan`) that returns its text, or None where it does not apply, so
+each can be tested where it must appear and where it must not. A comparison between two layouts names as its cause
+the largest term of their step-time difference (`StepTerms.minus`), never a fixed culprit; a statement about memory
+is made only about layouts whose memory was priced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+from recipes.model.shape import count_parameters
+from recipes.parallel.layout import Layout
+from recipes.planner.cost import (
+    CP_SEARCH_FROM, Assumptions, Estimate, candidate_layouts, device_memory, estimate, format_memory,
+)
+from recipes.planner.units import count, format_duration, human_params
+
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
+NEAR_BEST = 0.02  # layouts within 2% of the fastest are "as fast"; among them the simplest is recommended
+
+
+@dataclass
+class Plan:
+    """What the sentences read: the recipe, every priced layout (ranked), the recommended one, the budget."""
+    recipe: object
+    ests: list[Estimate]
+    rec: Estimate
+    tokens: float | None = None
+    corpus: dict | None = None
+    max_days: float = 90.0
+    assume: Assumptions = Assumptions()
+
+    @property
+    def model(self):
+        return self.recipe.model
+
+    @property
+    def cluster(self):
+        return self.recipe.cluster
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recommendation
+# ---------------------------------------------------------------------------------------------------------------------
+
+_SIMPLER = ("no model parallelism", "no context parallelism (a collective per layer on the critical path)",
+            "no ZeRO-3 (whose weight gathers every micro-batch are the least certain overlap in the model)",
+            "less model parallelism", "less context parallelism", "fewer pipeline stages", "a lower ZeRO stage",
+            "less recompute")
+
+
+def complexity(e: Estimate) -> tuple:
+    """Sort key of simplicity, in the order of `_SIMPLER`: no model parallelism first, then no CP, no ZeRO-3, the
+    least TP x PP, the least CP, the fewest stages, the lowest ZeRO stage, the least recompute."""
+    lay = e.layout
+    return (lay.model_parallel_size > 1, lay.cp > 1, lay.zero_stage == 3, lay.model_parallel_size, lay.cp, lay.pp,
+            lay.zero_stage, ("none", "selective", "full").index(lay.recompute), -e.tokens_per_s)
+
+
+def pure_data_parallel(lay: Layout) -> bool:
+    """No layer split (TP = PP = 1) and no sequence split (CP = 1): every GPU runs the whole model on whole
+    sequences."""
+    return lay.model_parallel_size == 1 and lay.cp == 1
+
+
+def _data_axis(lay: Layout) -> str:
+    """'DP=8', or 'DP x CP = 4 x 2 = 8 ranks' (DeepSpeed's data axis: gradients and ZeRO over both)."""
+    if lay.cp == 1:
+        return f"DP={lay.dp}"
+    return f"DP x CP = {lay.dp} x {lay.cp} = {lay.data_axis} ranks"
+
+
+def recommend(ests: list[Estimate]) -> Estimate | None:
+    """The simplest layout (see `complexity`) among those within 2% of the fastest that fit with the memory headroom;
+    when none does, the same among the tight ones (the explanation says so)."""
+    for pool in ([e for e in ests if e.fits_with_headroom], [e for e in ests if e.fits]):
+        if pool:
+            best = max(e.tokens_per_s for e in pool)
+            return min((e for e in pool if e.tokens_per_s >= best * (1 - NEAR_BEST)), key=complexity)
+    return None
+
+
+def simpler_because(a: Estimate, b: Estimate) -> str:
+    """Why the simpler of two layouts is simpler: the first rule of `complexity` that tells them apart."""
+    ka, kb = complexity(a), complexity(b)
+    i = next((i for i in range(len(_SIMPLER)) if ka[i] != kb[i]), None)
+    if i is None:
+        return "the same complexity; the faster one"
+    simple = a if ka[i] < kb[i] else b
+    return f"{simple.layout.describe()} has {_SIMPLER[i]}"
+
+
+def best_fitting(ests: list[Estimate], pred: Callable[[Layout], bool]) -> Estimate | None:
+    """The fastest layout matching `pred` that fits with the headroom."""
+    return max((e for e in ests if e.fits_with_headroom and pred(e.layout)), key=lambda e: e.tokens_per_s,
+               default=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Comparing two layouts: the cause is the largest term of the difference
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _compute_words(x: Estimate, r: Estimate, model_cfg) -> str:
+    parts = []
+    if abs(x.compute_efficiency - r.compute_efficiency) > 1e-3:
+        why = []
+        if x.layout.micro_batch != r.layout.micro_batch:
+            why.append(f"micro-batch {x.layout.micro_batch} against {r.layout.micro_batch}")
+        if x.layout.tp != r.layout.tp:
+            why.append(f"a hidden slice of {model_cfg.hidden_size // x.layout.tp} per GPU against "
+                       f"{model_cfg.hidden_size // r.layout.tp}")
+        parts.append(f"its GEMMs run at {x.compute_efficiency:.0%} of peak against {r.compute_efficiency:.0%}"
+                     + (f" ({', '.join(why)})" if why else ""))
+    L = model_cfg.num_layers
+    slow_x, slow_r = -(-L // x.layout.pp), -(-L // r.layout.pp)
+    if slow_x * r.layout.pp != slow_r * x.layout.pp:
+        parts.append(f"its slowest pipeline stage holds {slow_x} of {L} layers")
+    return "compute" + (f": {'; '.join(parts)}" if parts else "")
+
+
+def bubble_words(e: Estimate) -> str:
+    """'(p-1)/m = 4/128 = 3.1%': the 1F1B bubble as a share of the compute (above 100% when m < p - 1)."""
+    p, m = e.layout.pp, e.micro_batches
+    return f"(p-1)/m = {p - 1}/{m} = {e.bubble_fraction:.1%}"
+
+
+def term_words(term: str, x: Estimate, r: Estimate, model_cfg) -> str:
+    """What a step-time term of layout `x` is, in words, for a comparison with `r`."""
+    lay = x.layout
+    if term == "compute":
+        return _compute_words(x, r, model_cfg)
+    if term == "recompute":
+        return f"recompute={lay.recompute}, which runs every layer's forward again in the backward"
+    if term == "tp_comm":
+        n = 4 + 2 * (lay.recompute == "full")
+        if lay.sequence_parallel:
+            return (f"TP={lay.tp}'s all-gathers and reduce-scatters (SP: {n} of each per layer per micro-batch, not "
+                    "overlapped)")
+        return f"TP={lay.tp}'s all-reduces ({n} per layer per micro-batch, not overlapped)"
+    if term == "cp_comm":
+        return (f"CP={lay.cp}'s all-gather of K and V and reduce-scatter of their gradients (every layer, every "
+                "micro-batch, not overlapped)")
+    if term == "bubble":
+        return f"the pipeline bubble (PP={lay.pp}, {bubble_words(x)})"
+    if term == "pp_comm":
+        return f"stage-to-stage sends (PP={lay.pp})"
+    if lay.zero_stage == 3:
+        return (f"ZeRO-3's weight all-gathers and gradient reduce-scatters over {_data_axis(lay)}, module by module "
+                "every micro-batch, that the compute does not hide")
+    if lay.zero_stage == 2:
+        return f"the ZeRO-2 gradient traffic over {_data_axis(lay)} that the backward does not hide"
+    return f"the gradient all-reduce over {_data_axis(lay)} after the last micro-batch (not overlapped)"
+
+
+def compare(x: Estimate, r: Estimate, model_cfg, what: str = "the recommended layout") -> str:
+    """'runs at 85% of the recommended layout's throughput: the largest part of the difference is ...' — or, when
+    `x` is within NEAR_BEST of `r`, why `r` was preferred."""
+    ratio = x.tokens_per_s / r.tokens_per_s
+    if ratio >= 1 - NEAR_BEST:
+        return (f"runs at {ratio:.0%} of {what}'s throughput: within {NEAR_BEST:.0%}, where the simpler layout is "
+                f"recommended ({simpler_because(x, r)})")
+    diff = x.terms.minus(r.terms)
+    term = max(diff, key=diff.get)
+    total = x.terms.step - r.terms.step
+    net = "" if abs(total - diff[term]) < 0.005 else f"; {total:+.2f} s per step in all"
+    return (f"runs at {ratio:.0%} of {what}'s throughput: the largest term it adds is "
+            f"{term_words(term, x, r, model_cfg)} (+{diff[term]:.2f} s per step{net})")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The sentences
+# ---------------------------------------------------------------------------------------------------------------------
+
+def model_states(plan: Plan) -> str:
+    params = count_parameters(plan.model)
+    states = 16 * params / 2**30
+    c = plan.cluster
+    side = "more than" if states > plan.rec.gpu_memory_gib else "within"
+    return (f"The model has {human_params(params)} parameters; Adam with mixed precision (or fp32) needs 16 bytes "
+            f"each = {states:,.1f} GiB of model states, {side} one {c.gpu}'s {device_memory(c)}.")
+
+
+_SHARDS = {0: "nothing (every GPU keeps all 16 bytes per parameter)", 1: "the optimizer states",
+           2: "the optimizer states and gradients", 3: "parameters, gradients and optimizer states"}
+
+
+def data_parallel_wins(plan: Plan) -> Optional[str]:
+    rec = plan.rec
+    lay = rec.layout
+    if not pure_data_parallel(lay):
+        return None
+    if lay.dp == 1:
+        return ("One GPU: nothing is split or communicated; the weights, gradients, optimizer states and activations "
+                "all sit on it.")
+    why = (f"Plain data parallelism wins: no layer is split, so there is no tensor-parallel all-reduce and no pipeline "
+           f"bubble; ZeRO-{lay.zero_stage} shards {_SHARDS[lay.zero_stage]} over {lay.dp} ranks.")
+    lower = best_fitting(plan.ests, lambda l: pure_data_parallel(l) and l.zero_stage < lay.zero_stage)
+    if lower is not None:
+        return why + f" The best lower ZeRO stage ({lower.layout.describe()}) {compare(lower, rec, plan.model)}."
+    priced = [e for e in plan.ests if pure_data_parallel(e.layout) and e.layout.zero_stage < lay.zero_stage]
+    if priced:
+        lean = min(priced, key=lambda e: e.memory_gib["total"])
+        why += (f" Lower ZeRO stages do not fit: the leanest ({lean.layout.describe()}) needs "
+                f"{lean.memory_gib['total']:.1f} GiB, over the {rec.memory_budget_gib:.1f} GiB budget.")
+    return why
+
+
+def _unpriced_data_parallel(plan: Plan) -> str:
+    """TP=PP=1 was never priced: say which rule skipped it and what the smallest admissible batch would give."""
+    c, m, batch = plan.cluster, plan.model, plan.recipe.training.global_batch
+    world = c.world_size
+    rule = Layout(tp=1, pp=1, dp=world, zero_stage=3).problems(m, batch)
+    why = "; ".join(p.message for p in rule) or f"no micro-batch <= {plan.assume.max_micro_batch} divides it"
+    admit = -(-batch // world) * world
+    text = f"TP=PP=1 (DP={world}) was not priced: {why}."
+    ests = [estimate(m, c, lay, admit, precision=plan.recipe.training.precision, assume=plan.assume)
+            for lay in candidate_layouts(m, c, admit, plan.assume) if _no_model_parallel(lay)]
+    best = best_fitting(ests, lambda l: True)
+    if best is not None:
+        return text + (f" At global batch {admit} it would fit: {best.layout.describe()} needs "
+                       f"{best.memory_gib['total']:.1f} GiB per GPU at {best.tokens_per_s:,.0f} tokens/s.")
+    if ests:
+        lean = min(ests, key=lambda e: e.memory_gib["total"])
+        return text + (f" At global batch {admit} it would not fit either: the leanest ({lean.layout.describe()}) "
+                       f"needs {lean.memory_gib['total']:.1f} GiB, over the {lean.memory_budget_gib:.1f} GiB budget.")
+    return text
+
+
+def _no_model_parallel(lay: Layout) -> bool:
+    return lay.model_parallel_size == 1  # TP = PP = 1; CP (a split of the sequence, not of the model) allowed
+
+
+def why_model_parallel(plan: Plan) -> Optional[str]:
+    rec = plan.rec
+    if rec.layout.model_parallel_size == 1:
+        return None  # (CP alone is explained by `context_parallel`)
+    no_mp = [e for e in plan.ests if _no_model_parallel(e.layout)]
+    if not no_mp:
+        return _unpriced_data_parallel(plan)
+    fitting = [e for e in no_mp if e.fits_with_headroom]
+    if not fitting:
+        lean = min(no_mp, key=lambda e: e.memory_gib["total"])
+        cp = max(e.layout.cp for e in no_mp)
+        tried = "ZeRO stages, micro-batches and recompute" + (f", CP up to {cp}" if cp > 1 else "")
+        return (f"Model parallelism is forced by memory: all {len(no_mp)} TP=PP=1 layouts priced ({tried}) exceed "
+                f"the {rec.memory_budget_gib:.1f} GiB budget; the leanest ({lean.layout.describe()}) needs "
+                f"{lean.memory_gib['total']:.1f} GiB ({format_memory(lean.memory_gib)}).")
+    plain = best_fitting(plan.ests, lambda l: _no_model_parallel(l) and l.zero_stage < 3)
+    if plain is None:
+        lean = min((e for e in no_mp if e.layout.zero_stage < 3), key=lambda e: e.memory_gib["total"])
+        z3 = best_fitting(plan.ests, _no_model_parallel)
+        return (f"Without ZeRO-3, TP=PP=1 does not fit: the leanest ({lean.layout.describe()}) needs "
+                f"{lean.memory_gib['total']:.1f} GiB, over the {rec.memory_budget_gib:.1f} GiB budget; ZeRO-3 over "
+                f"all {plan.cluster.world_size} GPUs fits ({z3.layout.describe()}, {z3.memory_gib['total']:.1f} GiB) "
+                f"but {compare(z3, rec, plan.model)}.")
+    kind = "pure data-parallel layout" if plain.layout.cp == 1 else "layout without model parallelism"
+    return f"The best {kind} ({plain.layout.describe()}) fits but {compare(plain, rec, plan.model)}."
+
+
+def simplest_near_fastest(plan: Plan) -> Optional[str]:
+    """When a faster layout exists within NEAR_BEST, say so and why the recommended one was preferred."""
+    rec = plan.rec
+    fastest = best_fitting(plan.ests, lambda l: True) if rec.fits_with_headroom else max(
+        (e for e in plan.ests if e.fits), key=lambda e: e.tokens_per_s)
+    if fastest is None or fastest is rec or fastest.tokens_per_s <= rec.tokens_per_s:
+        return None
+    return (f"The fastest layout that fits ({fastest.layout.describe()}) is {fastest.tokens_per_s / rec.tokens_per_s - 1:.1%} "
+            f"faster: within {NEAR_BEST:.0%}, so the simpler one is recommended ({simpler_because(rec, fastest)}).")
+
+
+def tensor_parallel(plan: Plan) -> Optional[str]:
+    rec, c = plan.rec, plan.cluster
+    if rec.layout.tp <= 1:
+        return None
+    t = rec.time_s
+    inside = rec.layout.tp <= c.gpus_per_node
+    where = (f"stays inside a node (at most {c.gpus_per_node} GPUs on NVLink)" if inside
+             else "crosses nodes (more than one node's GPUs)")
+    what = "all-gathers and reduce-scatters (SP)" if rec.layout.sequence_parallel else "all-reduces"
+    return (f"TP={rec.layout.tp} {where}: its {what} cost {t['tp_comm']:.2f} s per step "
+            f"({t['tp_comm'] / t['step']:.0%})" + (f"; over InfiniBand they would run at "
+                                                   f"~{c.inter_node_gbps / c.gpus_per_node:.0f} instead of "
+                                                   f"{c.intra_node_gbps:.0f} GB/s per GPU." if inside else "."))
+
+
+def pipeline(plan: Plan) -> Optional[str]:
+    rec = plan.rec
+    if rec.layout.pp <= 1:
+        return None
+    return (f"PP={rec.layout.pp} splits the layers into stages; with {rec.micro_batches} micro-batches per step the "
+            f"1F1B bubble {bubble_words(rec)} costs {rec.time_s['bubble']:.2f} s, and "
+            f"stage-to-stage sends {rec.time_s['pp_comm']:.2f} s.")
+
+
+def context_parallel(plan: Plan) -> Optional[str]:
+    """From CP_SEARCH_FROM tokens, where CP was searched: why the recommendation uses CP (what it costs, and whether it
+    is what makes a layout fit), or why it does not."""
+    rec, m = plan.rec, plan.model
+    s, lay = m.seq_length, rec.layout
+    if s < CP_SEARCH_FROM:
+        return None
+    if lay.cp == 1:
+        best = best_fitting(plan.ests, lambda l: l.cp > 1)
+        if best is None:
+            return f"Context parallelism was searched ({s:,}-token sequences); no CP layout fits with the headroom."
+        return (f"Context parallelism was searched ({s:,}-token sequences) and not chosen: the best CP layout "
+                f"({best.layout.describe()}) {compare(best, rec, m)}.")
+    t = rec.time_s
+    again = ", again in the recompute forward" if lay.recompute == "full" else ""
+    text = (f"CP={lay.cp} splits each {s:,}-token sequence into {2 * lay.cp} chunks, two per GPU ({s // lay.cp:,} "
+            f"tokens each, load-balanced under the causal mask): it divides the activations and the attention work "
+            f"by {lay.cp}; per layer it all-gathers K and V (forward{again}) and reduce-scatters their gradients "
+            f"(backward), {t['cp_comm']:.2f} s per step ({t['cp_comm'] / t['step']:.0%}), not overlapped with "
+            f"compute.")
+    return text + " " + _without_cp(plan)
+
+
+def _without_cp(plan: Plan) -> str:
+    """Whether CP is what makes the recommended layout fit, and what the best layout without CP gives."""
+    rec, m, c = plan.rec, plan.model, plan.cluster
+    lay, batch = rec.layout, plan.recipe.training.global_batch
+    twin_layout = replace(lay, cp=1, dp=lay.dp * lay.cp)  # the same GPUs, CP's ranks given to DP
+    twin = None
+    if not twin_layout.problems(m, batch):
+        twin = estimate(m, c, twin_layout, batch, precision=plan.recipe.training.precision, assume=plan.assume)
+    no_cp = [e for e in plan.ests if e.layout.cp == 1]
+    best = best_fitting(no_cp, lambda l: True)
+    if twin is not None and not twin.fits_with_headroom:
+        head = (f"CP is what makes this layout fit: without it ({twin_layout.describe()}) it would need "
+                f"{twin.memory_gib['total']:.1f} GiB, over the {rec.memory_budget_gib:.1f} GiB budget; ")
+    else:
+        head = ""
+    if best is None:
+        lean = min(no_cp, key=lambda e: e.memory_gib["total"], default=None)
+        tail = f"no layout without CP fits" + (
+            f" (of {len(no_cp)} priced, the leanest, {lean.layout.describe()}, needs "
+            f"{lean.memory_gib['total']:.1f} GiB: {format_memory(lean.memory_gib)})" if lean else "") + "."
+    else:
+        tail = f"the best layout without CP ({best.layout.describe()}) {compare(best, rec, m)}."
+    text = head + tail
+    return text[0].upper() + text[1:]
+
+
+def data_parallel_traffic(plan: Plan) -> Optional[str]:
+    rec = plan.rec
+    lay = rec.layout
+    if lay.data_axis <= 1:
+        return None
+    how = {0: "one gradient all-reduce after the last micro-batch",
+           1: "a gradient reduce-scatter and parameter all-gather after the last micro-batch",
+           2: "a gradient reduce-scatter every micro-batch (overlapped with its backward) and one all-gather",
+           3: "weight all-gathers before every module's forward and backward and gradient reduce-scatters, every "
+              "micro-batch, prefetched behind the compute"}[lay.zero_stage]
+    return (f"{_data_axis(lay)}, ZeRO-{lay.zero_stage}: {how}; {rec.time_s['dp_comm']:.2f} s of it per step is not "
+            f"hidden.")
+
+
+def memory(plan: Plan) -> str:
+    rec, c = plan.rec, plan.cluster
+    head = plan.assume.memory_headroom
+    where = (f"within the {rec.memory_budget_gib:.1f} GiB budget ({head:.0%} headroom)" if not rec.tight else
+             f"TIGHT: above the {rec.memory_budget_gib:.1f} GiB budget ({head:.0%} headroom), as is every layout "
+             f"that fits; expect to tune micro-batch or recompute on the cluster")
+    b = rec.buffers_gib
+    text = (f"Memory per GPU: {format_memory(rec.memory_gib)} of {device_memory(c)}, {where}. Buffers: CUDA context "
+            f"{b['cuda_context']:.1f} + {rec.communicators} NCCL communicators {b['communicators']:.1f} + DeepSpeed "
+            f"buckets {b['deepspeed_buckets']:.1f}" + (f" + gathered ZeRO-3 layers {b['zero3_gathered']:.1f}"
+                                                       if b["zero3_gathered"] else "") + " GiB.")
+    if rec.layout.recompute != "none":
+        plain = estimate(plan.model, c, replace(rec.layout, recompute="none"), plan.recipe.training.global_batch,
+                         precision=plan.recipe.training.precision, assume=plan.assume)
+        text += (f" Without recompute this layout would need {plain.memory_gib['total']:.1f} GiB"
+                 + (" (over the budget)." if not plain.fits_with_headroom else " (it would fit, but run slower)."
+                    if plain.tokens_per_s < rec.tokens_per_s else "."))
+    return text
+
+
+def step(plan: Plan) -> str:
+    rec = plan.rec
+    text = (f"Predicted step {rec.time_s['step']:.2f} s, {rec.tokens_per_s:,.0f} tokens/s, {rec.tflops_per_gpu:.0f} "
+            f"model TFLOP/s per GPU = {rec.mfu:.0%} MFU.")
+    if rec.layout.recompute != "none" or not plan.assume.flash_attention:
+        text += f" With {_executed_why(plan)} the GPUs execute {rec.hardware_tflops_per_gpu:.0f} TFLOP/s."
+    return text
+
+
+def _executed_why(plan: Plan) -> str:
+    """Why the executed FLOP/s differ from the model FLOP/s (model FLOPs: causal attention, no recompute)."""
+    why = []
+    if plan.rec.layout.recompute != "none":
+        why.append(f"recompute={plan.rec.layout.recompute}")
+    if not plan.assume.flash_attention:
+        why.append("the whole s x s attention block computed, then masked")
+    return " and ".join(why)
+
+
+def duration(plan: Plan) -> Optional[str]:
+    if not plan.tokens:
+        return None
+    rec = plan.rec
+    seconds = plan.tokens / rec.tokens_per_s
+    return (f"{plan.tokens:.3g} tokens take {format_duration(seconds)} on {plan.cluster.world_size} GPUs "
+            f"({count(seconds / 3600 * plan.cluster.world_size)} GPU-hours).")
+
+
+def corpus(plan: Plan) -> Optional[str]:
+    c = plan.corpus
+    if not c:
+        return None
+    rate = plan.rec.tokens_per_s
+    in_window = rate * plan.max_days * 86400
+    frac = in_window / c["tokens"]
+    epoch = format_duration(c["tokens"] / rate)
+    head = f"The corpus is {c['bytes']:.3g} bytes ~ {c['tokens']:.3g} tokens; "
+    if frac < 1:
+        return head + (f"in {plan.max_days:g} days one run trains on {in_window:.3g} tokens = {frac:.3%} of it (one "
+                       f"pass over all of it would take {epoch}).")
+    return head + (f"one pass takes {epoch}, so {plan.max_days:g} days would allow {frac:,.0f} passes: the data, not "
+                   "the cluster, bounds this run.")
+
+
+def compute_optimal(plan: Plan) -> str:
+    optimal = CHINCHILLA_TOKENS_PER_PARAM * count_parameters(plan.model)
+    return (f"Compute-optimal data for this size is ~{optimal:.3g} tokens (20 per parameter, Hoffmann et al. 2022): "
+            f"{format_duration(optimal / plan.rec.tokens_per_s)} at this rate.")
+
+
+SENTENCES: tuple[Callable[[Plan], Optional[str]], ...] = (
+    model_states, data_parallel_wins, why_model_parallel, simplest_near_fastest, tensor_parallel, pipeline,
+    context_parallel, data_parallel_traffic, memory, step, duration, corpus, compute_optimal)
+
+
+def explain(plan: Plan) -> list[str]:
+    """Plain-language reasons for the recommendation, each backed by numbers from the plan."""
+    return [s for s in (f(plan) for f in SENTENCES) if s]

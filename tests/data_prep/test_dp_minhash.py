@@ -1,0 +1,56 @@
+"""The vectorised MinHash equals its definition computed with Python integers, and estimates Jaccard similarity."""
+
+import random
+
+import pytest
+import xxhash
+
+from data_prep.steps.dedup import MinHashDedupConfig, MinHasher
+
+pytestmark = pytest.mark.unit
+MASK = (1 << 64) - 1
+
+
+def _mix(x):
+    x ^= x >> 30
+    x = x * 0xBF58476D1CE4E5B9 & MASK
+    x ^= x >> 27
+    x = x * 0x94D049BB133111EB & MASK
+    return x ^ (x >> 31)
+
+
+def reference_signature(h: MinHasher, text: str):
+    """The definition, one shingle and one permutation at a time, with Python's unbounded integers."""
+    words = (text.lower() if h.cfg.lowercase else text).split()
+    if not words:
+        shingles = [0]
+    else:
+        wh = [xxhash.xxh3_64_intdigest(w.encode()) for w in words]
+        n = min(h.cfg.shingle_words, len(wh))
+        shingles = [_mix((sum(wh[i + k] * int(h.weights[k]) for k in range(n)) + n) & MASK)
+                    for i in range(len(wh) - n + 1)]
+    return [min((((int(a) * x + int(b)) & MASK) >> 32) for x in shingles) for a, b in zip(h.a, h.b)]
+
+
+def test_signature_equals_its_definition(texts):
+    h = MinHasher(MinHashDedupConfig(num_perm=32))
+    h.CHUNK = 100  # several chunks per document
+    for t in texts[:12] + ["", "one", "a b c d", "x " * 700, "Ünïcödé wörds ａｎｄ 漢字 " * 30]:
+        assert h.signature(t).tolist() == reference_signature(h, t)
+
+
+def test_agreement_estimates_jaccard():
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(5000)]
+    base = [rng.choice(vocab) for _ in range(600)]
+    h = MinHasher(MinHashDedupConfig(num_perm=256, shingle_words=3))
+
+    def shingles(ws):
+        return {tuple(ws[i : i + 3]) for i in range(len(ws) - 2)}
+
+    for keep in (1.0, 0.9, 0.7, 0.4):
+        other = [w if rng.random() < keep else rng.choice(vocab) for w in base]
+        a, b = shingles(base), shingles(other)
+        jaccard = len(a & b) / len(a | b)
+        est = float((h.signature(" ".join(base)) == h.signature(" ".join(other))).mean())
+        assert abs(est - jaccard) < 0.08, (keep, jaccard, est)
