@@ -273,7 +273,8 @@ def cmd_slurm(a) -> int:
         print(f"every unit is complete: nothing to submit (run the finalize script or {command} --merge-only)")
         return 0
     paths = render(args, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
-                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only, command=command, stages=stages)
+                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only, command=command, stages=stages,
+                   account=a.account, qos=a.qos)
     for p in paths:
         print(f"# {p}")
         if a.dry_run:
@@ -551,8 +552,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize (scontrol show config)")
     p.add_argument("--max-concurrent", type=int, default=0, help="%%N throttle on running tasks")
     p.add_argument("--cpus-per-task", type=int, default=8)
-    p.add_argument("--time", default="24:00:00")
-    p.add_argument("--partition")
+    p.add_argument("--time", default="24:00:00", help="each task's time limit (sbatch --time)")
+    p.add_argument("--partition", help="sbatch --partition (default: the cluster's default partition)")
+    p.add_argument("--account", help="sbatch --account")
+    p.add_argument("--qos", help="sbatch --qos")
     p.add_argument("--only-incomplete", action="store_true",
                    help="submit only slices with incomplete units (with curation steps: per pass)")
     p.add_argument("--dry-run", action="store_true", help="write and print the scripts; submit nothing")
