@@ -383,16 +383,25 @@ def _other_ep(plan: Plan) -> list[Optional[str]]:
     out = []
     for ep in (max((d for d in degrees if d < lay.ep), default=None), min((d for d in degrees if d > lay.ep),
                                                                           default=None)):
-        twin = None if ep is None else replace(lay, ep=ep)
-        if twin is None or twin.problems(m, batch):
+        # EP > 1 needs ZeRO-1 or 2 (DeepSpeed reduces the experts' gradients in its ZeRO optimizer only)
+        twin = None if ep is None else replace(lay, ep=ep, zero_stage=max(lay.zero_stage, int(ep > 1)))
+        if twin is None:
+            continue
+        problems = twin.problems(m, batch)
+        if problems:
+            out.append(f"{_twin_name(twin, lay)} cannot run here: {problems[0].message.split(' (')[0]}.")
             continue
         e = estimate(m, plan.cluster, twin, batch, precision=plan.recipe.training.precision, assume=plan.assume)
         if not e.fits_with_headroom:
-            out.append(f"EP={ep} would need {e.memory_gib['total']:.1f} GiB per GPU, over the "
+            out.append(f"{_twin_name(twin, lay)} would need {e.memory_gib['total']:.1f} GiB per GPU, over the "
                        f"{rec.memory_budget_gib:.1f} GiB budget.")
         else:
-            out.append(f"EP={ep} {compare(e, rec, m)}.")
+            out.append(f"{_twin_name(twin, lay)} {compare(e, rec, m)}.")
     return out
+
+
+def _twin_name(twin: Layout, lay: Layout) -> str:
+    return f"EP={twin.ep}" + (f" (with ZeRO-{twin.zero_stage})" if twin.zero_stage != lay.zero_stage else "")
 
 
 def data_parallel_traffic(plan: Plan) -> Optional[str]:
