@@ -159,7 +159,7 @@ class Assumptions:
     virtual_stages: int = 1
     # Mixture of experts (recipes.planner.experts): the busiest EP rank receives this many times the mean routed
     # tokens. Our assumption for a router trained with the load-balancing aux loss, not a measurement: training logs
-    # the real figure (metrics.jsonl moe/load_imbalance); it prices the all-to-all, the expert GEMMs and activations.
+    # the real figure (metrics.jsonl moe_load_imbalance); it prices the all-to-all, the expert GEMMs and activations.
     moe_load_imbalance: float = 1.2
 
     @classmethod

@@ -10,10 +10,11 @@ gradients. None of it is overlapped with compute here (megatron-core's overlap o
 expert is not built), so all of it is on the critical path.
 
 Load imbalance is an assumption, not a measurement: `Assumptions.moe_load_imbalance` says how many times the mean
-number of routed tokens the busiest EP rank receives (training reports the measured figure per step in
-metrics.jsonl, `moe/load_imbalance`, recipes.model.moe.routing_stats: put it here). Every rank waits for the busiest
-in the all-to-all and in the next collective, so its expert GEMMs, its received bytes and its activations are priced
-at that factor. A capacity factor caps it (tokens over capacity are dropped).
+number of routed tokens the busiest EP rank receives. Training logs `moe_load_imbalance` in metrics.jsonl
+(recipes.model.moe.routing_stats): the busiest EXPERT over the mean, worst layer, an upper bound for an EP rank, which
+sums E / ep experts. Every rank waits for the busiest in the all-to-all and in the next collective, so its expert
+GEMMs, its received bytes and its activations are priced at that factor. A capacity factor caps it (tokens over
+capacity are dropped).
 """
 from __future__ import annotations
 

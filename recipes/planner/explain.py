@@ -371,7 +371,7 @@ def expert_parallel(plan: Plan) -> Optional[str]:
                 f"combine all-to-alls (4 per MoE layer per micro-batch) run {where}, {t['ep_comm']:.2f} s per step "
                 f"({t['ep_comm'] / t['step']:.0%}). Load imbalance is an assumption: the busiest EP rank gets "
                 f"{imb:g}x the mean routed tokens, which costs {t['imbalance']:.2f} s per step (measure it: "
-                "metrics.jsonl moe/load_imbalance).")
+                "metrics.jsonl moe_load_imbalance, per expert: an upper bound).")
     return text + "".join(" " + w for w in _other_ep(plan) if w)
 
 
