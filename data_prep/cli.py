@@ -277,7 +277,8 @@ def cmd_slurm(a) -> int:
         print(f"every unit is complete: nothing to submit (run the finalize script or {command} --merge-only)")
         return 0
     paths = render(args, a.tasks, a.scripts_dir, sys.executable, os.getcwd(), a.max_array_size,
-                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only, command=command, stages=stages)
+                   a.cpus_per_task, a.time, a.partition, a.max_concurrent, only, command=command, stages=stages,
+                   account=a.account, qos=a.qos)
     for p in paths:
         print(f"# {p}")
         if a.dry_run:
@@ -313,11 +314,13 @@ def cmd_blend(a) -> int:
 
 
 def cmd_plan(a) -> int:
-    from data_prep.tools.plan import calibrate, plan
+    from data_prep.tools.plan import calibrate, peak_flops, plan
     from data_prep.tools.sample_corpus import build
 
     sample = a.sample
     tok = a.tokenizer
+    if a.gpus:  # an unknown GPU is refused before any calibration, not priced as some other GPU
+        peak_flops(a.gpu)
     if sample:  # read (and credentials) checked, and the text field, before any calibration
         _check_sample(sample, a.text_field)
     if not sample or not tok:
@@ -537,7 +540,8 @@ def main(argv=None) -> int:
     p.add_argument("--shard-size", type=_size_arg, default="256M")
     p.add_argument("--model-params", type=float, default=0.0, help="e.g. 130e9")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of the training run (e.g. 800)")
-    p.add_argument("--gpu", default="H100")
+    p.add_argument("--gpu", default="H100-80GB", help="the training GPU, as a cluster preset names it (A100-40GB, "
+                   "A100-80GB, H100-80GB, H200-141GB; configs/clusters/*.yaml) or its family (A100, H100, H200)")
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--days", type=float, default=30.0)
     p.add_argument("--steps", default=None, help="curation step list to price (YAML); default: quality + "
@@ -552,8 +556,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize (scontrol show config)")
     p.add_argument("--max-concurrent", type=int, default=0, help="%%N throttle on running tasks")
     p.add_argument("--cpus-per-task", type=int, default=8)
-    p.add_argument("--time", default="24:00:00")
-    p.add_argument("--partition")
+    p.add_argument("--time", default="24:00:00", help="each task's time limit (sbatch --time)")
+    p.add_argument("--partition", help="sbatch --partition (default: the cluster's default partition)")
+    p.add_argument("--account", help="sbatch --account")
+    p.add_argument("--qos", help="sbatch --qos")
     p.add_argument("--only-incomplete", action="store_true",
                    help="submit only slices with incomplete units (with curation steps: per pass)")
     p.add_argument("--dry-run", action="store_true", help="write and print the scripts; submit nothing")

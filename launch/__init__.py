@@ -1,12 +1,15 @@
 """The launcher: start, supervise, restart and stop a training run (or a data prep) on the hosts of a DeepSpeed-style
-hostfile. The bash entry points users type (train.sh, preflight.sh, stop.sh, prep.sh) are shims over
+hostfile, or as a Slurm job on the nodes Slurm picks. The bash entry points users type (train.sh, preflight.sh, stop.sh, prep.sh) are shims over
 `python -m launch <command>`; rank_exec.sh (around each rank) and node_check.sh (preflight, on each node) stay small.
 
     common        where things are (repo, venv, python), LaunchError (a message and an exit code), the log line
-    options       the command-line options of train / preflight (DeepSpeed's hostfile vocabulary)
+    options       the command-line options of train / preflight (DeepSpeed's hostfile vocabulary, Slurm's own)
+    slurm_request what a Slurm job asks for (partition, account, time, QOS, node list, pyxis container), checked
     hostfile      parse, validate and narrow a hostfile; the host-name rule
-    plan          the node plan: hosts, slots, devices, world size, master address, spares
-    layout_check  world size vs the recipe's layout (asks Layout.problems) and the recipe's facts
+    plan          the node plan: hosts (unnamed when Slurm picks them), slots, devices, world size, master, spares
+    recipe_check  the recipe for the world it will start: layout, memory, the world's change, validate_for_launch;
+                  the recipe's facts the launcher acts on
+    container_check  what the ranks read and write is mounted at the same path in a container
     environment   what every rank gets: plumbing variables, the user's variables in a 0600 file
     ssh           ssh with the user's config; reachability; copying a file to every node
     backends/     local, torchrun over ssh, DeepSpeed's pdsh runner, Slurm: each renders its commands from data
@@ -18,6 +21,6 @@ hostfile. The bash entry points users type (train.sh, preflight.sh, stop.sh, pre
     guard         the launcher-death watchdog (a SIGKILLed launcher still stops its run)
     train, preflight, prep, cli    the commands
     commcheck     the all-reduce bandwidth check (run as the per-rank entry)
-Nothing outside launch imports it; it imports recipes' config, parallel and checkpoint (lease, newest checkpoint)
-for its checks (pyproject.toml's import contracts).
+Nothing outside launch imports it; it imports recipes' config, parallel, planner (validation) and checkpoint (lease,
+newest checkpoint) for its checks (pyproject.toml's import contracts).
 """

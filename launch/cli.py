@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _interrupt)
+    return run(argv)
+
+
+def run(argv: list[str]) -> int:
+    """One command, its errors printed as `[launch] error: ...` with their exit code (the tests call this in
+    process for dry runs; `main` adds the signal handlers and the log line's handler)."""
     try:
         return _run(argv[0] if argv else "", argv[1:])
     except LaunchError as e:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the launcher and its tests use: ssh client + server (the tests start a private sshd on loopback),
 # pdsh (DeepSpeed's default multi-node runner), and Slurm + munge (the tests start a private one-node Slurm,
-# tests/support/slurm.py; nothing is enabled or started here). Idempotent and quiet; needs root (or sudo) and apt.
+# tests/support/slurm.py; nothing is enabled or started here), with Slurm's headers and a C compiler for a test
+# SPANK plugin. Idempotent and quiet; needs root (or sudo) and apt.
 set -euo pipefail
 need=()
 command -v ssh >/dev/null || need+=(openssh-client)
@@ -9,6 +10,9 @@ command -v ssh >/dev/null || need+=(openssh-client)
 command -v pdsh >/dev/null || need+=(pdsh)
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || need+=(munge)
+# the Slurm tests build a small SPANK plugin (a pyxis stand-in, tests/support/spank_container_standin.c)
+[ -e /usr/include/slurm/spank.h ] || need+=(libslurm-dev)
+command -v cc >/dev/null || need+=(gcc libc6-dev)
 [ ${#need[@]} -gt 0 ] || exit 0
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -1,5 +1,6 @@
 """The node plan of a launch: which hosts, how many ranks (slots) and which devices on each, in node order; the world
-size; the rendezvous address; the spares kept out of the world. Every refusal here happens before a log dir exists."""
+size; the rendezvous address; the spares kept out of the world. Under Slurm without a hostfile the nodes are only
+counted (Slurm names them when the job starts). Every refusal here happens before a log dir exists."""
 from __future__ import annotations
 
 import subprocess
@@ -15,6 +16,7 @@ class NodePlan:
     nodes: list[Node]
     master_addr: str = ""
     spares: list[Node] = field(default_factory=list)
+    slurm_picks: bool = False        # the hosts are unknown until the job starts (their names are "")
 
     @property
     def hosts(self) -> list[str]:
@@ -44,8 +46,12 @@ def _local_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU"))
 
 
-def select(opts: Options) -> list[Node]:
-    """The selected nodes: localhost for a run without hostfile, else the hostfile narrowed by the flags."""
+def select(opts: Options, gpus_per_node: int = 0) -> list[Node]:
+    """The selected nodes: for Slurm without a hostfile `--nodes` unnamed ones with `--gpus-per-node` ranks each
+    (else `gpus_per_node`, the recipe's); localhost for a run without hostfile; else the hostfile narrowed by the
+    flags."""
+    if opts.backend == "slurm" and not opts.hostfile:
+        return [Node("", opts.gpus_per_node or gpus_per_node) for _ in range(opts.nodes)]
     if not opts.hostfile:
         return [Node("localhost", opts.num_gpus or _local_gpus() or 1)]
     try:

@@ -2,7 +2,9 @@
 nothing (except the optional communication check): hostfile syntax and selection, world size vs the recipe's
 TP x PP x DP, ssh to every node, the repo and venv on it, GPUs vs slots (nvidia-smi), a writable checkpoint dir shared
 by all nodes, the data paths visible everywhere (launch/node_check.sh on each node), and with --comm-check an
-all-reduce bandwidth test across all ranks (launch/commcheck.py, started like a training run)."""
+all-reduce bandwidth test across all ranks (launch/commcheck.py, started like a training run). The recipe is checked
+for the world it would start as train.sh checks it (launch/recipe_check.py: layout, memory, data, train length,
+checkpoint dir). Under Slurm without a hostfile the nodes are only known when the job starts: no node is checked."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,20 +13,20 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from launch import layout_check
+from launch import recipe_check
 from launch.common import LAUNCH_DIR, REPO_DIR, LaunchError, python, say
 from launch.options import Options
 from launch.ssh import Ssh
-from launch.train import _nodes
+from launch.train import checked_plan
 
 
-def node_command(slots: int, facts: layout_check.Facts, marker: str) -> str:
+def node_command(slots: int, facts: recipe_check.Facts, marker: str) -> str:
     words = [str(slots), facts.device, facts.checkpoint_dir, marker, *facts.data_paths]
     return (f"test -x {shlex.quote(python())} && test -d {shlex.quote(str(REPO_DIR / 'recipes'))} && echo repo=ok; "
             f"bash {shlex.quote(str(LAUNCH_DIR / 'node_check.sh'))} " + " ".join(shlex.quote(w) for w in words))
 
 
-def problems(host: str, slots: int, out: str, facts: layout_check.Facts) -> list[str]:
+def problems(host: str, slots: int, out: str, facts: recipe_check.Facts) -> list[str]:
     """What node_check.sh's `key=value` lines say is wrong on one node, each with its fix."""
     kv = [line.partition("=") for line in out.splitlines()]
     got = {k: v for k, _, v in kv}
@@ -90,9 +92,14 @@ def check_nodes(opts: Options, ssh: Ssh, nodes, facts) -> bool:
 
 def preflight(opts: Options) -> int:
     ssh = Ssh()
-    nodes = _nodes(opts, ssh)
-    facts = layout_check.check(opts.recipe, nodes.world_size, opts.overrides)
-    say(f"hostfile: {len(nodes.nodes)} node(s), world size {nodes.world_size} -> {facts.layout}")
+    nodes, facts, _ = checked_plan(opts, ssh)
+    what = "Slurm" if nodes.slurm_picks else "hostfile" if opts.hostfile else "this machine"
+    say(f"{what}: {len(nodes.nodes)} node(s), world size {nodes.world_size} -> {facts.layout}")
+    for note in facts.notes:
+        say(note)
+    if nodes.slurm_picks:
+        say("the nodes are chosen by Slurm when the job starts: no node is checked here (the recipe is ready)")
+        return 0
     if not check_nodes(opts, ssh, nodes, facts):
         raise LaunchError("preflight failed: fix the nodes above before launching", 4)
     say(f"preflight ok: {len(nodes.nodes)} node(s), world size {nodes.world_size}")

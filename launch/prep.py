@@ -8,6 +8,14 @@ Rerunning the same command redoes only what is missing. ssh honours LAUNCH_SSH_C
 a closed terminal and a SIGKILL of the launcher (launch/guard.py) stop the slices on every node.
 
     launch/prep.sh --hostfile FILE [--log-dir DIR] [--dry-run] -- [tokenize|curate] INPUTS... -o OUT [options]
+
+On Slurm, no hostfile: one array task per slice, Slurm picks the nodes (`python -m data_prep slurm`, which writes the
+array scripts, chains the curation passes and a finalize job that writes the manifest; --only-incomplete resubmits
+the slices that failed):
+    launch/prep.sh --backend slurm --tasks N [--partition P] [--account A] [--time T] [--qos Q]
+                   [--cpus-per-task C] [--scripts-dir DIR] [--only-incomplete] [--dry-run] -- [tokenize|curate] ...
+
+    --backend NAME   ssh (default: the hostfile's nodes) | slurm (array tasks; no hostfile)
 """
 from __future__ import annotations
 
@@ -27,8 +35,14 @@ from launch.stop import grace_of, stop_hosts
 CURATION_STAGES = ("hash", "buckets", "filter")
 
 
+# Passed on to `python -m data_prep slurm` as they are (it checks them: every value sbatch would take, exit 2).
+SLURM_VALUED = ("--tasks", "--partition", "--account", "--time", "--qos", "--cpus-per-task", "--scripts-dir",
+                "--max-array-size", "--max-concurrent")
+
+
 def parse(argv: list[str]) -> dict:
-    o = {"hostfile": os.environ.get("LAUNCH_HOSTFILE", ""), "log_dir": "", "dry_run": False, "args": []}
+    o = {"hostfile": os.environ.get("LAUNCH_HOSTFILE", ""), "log_dir": "", "dry_run": False, "args": [],
+         "backend": "ssh", "slurm": []}
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -38,15 +52,40 @@ def parse(argv: list[str]) -> dict:
         if a in ("-h", "--help"):
             print(__doc__)
             raise SystemExit(0)
-        if a in ("--hostfile", "--log-dir") and i + 1 < len(argv):
+        if a in ("--hostfile", "--log-dir", "--backend") and i + 1 < len(argv):
             o[a[2:].replace("-", "_")] = argv[i + 1]
             i += 2
             continue
-        if a != "--dry-run":
+        if a in SLURM_VALUED and i + 1 < len(argv):
+            o["slurm"] += [a, argv[i + 1]]
+            i += 2
+            continue
+        if a == "--only-incomplete":
+            o["slurm"].append(a)
+        elif a == "--dry-run":
+            o["dry_run"] = True
+        else:
             raise LaunchError(f"unknown option {a} (tokenize arguments go after --)", 2)
-        o["dry_run"] = True
         i += 1
+    if o["backend"] not in ("ssh", "slurm"):
+        raise LaunchError(f"--backend '{o['backend']}': use ssh (the hostfile's nodes, the default) or slurm (array "
+                          "tasks; Slurm picks the nodes)", 2)
+    if o["backend"] == "slurm" and o["hostfile"] and "--hostfile" in argv:
+        raise LaunchError("--backend slurm takes no hostfile: Slurm picks the nodes (give --tasks N)", 2)
+    if o["slurm"] and o["backend"] != "slurm":
+        raise LaunchError(f"{o['slurm'][0]} is for --backend slurm (array tasks): add it, or drop the option", 2)
     return o
+
+
+def prep_slurm(o: dict) -> int:
+    """`python -m data_prep slurm`: the array scripts (and their submission unless --dry-run)."""
+    if "--tasks" not in o["slurm"]:
+        raise LaunchError("--backend slurm needs --tasks N: the number of slices, one array task each", 2)
+    if not o["args"]:
+        raise LaunchError("no tokenize (or curate) arguments after --", 2)
+    argv = [python(), "-m", "data_prep", "slurm", *o["slurm"], *(["--dry-run"] if o["dry_run"] else []), "--",
+            *o["args"]]
+    return subprocess.call(argv)
 
 
 def command_for(cmd: str, args: list[str], prep_id: str, i: int, h: int, slots: int, stage: str) -> str:
@@ -80,6 +119,8 @@ def run_stage(ssh: Ssh, nodes, log_dir: Path, cmd_of, stage: str) -> bool:
 
 def prep(argv: list[str]) -> int:
     o = parse(argv)
+    if o["backend"] == "slurm":
+        return prep_slurm(o)
     if not o["hostfile"]:
         raise LaunchError("no hostfile: pass --hostfile FILE (lines 'host slots=N')", 2)
     args, cmd = o["args"], "tokenize"

@@ -3,6 +3,7 @@ variables, the log dir, the checkpoint lease, every node over ssh), write the ru
 supervisor (or submit the Slurm job script, or only print the plan with --dry-run)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -12,12 +13,13 @@ import time
 import zlib
 from pathlib import Path
 
-from launch import environment, layout_check, plan
+from launch import container_check, environment, plan, recipe_check
 from launch.backends import make as make_backend
 from launch.backends.base import Backend, Launch
-from launch.common import LAUNCH_DIR, REPO_DIR, RUN_ID_RE, LaunchError, python, say, venv_dir
+from launch.common import REPO_DIR, RUN_ID_RE, LaunchError, python, say, venv_dir
 from launch.guard import Guard
 from launch.options import Options
+from launch.slurm_request import time_seconds
 from launch.ssh import Ssh, check_reachable, drop_file, push_private_file
 from launch.supervise import Policy, Supervisor
 
@@ -58,16 +60,19 @@ def pick_port(run_id: str, backend: str, host0: str, ssh: Ssh | None, dry_run: b
     return port or base
 
 
-def _rank_cmd(opts: Options) -> list[str]:
+def _rank_cmd(opts: Options, repo: str, rank_python: str) -> list[str]:
     entry = opts.entry.split()
     if entry and entry[0] == "python":
-        entry[0] = python()
+        entry[0] = rank_python
     recipe = os.path.abspath(opts.recipe) if os.path.exists(opts.recipe) else opts.recipe
-    return [str(LAUNCH_DIR / "rank_exec.sh"), *entry, "--config", recipe, *opts.overrides]
+    return [os.path.join(repo, "launch", "rank_exec.sh"), *entry, "--config", recipe, *opts.overrides]
 
 
-def _log_dir(opts: Options, run_id: str) -> Path:
-    d = Path(os.path.abspath(opts.log_dir or REPO_DIR / "runs" / "launch" / run_id))
+def _log_path(opts: Options, run_id: str) -> Path:
+    return Path(os.path.abspath(opts.log_dir or REPO_DIR / "runs" / "launch" / run_id))
+
+
+def _log_dir(d: Path) -> Path:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -85,16 +90,39 @@ def _run_id(opts: Options) -> str:
     return run_id
 
 
-def _nodes(opts: Options, ssh: Ssh) -> plan.NodePlan:
-    nodes = plan.select(opts)
+def _nodes(opts: Options, ssh: Ssh, recipe_gpus_per_node: int = 0) -> plan.NodePlan:
+    nodes = plan.select(opts, recipe_gpus_per_node)
     plan.check_shape(nodes, opts.backend)
     if opts.backend == "slurm" and (opts.max_restarts is not None or opts.spares > 0):
         raise LaunchError("--max-restarts and --spares are for the local, torchrun-ssh and deepspeed back ends; under "
                           "Slurm the job requeues itself (scontrol requeue, or a node failure) and Slurm picks the "
                           "nodes: drop these options", 2)
-    addr = opts.master_addr or ("127.0.0.1" if opts.backend == "local" else ssh.resolve_addr(nodes[0].host))
+    if opts.backend == "slurm":  # the job's first node, known when it starts
+        addr = opts.master_addr or "<first node of the job>"
+    else:
+        addr = opts.master_addr or ("127.0.0.1" if opts.backend == "local" else ssh.resolve_addr(nodes[0].host))
     world, spares = plan.split_spares(nodes, opts.spares, opts.backend)
-    return plan.NodePlan(world, addr, spares)
+    return plan.NodePlan(world, addr, spares, slurm_picks=opts.backend == "slurm" and not opts.hostfile)
+
+
+def world_of(opts: Options, nodes: plan.NodePlan) -> recipe_check.World:
+    slots = {n.slots for n in nodes.nodes}
+    per = next(iter(slots)) if len(slots) == 1 else None
+    if nodes.slurm_picks:
+        source = f"--nodes {len(nodes.nodes)} x --gpus-per-node {per}"
+    elif opts.hostfile:
+        source = "the hostfile selection"
+    else:
+        source = f"{per} rank(s) on this machine"
+    return recipe_check.World(nodes.world_size, len(nodes.nodes), per, source)
+
+
+def checked_plan(opts: Options, ssh: Ssh) -> tuple[plan.NodePlan, recipe_check.Facts, object]:
+    """The node plan and the recipe checked for its world (launch/recipe_check.py); the recipe too."""
+    recipe = recipe_check.load(opts.recipe, opts.overrides)
+    nodes = _nodes(opts, ssh, recipe.cluster.gpus_per_node)
+    facts = recipe_check.check(recipe, opts.recipe, world_of(opts, nodes), opts.overrides, opts.entry)
+    return nodes, facts, recipe
 
 
 def _stop_grace(recipe_s: float) -> float:
@@ -113,44 +141,64 @@ def _slurm_grace() -> int:
     return int(text)
 
 
-def setup(opts: Options, ssh: Ssh) -> tuple[Launch, Backend, layout_check.Facts]:
+def _slurm_request(opts: Options, nodes: plan.NodePlan, grace: int):
+    """The job's request; --pin-nodes becomes the hostfile's node list; a time limit must leave the grace."""
+    req = opts.slurm
+    if opts.pin_nodes:
+        req = dataclasses.replace(req, nodelist=",".join(nodes.hosts))
+    limit = time_seconds(req.time) if req.time else None
+    if limit is not None and limit <= grace:
+        raise LaunchError(f"--time {req.time} is not longer than LAUNCH_SLURM_GRACE={grace} s, the warning before "
+                          "the limit at which the job saves and requeues itself: give a longer --time or a smaller "
+                          "LAUNCH_SLURM_GRACE", 2)
+    return req
+
+
+def setup(opts: Options, ssh: Ssh) -> tuple[Launch, Backend, recipe_check.Facts]:
     """Every check that needs no node; refusals exit before the log dir exists (except a bad log dir itself)."""
     environment.check_names(opts.env_names, os.environ)
-    nodes = _nodes(opts, ssh)
-    facts = layout_check.check(opts.recipe, nodes.world_size, opts.overrides)
+    nodes, facts, recipe = checked_plan(opts, ssh)
     facts.stop_grace_s = _stop_grace(facts.stop_grace_s)
     grace = _slurm_grace() if opts.backend == "slurm" else 300
+    slurm = _slurm_request(opts, nodes, grace) if opts.backend == "slurm" else None
     run_id = _run_id(opts)
     port = opts.master_port or pick_port(run_id, opts.backend, nodes.hosts[0], ssh, opts.dry_run)
-    log_dir = _log_dir(opts, run_id)
+    log_path = _log_path(opts, run_id)
+    container = slurm.container if slurm else None
+    if container:  # the ranks' repository, venv and Python are the image's; what they read and write is mounted
+        container_check.check(container, recipe, log_path, opts.recipe)
+    repo = container.workdir if container else str(REPO_DIR)
+    venv = os.path.join(repo, ".venv") if container else venv_dir()
+    rank_python = os.path.join(venv, "bin", "python")
+    log_dir = _log_dir(log_path)
     secrets = environment.secret_names(opts.env_names, os.environ)
     secret_file = str(log_dir / "secret.env") if secrets else None
     launch = Launch(run_id=run_id, log_dir=log_dir, plan=nodes, master_port=port,
-                    env_lines=environment.launch_env(run_id, venv_dir(), secret_file, os.environ),
-                    rank_cmd=_rank_cmd(opts), secret_names=secrets, repo=str(REPO_DIR), venv=venv_dir(),
-                    python=python(), layout=facts.layout, device=facts.device, master_addr_opt=opts.master_addr,
-                    slurm_grace_s=grace)
+                    env_lines=environment.launch_env(run_id, venv, secret_file, os.environ),
+                    rank_cmd=_rank_cmd(opts, repo, rank_python), secret_names=secrets, repo=repo, venv=venv,
+                    python=rank_python, layout=facts.layout, device=facts.device, master_addr_opt=opts.master_addr,
+                    slurm_grace_s=grace, slurm=slurm, launcher_repo=str(REPO_DIR), launcher_python=python())
     backend = make_backend(opts.backend, ssh)
     backend.check(launch, starting=False)
     return launch, backend, facts
 
 
-def plan_text(launch: Launch, backend: Backend) -> str:
+def plan_text(launch: Launch, backend: Backend, notes: list[str] = ()) -> str:
     env_names = [line.split("=", 1)[0] for line in launch.env_lines + backend.env_extra(launch)]
     lines = [f"plan: backend={backend.name} nodes={len(launch.nodes)} world_size={launch.plan.world_size} "
              f"master={launch.plan.master_addr}:{launch.master_port} run_id={launch.run_id}",
-             f"layout: {launch.layout}", f"logs: {launch.log_dir}", f"env: {' '.join(env_names)}"]
+             f"layout: {launch.layout}", *notes, f"logs: {launch.log_dir}", f"env: {' '.join(env_names)}"]
     if launch.secret_names:  # names only: the values reach the ranks in the 0600 file, never a plan or a log
         lines.append(f"user env (values not shown): {' '.join(launch.secret_names)}")
     return "\n".join(lines + backend.plan_lines(launch)) + "\n"
 
 
-def write_run_files(launch: Launch, backend: Backend) -> str:
+def write_run_files(launch: Launch, backend: Backend, notes: list[str] = ()) -> str:
     d = launch.log_dir
     (d / "launch.env").write_text("".join(line + "\n" for line in launch.env_lines + backend.env_extra(launch)))
     for name, text in backend.files(launch).items():
         (d / name).write_text(text)
-    text = plan_text(launch, backend)
+    text = plan_text(launch, backend, notes)
     (d / "plan.txt").write_text(text)
     return text
 
@@ -159,12 +207,14 @@ def train(opts: Options) -> int:
     ssh = Ssh()
     try:
         launch, backend, facts = setup(opts, ssh)
-        text = write_run_files(launch, backend)
+        text = write_run_files(launch, backend, facts.notes)
         if opts.dry_run:
             print(text, end="")
             if backend.name == "slurm":
                 print(f"--- {launch.log_dir}/job.sbatch\n" + (launch.log_dir / "job.sbatch").read_text(), end="")
             return 0
+        for note in facts.notes:  # the dry run printed them with the plan
+            say(note)
         return start(opts, launch, backend, facts, ssh)
     finally:
         ssh.close()
@@ -186,7 +236,7 @@ def set_aside_previous(log_dir: Path) -> None:
     say(f"moved the previous run's logs in {log_dir} to {prev}")
 
 
-def take_lease(facts: layout_check.Facts, run_id: str) -> None:
+def take_lease(facts: recipe_check.Facts, run_id: str) -> None:
     """One run per checkpoint.dir (recipes/checkpoint/lease.py): refused here, before anything starts."""
     if not facts.checkpoint_dir:
         return
@@ -211,7 +261,7 @@ def submit(launch: Launch) -> int:
     return 0
 
 
-def _policy(opts: Options, launch: Launch, facts: layout_check.Facts, ssh: Ssh, grace: float) -> Policy:
+def _policy(opts: Options, launch: Launch, facts: recipe_check.Facts, ssh: Ssh, grace: float) -> Policy:
     port = None if opts.master_port else \
         (lambda: pick_port(launch.run_id, opts.backend, launch.plan.hosts[0], ssh, False))
     addr = None if opts.master_addr or opts.backend == "local" else ssh.resolve_addr
@@ -234,10 +284,12 @@ def _announce(launch: Launch, backend: Backend, policy: Policy) -> None:
             f"{policy.hang_timeout_s:g} s")
 
 
-def start(opts: Options, launch: Launch, backend: Backend, facts: layout_check.Facts, ssh: Ssh) -> int:
+def start(opts: Options, launch: Launch, backend: Backend, facts: recipe_check.Facts, ssh: Ssh) -> int:
     d = launch.log_dir
+    if backend.name == "slurm":
+        backend.check(launch, starting=True)  # e.g. a container without pyxis: refused before anything is written
     set_aside_previous(d)
-    (d / "hosts").write_text("".join(h + "\n" for h in launch.plan.hosts))
+    (d / "hosts").write_text("".join(h + "\n" for h in launch.plan.hosts if h))  # none yet when Slurm picks them
     (d / "backend").write_text(backend.name + "\n")
     take_lease(facts, launch.run_id)
     # How long a stop waits for the ranks' pre-emption save; stop.sh reads it from the run directory.

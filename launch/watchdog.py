@@ -18,7 +18,7 @@ from pathlib import Path
 from launch.environment import write_private
 from launch.hostfile import valid_host
 
-# The loop's phases in the order a step goes through them (recipes/train/loop.py): of the ranks at the lowest step,
+# The loop's phases in the order a step goes through them (recipes/train/trainer.py, heartbeat phases): of the ranks at the lowest step,
 # those in the earliest phase are behind (the others wait for them in a collective).
 PHASES = ["start", "setup", "engine-setup", "resume", "data", "forward-backward", "log", "eval", "sync", "save",
           "done"]

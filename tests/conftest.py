@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-TIERS = ("unit", "multiproc", "ssh", "gpu")
+TIERS = ("unit", "multiproc", "ssh", "gpu", "network")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -15,7 +15,7 @@ def pytest_collection_modifyitems(config, items):
             wrong.append(f"{item.nodeid}: tiers {tiers or 'none'}")
     if wrong:
         raise pytest.UsageError("each test needs exactly one tier marker (pytestmark = pytest.mark.unit / multiproc "
-                                "/ ssh / gpu):\n  " + "\n  ".join(wrong))
+                                "/ ssh / gpu / network):\n  " + "\n  ".join(wrong))
 
 
 @pytest.fixture(scope="session")

@@ -40,8 +40,10 @@ def test_the_tree_keeps_every_import_contract():
     ("recipes/config/schema.py", "import recipes.tools.demo", "recipes.config is not allowed to import recipes.tools"),
     ("recipes/model/shape.py", "from recipes.planner import cost", "recipes.model is not allowed to import recipes.planner"),
     ("data_prep/io.py", "import recipes.config.loading", "data_prep imports nothing from recipes"),
-    ("recipes/train/loop.py", "import launch.supervise", "recipes is not allowed to import launch"),
-    ("launch/hostfile.py", "import recipes.train.loop", "launch is not allowed to import recipes.train"),
+    ("recipes/train/trainer.py", "import launch.supervise", "recipes is not allowed to import launch"),
+    ("launch/hostfile.py", "import recipes.train.trainer", "launch is not allowed to import recipes.train"),
+    ("recipes/checkpoint/format/read.py", "from recipes.checkpoint import store",
+     "recipes.checkpoint.format is not allowed to import recipes.checkpoint.store"),
 ])
 def test_a_wrong_way_import_breaks_the_build(tmp_path, module, planted, contract):
     root = _copy(tmp_path)

@@ -71,9 +71,9 @@ def test_export_loads_in_transformers_and_generates(demo_run):
     assert "generate: greedy text from the exported model" in stdout
 
     # The export computes what the trained model computes: our own model, rebuilt from the newest checkpoint as
-    # read by recipes.checkpoint.read (TP/PP shards merged), gives the same logits on the same ids.
+    # read by recipes.checkpoint.format.read (TP/PP shards merged), gives the same logits on the same ids.
     from recipes.checkpoint.plain_model import build_plain_model, logits
-    from recipes.checkpoint.read import read_full_state
+    from recipes.checkpoint.format.read import read_full_state
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 
     recipe = load_checkpoint_recipe(str(out / "checkpoints"), None, [])
@@ -96,12 +96,29 @@ def test_report_and_plots_are_valid(demo_run):
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0.01, p
 
 
+def _mtimes(root: Path, pattern: str) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.glob(pattern)) if p.is_file()}
+
+
 def test_rerun_resumes_every_stage(demo_run):
     """The same command again on the same directory: data and training resume (nothing redone), the export is
     rewritten from the newest checkpoint, and the job ends well. Runs last: it rewrites the outputs above."""
     out, _ = demo_run
-    first_shards = {p.name: p.stat().st_mtime_ns for p in (out / "data" / "shards").glob("*.bin")}
+    shards = _mtimes(out / "data" / "shards", "shard_*")
+    checkpoints = _mtimes(out / "checkpoints", "global_step*/*")  # (recipe.yaml is rewritten by every start)
+    train_steps = [r["step"] for r in map(json.loads, (out / "logs" / "metrics.jsonl").read_text().splitlines())
+                   if "loss" in r]
+    export = _mtimes(out / "hf", "*")
+    weights = {name: (out / "hf" / name).read_bytes() for name in export if name.endswith(".safetensors")}
     output = _run_demo(out)
     assert "checkpoint: resumed from" in output and "at step 24" in output
-    assert {p.name: p.stat().st_mtime_ns for p in (out / "data" / "shards").glob("*.bin")} == first_shards
-    assert (out / "hf" / "config.json").is_file()
+    # data and training: nothing rewritten, no step trained again
+    assert _mtimes(out / "data" / "shards", "shard_*") == shards
+    assert _mtimes(out / "checkpoints", "global_step*/*") == checkpoints and checkpoints
+    assert [r["step"] for r in map(json.loads, (out / "logs" / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r] == train_steps == list(range(1, 25))
+    # the export is this run's: every file written again, the same weights (the same newest checkpoint)
+    again = _mtimes(out / "hf", "*")
+    assert set(again) == set(export) and weights
+    assert all(again[name] > export[name] for name in export), (export, again)
+    assert {name: (out / "hf" / name).read_bytes() for name in weights} == weights

@@ -28,7 +28,20 @@ def _init_worker(progress_q) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _one_malloc_arena()
     progress.set_channel(progress_q)
+
+
+def _one_malloc_arena() -> None:
+    """glibc gives each new thread (the progress queue's feeder, an upload) its own arena, reserving 64 MiB of
+    address space: under a ``ulimit -v`` that alone fails a bounded reader's 1 MiB buffer. A worker's threads are
+    helpers, not parallelism, so one arena costs nothing. (The environment variable is too late after a fork.)"""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc: nothing reserves per thread this way
+        pass
 
 
 def _death(exitcode) -> str:

@@ -16,16 +16,37 @@ and lists what is missing. ``only_slices`` is then a dict: pass -> its slices wi
 not submitted.
 
 The scripts run ``python`` (the venv's interpreter, where data_prep is installed) from ``workdir``; the nodes must
-see the venv, the inputs and the output directory at the same paths (a shared file system).
+see the venv, the inputs and the output directory at the same paths (a shared file system). Slurm chooses the nodes
+(no node list); ``partition``, ``account``, ``qos`` and ``time_limit`` become `#SBATCH` lines, each checked to be a
+value sbatch accepts so that no line can carry another.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from typing import Dict, List, Optional, Sequence, Union
 
 CURATION_STAGES = ("hash", "buckets", "filter")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,+-]*")  # partition, account, qos (comma lists too)
+# sbatch --time: minutes | MM:SS | HH:MM:SS | D-HH | D-HH:MM | D-HH:MM:SS | UNLIMITED
+_TIME = re.compile(r"\d+-\d+(?::\d+){0,2}|\d+(?::\d+){0,2}|UNLIMITED|INFINITE")
+
+
+def sbatch_lines(time_limit: str, partition: Optional[str] = None, account: Optional[str] = None,
+                 qos: Optional[str] = None) -> List[str]:
+    """The request's `#SBATCH` lines; ValueError naming the flag for a value sbatch would not take."""
+    if not _TIME.fullmatch(time_limit or ""):
+        raise ValueError(f"--time '{time_limit}': give minutes, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00)")
+    lines = [f"#SBATCH --time={time_limit}"]
+    for flag, value in (("partition", partition), ("account", account), ("qos", qos)):
+        if value is None:
+            continue
+        if not _NAME.fullmatch(value):
+            raise ValueError(f"--{flag} '{value}': not a {flag} name sbatch accepts (letters, digits, _.,+-)")
+        lines.append(f"#SBATCH --{flag}={value}")
+    return lines
 
 
 def _ranges(ids: Sequence[int]) -> str:
@@ -45,21 +66,20 @@ def render(args: List[str], tasks: int, scripts_dir: str, python: str, workdir: 
            max_array_size: int = 1001, cpus_per_task: int = 8, time_limit: str = "24:00:00",
            partition: Optional[str] = None, max_concurrent: int = 0,
            only_slices: Union[None, List[int], Dict[str, List[int]]] = None, command: str = "tokenize",
-           stages: Sequence[str] = ()) -> List[str]:
+           stages: Sequence[str] = (), account: Optional[str] = None, qos: Optional[str] = None) -> List[str]:
     """Write the scripts; returns their paths (array chunks of each stage in order..., finalize, submit.sh).
 
     ``args``: the arguments of ``command`` (tokenize or curate) without --slice; ``stages``: the curation passes to
     chain (empty: one array of plain slices)."""
     if tasks < 1:
         raise ValueError("--tasks must be >= 1")
+    request = sbatch_lines(time_limit, partition or None, account, qos)  # refused before anything is written
     os.makedirs(os.path.join(scripts_dir, "logs"), exist_ok=True)
     scripts_dir = os.path.abspath(scripts_dir)
     per = max_array_size - 1 if max_array_size > 1 else 1  # task ids must stay < MaxArraySize
     quoted = " ".join(shlex.quote(a) for a in args)
     head = ["#!/bin/bash", "#SBATCH --job-name=data_prep", f"#SBATCH --cpus-per-task={cpus_per_task}",
-            "#SBATCH --ntasks=1", f"#SBATCH --time={time_limit}"]
-    if partition:
-        head.append(f"#SBATCH --partition={partition}")
+            "#SBATCH --ntasks=1", *request]
     chained = []  # (stage label, [array chunk paths]) in submission order
     for stage in stages or ("",):
         if only_slices is None:
@@ -90,8 +110,7 @@ def render(args: List[str], tasks: int, scripts_dir: str, python: str, workdir: 
             paths.append(path)
         if paths:
             chained.append((stage, paths))
-    fin = head[:2] + ["#SBATCH --cpus-per-task=1", "#SBATCH --ntasks=1", f"#SBATCH --time={time_limit}"] + (
-        [f"#SBATCH --partition={partition}"] if partition else []) + [
+    fin = head[:2] + ["#SBATCH --cpus-per-task=1", "#SBATCH --ntasks=1", *request] + [
         f"#SBATCH --output={scripts_dir}/logs/finalize_%j.out",
         "set -euo pipefail",
         f"cd {shlex.quote(workdir)}",

@@ -10,12 +10,44 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
 
 from data_prep.steps.fast_path import FastEncoder
 from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
 
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
+# The one hardware table: the cluster presets the recipes planner prices layouts with (configs/clusters/*.yaml, each
+# naming its `gpu` and `peak_tflops`). Read as files: data_prep imports nothing from recipes. Found like
+# recipes.config.loading finds configs/: next to this checkout, else in the working directory.
+_CHECKOUT_CLUSTERS = Path(__file__).resolve().parents[2] / "configs" / "clusters"
+CLUSTERS_DIR = _CHECKOUT_CLUSTERS if _CHECKOUT_CLUSTERS.is_dir() else Path.cwd() / "configs" / "clusters"
+DEFAULT_GPU = "H100-80GB"  # the recipe schema's default cluster.gpu
+
+
+def gpu_peaks(clusters_dir: Optional[Path] = None) -> Dict[str, float]:
+    """GPU name -> dense bf16 peak FLOP/s, from every GPU cluster preset (CPU presets left out)."""
+    table = {}
+    for path in sorted(Path(clusters_dir or CLUSTERS_DIR).glob("*.yaml")):
+        c = (yaml.safe_load(path.read_text()) or {}).get("cluster") or {}
+        if c.get("device", "cuda") != "cpu" and c.get("gpu") and c.get("peak_tflops"):
+            table[str(c["gpu"])] = float(c["peak_tflops"]) * 1e12
+    return table
+
+
+def peak_flops(gpu: str, clusters_dir: Optional[Path] = None) -> float:
+    """The peak of a preset's GPU by its name (`A100-80GB`, any case), or by its family (`A100`) when every preset of
+    that family has the same peak; ValueError naming the known GPUs otherwise (never a guess)."""
+    table = gpu_peaks(clusters_dir)
+    want = gpu.strip().lower()
+    match = [n for n in table if n.lower() == want] or [n for n in table if n.lower().split("-")[0] == want]
+    if match and len({table[n] for n in match}) == 1:
+        return table[match[0]]
+    where = Path(clusters_dir or CLUSTERS_DIR)
+    known = ", ".join(sorted(table)) or f"none (no cluster preset found in {where})"
+    raise ValueError(f"--gpu {gpu}: unknown GPU; known: {known} (from the cluster presets {where}/*.yaml, the table "
+                     "the recipes planner uses; add a preset for another GPU)")
 
 
 def calibrate(sample_inputs: List[str], tokenizer: str, max_bytes: int = 8 << 20, text_field: str = "text") -> Dict:
@@ -37,7 +69,7 @@ def calibrate(sample_inputs: List[str], tokenizer: str, max_bytes: int = 8 << 20
 
 
 def plan(corpus_bytes: float, cal: Dict, nodes_options: List[int], cores_per_node: int, shard_bytes: int,
-         model_params: float = 0.0, gpus: int = 0, gpu: str = "H100", mfu: float = 0.4, days: float = 30.0,
+         model_params: float = 0.0, gpus: int = 0, gpu: str = DEFAULT_GPU, mfu: float = 0.4, days: float = 30.0,
          efficiency: float = 0.8) -> str:
     itemsize = 2 if optimal_dtype(cal["vocab_size"]).__name__ == "uint16" else 4
     tokens = corpus_bytes / cal["bytes_per_token"]
@@ -62,7 +94,7 @@ def plan(corpus_bytes: float, cal: Dict, nodes_options: List[int], cores_per_nod
         lines.append(f"training a {_h(model_params)}-parameter model:")
         lines.append(f"  Chinchilla-optimal (20 tokens/param): {_h(chin)} tokens = {chin / tokens:.2%} of this corpus")
         if gpus:
-            flops = gpus * PEAK_BF16.get(gpu, 989e12) * mfu * days * 86400
+            flops = gpus * peak_flops(gpu) * mfu * days * 86400
             budget = flops / (6 * model_params)
             lines.append(f"  compute budget {gpus} x {gpu} at {mfu:.0%} MFU for {days:g} days: {_h(budget)} tokens "
                          f"= {budget / tokens:.2%} of this corpus")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.plan import NodePlan
+from launch.slurm_request import SlurmRequest
 
 
 def quote_words(words) -> str:
@@ -40,6 +41,11 @@ class Launch:
     device: str = "cpu"
     master_addr_opt: str = ""              # --master-addr as given ("" = derived)
     slurm_grace_s: int = 300
+    slurm: SlurmRequest | None = None      # --backend slurm: what the job asks for (partition, time, container...)
+    # repo, venv and python above are the ranks' (inside a container: the image's); the launcher's own, where the
+    # Slurm job script runs its bookkeeping (outside any container), when they differ:
+    launcher_repo: str = ""
+    launcher_python: str = ""
     attempt: int = 0                       # 0: no attempt yet (a dry run, a Slurm job script)
     attempt_dir: Path | None = None
 

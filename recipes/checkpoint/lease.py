@@ -4,9 +4,15 @@ Two runs saving into one directory interleave their checkpoints: an orphaned run
 starts, or two people pointing at the same path. Global rank 0 takes the lease before anything is written there and
 renews its heartbeat every HEARTBEAT_S seconds from a daemon thread; another run is refused while the heartbeat is
 fresh. A lease whose heartbeat is older than STALE_S (its run died without releasing it), or whose process is gone
-from this very host, is taken over. The launchers (`recipes.train.cli --local`, launch/train.sh) check it before
-they start any process:
-    python -m recipes.checkpoint.store.lease check RECIPE [section.key=value ...]
+from this very host, is taken over.
+
+Taking it is atomic, so that of two runs starting together exactly one gets it: the lease is written in full under a
+unique temporary name and hard-linked to `run.lease`, which fails if the name exists (an exclusive create that never
+shows a half-written lease, and works on NFS). A stale lease is first renamed aside under a unique name; only the
+run whose rename moved that very lease goes on (a run that moved a fresh lease instead puts it back).
+
+The launchers (`recipes.train.cli --local`, launch/train.sh) check it before they start any process:
+    python -m recipes.checkpoint.lease check RECIPE [section.key=value ...]
 On success `check` prints `stop_grace_seconds=N` (the recipe's checkpoint.stop_grace_seconds): launch/train.sh keeps
 it in the run directory for launch/stop.sh, so a stop waits for the ranks' pre-emption save.
 """
@@ -16,6 +22,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,15 +37,19 @@ class LeaseError(RuntimeError):
 
 
 def run_id() -> str:
-    """This run's id: the launcher's (train.sh / pretrain --local), else one made for this process."""
+    """This run's id: the launcher's (train.sh / recipes train --local), else one made for this process."""
     return (os.environ.get("LAUNCH_RUN_ID") or os.environ.get("RECIPES_RUN_ID")
             or f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}")
 
 
 def read(ckpt_dir: str | Path) -> dict | None:
+    return read_file(Path(ckpt_dir) / LEASE)
+
+
+def read_file(path: Path) -> dict | None:
     try:
-        return json.loads((Path(ckpt_dir) / LEASE).read_text())
-    except (OSError, ValueError):  # none, or half-written by a crash: nobody can hold it
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # none (leases are written whole: see Lease._create)
         return None
 
 
@@ -83,18 +94,64 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _body(self) -> str:
+        return json.dumps({"run_id": self.me, "host": socket.gethostname(), "pid": os.getpid(),
+                           "heartbeat": time.time()})
+
+    def _temporary(self) -> str:
+        """The lease's content in full, in a new file with a unique name (created exclusively, no symlink followed)."""
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{LEASE}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)  # readable by the other users' launchers that check it
+            f.write(self._body())
+        return tmp
+
     def _write(self) -> None:
-        body = {"run_id": self.me, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
-        tmp = self.path.with_name(f"{LEASE}.{self.me}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(body))
-        os.replace(tmp, self.path)
+        """Renew our lease (replace it whole)."""
+        os.replace(self._temporary(), self.path)
+
+    def _create(self) -> bool:
+        """Atomic exclusive create: True if the lease was free and is ours now."""
+        tmp = self._temporary()
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def _move_aside(self, judged: dict | None) -> None:
+        """Remove the stale lease `judged` (as read) unless another run replaced it meanwhile."""
+        aside = self.path.with_name(f".{LEASE}.stale.{self.me}.{os.getpid()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # another run moved it first
+        moved = read_file(aside)
+        if judged is not None and moved != judged:  # a fresh lease, created after we read: put it back
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        aside.unlink(missing_ok=True)
 
     def acquire(self) -> "Lease":
-        problem = holder_problem(self.path.parent, self.me)
-        if problem:
-            raise LeaseError(problem)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._write()
+        for _ in range(5):
+            if self._create():
+                break
+            current = read(self.path.parent)
+            if current and current.get("run_id") == self.me:  # ours already (a rank of this run restarted)
+                self._write()
+                break
+            problem = holder_problem(self.path.parent, self.me)
+            if problem:
+                raise LeaseError(problem)
+            self._move_aside(current)
+        else:
+            raise LeaseError(f"{self.path}: other runs are taking this checkpoint directory at the same time; "
+                             "start one run per checkpoint.dir")
         self._thread = threading.Thread(target=self._beat, name="run-lease", daemon=True)
         self._thread.start()
         return self
@@ -127,7 +184,7 @@ class Lease:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or argv[0] != "check":
-        print("usage: python -m recipes.checkpoint.store.lease check RECIPE [section.key=value ...]", file=sys.stderr)
+        print("usage: python -m recipes.checkpoint.lease check RECIPE [section.key=value ...]", file=sys.stderr)
         return 2
     from recipes.config.loading import RecipeError, load_recipe
 

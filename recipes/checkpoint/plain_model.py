@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from recipes.checkpoint.shards import pad_vocab
+from recipes.checkpoint.format.shards import pad_vocab
 from recipes.parallel.layout import Layout
 
 

@@ -1,41 +1,28 @@
 """Save / auto-resume DeepSpeed checkpoints so that a resumed run continues bit for bit.
 
-Layout on disk (DeepSpeed's own, plus two small files of ours per tag):
-  <dir>/global_step<N>/...             DeepSpeed model / optimizer / scheduler / loss-scale states
-  <dir>/global_step<N>/rng_rank<R>.pt  each rank's RNG states
-  <dir>/global_step<N>/complete.json   written by rank 0 only after every rank's files are fsynced (sync or
-                                       async save, see Checkpointer): step, consumed samples, files and sizes
-  <dir>/latest                         DeepSpeed's pointer (users' habit), written by us after complete.json; resume
-                                       still checks markers itself (a damaged newest tag is skipped)
-
-On resume the newest tag whose complete.json exists and whose listed files are all present with the recorded sizes
-is loaded; an interrupted or damaged save is skipped with a message saying so.
+The files are DeepSpeed's own plus two small files of ours per tag (each rank's RNG states and complete.json, written
+by rank 0 only after every rank's files are durable, sync or async: see Checkpointer); their layout is
+recipes.checkpoint.format. On resume the newest tag whose complete.json exists and whose listed files are all
+present with the recorded sizes is loaded; an interrupted or damaged save is skipped with a message saying so.
 """
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
-import random
-import re
-import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from data_prep.io import atomic_write
 from recipes.checkpoint import safe_load, shm_writer, writer
+from recipes.checkpoint.format import rng
+from recipes.checkpoint.format.tags import MARKER, client_state as marked_client_state, mark_complete, newest_complete
+from recipes.checkpoint.format.tags import step_of, tag_for
 
 log = logging.getLogger(__name__)
-MARKER = "complete.json"
-_TAG = re.compile(r"^global_step(\d+)$")
 
-
-def tag_for(step: int) -> str:
-    return f"global_step{step}"
+__all__ = ["Checkpointer", "save", "resume", "newest_complete", "mark_complete", "tag_for", "MARKER"]
 
 
 def _rank() -> int:
@@ -45,30 +32,6 @@ def _rank() -> int:
 def _barrier():
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-
-
-def _rng_state() -> dict:
-    # Tensors and plain numbers only, so that resume reads the file with weights_only=True (recipes/safe_load.py).
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
-    state = {"python": random.getstate(),  # (version, tuple of ints, float | None)
-             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    n = state["numpy"]
-    if isinstance(n, dict):
-        np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    else:  # a tuple with an ndarray: written before RNG states were tensors
-        np.random.set_state(n)
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 class Checkpointer:
@@ -111,7 +74,7 @@ class Checkpointer:
         # `latest` is ours to write, after the marker: it never names a partial save.
         try:
             self.engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
-            self.files.save(_rng_state(), str(self.root / tag / f"rng_rank{_rank()}.pt"))
+            self.files.save(rng.rng_state(), str(rng.rng_file(self.root / tag, _rank())))
             jobs, written = self.files.take()
         except (OSError, RuntimeError) as e:
             self.files.take()
@@ -204,19 +167,6 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int) -
     return Checkpointer(engine, ckpt_dir, keep_last, background=False).save(step, client_state)
 
 
-def mark_complete(root: Path, tag: str, step: int, client_state: dict, keep_last: int) -> dict:
-    """After every file of `tag` is durable: complete.json (files and sizes), then `latest`, then prune old tags.
-    Returns the files and their sizes."""
-    files = {str(p.relative_to(root / tag)): p.stat().st_size
-             for p in sorted((root / tag).rglob("*")) if p.is_file() and p.name != MARKER}
-    marker = {"step": step, "client_state": client_state, "files": files}
-    atomic_write(str(root / tag / MARKER), json.dumps(marker, indent=1))
-    atomic_write(str(root / "latest"), tag)
-    _prune(root, keep_last, step)
-    log.info(f"checkpoint: saved {root / tag} ({len(files)} files)")
-    return files
-
-
 def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:
     """A clear message when a save failed because checkpoint.dir's file system is full. torch.save reports a short
     write as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos ...", not as ENOSPC: so the free
@@ -235,81 +185,38 @@ def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:
             f"from {root / good if good else 'the start (no complete checkpoint yet)'}")
 
 
-def _tags(root: Path) -> list[tuple[int, str]]:
-    if not root.is_dir():
-        return []
-    out = [(int(m.group(1)), p.name) for p in root.iterdir() if p.is_dir() and (m := _TAG.match(p.name))]
-    return sorted(out, reverse=True)
-
-
-def _prune(root: Path, keep_last: int, completed_step: int) -> None:
-    """Keep the newest `keep_last` complete tags, and remove the incomplete tags older than the one just completed
-    (`completed_step`): interrupted saves, full-size and never loaded. At most one save is in flight and it is the one
-    just completed, so an older incomplete tag is never being written; newer ones are left alone (a resume from an
-    older tag re-saves them)."""
-    tags = _tags(root)
-    complete = [t for _, t in tags if (root / t / MARKER).is_file()]
-    for t in complete[keep_last:]:
-        shutil.rmtree(root / t, ignore_errors=True)
-        log.info(f"checkpoint: removed old {root / t} (keep_last={keep_last})")
-    for s, t in tags:
-        if s < completed_step and not (root / t / MARKER).is_file():
-            shutil.rmtree(root / t, ignore_errors=True)
-            log.info(f"checkpoint: removed {root / t}, an interrupted save older than {tag_for(completed_step)}")
-
-
-def problems(tag_dir: Path) -> list[str]:
-    """Why a tag cannot be loaded ([] if it is complete)."""
-    marker = tag_dir / MARKER
-    if not marker.is_file():
-        return [f"no {MARKER} (the save was interrupted)"]
-    try:
-        files = json.loads(marker.read_text())["files"]
-    except (ValueError, KeyError) as e:
-        return [f"unreadable {MARKER}: {e}"]
-    out = []
-    for name, size in files.items():
-        p = tag_dir / name
-        if not p.is_file():
-            out.append(f"missing {name}")
-        elif p.stat().st_size != size:
-            out.append(f"{name} has {p.stat().st_size} bytes, expected {size}")
-    return out
-
-
-def newest_complete(ckpt_dir: str) -> str | None:
-    """The newest loadable tag, saying which newer ones were skipped and why."""
-    root = Path(ckpt_dir)
-    for _, tag in _tags(root):
-        bad = problems(root / tag)
-        if not bad:
-            return tag
-        log.warning(f"checkpoint: skipping {root / tag}: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
-                    "falling back to an older checkpoint")
-    return None
-
-
 def resume(engine, ckpt_dir: str | None) -> dict | None:
     """Collective. Load the newest complete checkpoint; returns its client_state, or None when starting fresh."""
     if not ckpt_dir:
         return None
-    choice = [newest_complete(ckpt_dir) if _rank() == 0 else None]
-    if torch.distributed.is_initialized():
-        torch.distributed.broadcast_object_list(choice, src=0)  # every rank loads the same tag
-    tag = choice[0]
+    tag = _agreed_tag(ckpt_dir)
     if tag is None:
         return None
+    tag_dir = Path(ckpt_dir) / tag
     safe_load.guard_engine(engine)  # DeepSpeed's own reads of model/optimizer files: data only
     path, client_state = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
     if path is None:
-        raise RuntimeError(f"checkpoint: DeepSpeed could not load {Path(ckpt_dir) / tag}; move it aside to start over")
+        raise RuntimeError(f"checkpoint: DeepSpeed could not load {tag_dir}; move it aside to start over")
     if client_state is None or "consumed_samples" not in client_state:
         # The model-states file carrying client_state lives on DP rank 0 of each model-parallel rank.
-        client_state = json.loads((Path(ckpt_dir) / tag / MARKER).read_text())["client_state"]
-    rng = Path(ckpt_dir) / tag / f"rng_rank{_rank()}.pt"
-    if rng.is_file():
-        _set_rng_state(safe_load.load(rng, legacy_rng=True))
-    log.info(f"checkpoint: resumed from {Path(ckpt_dir) / tag} at step {client_state['step']}, "
-        f"{client_state['consumed_samples']} samples consumed")
+        client_state = marked_client_state(tag_dir)
+    rng.restore(tag_dir, _rank())
+    log.info(f"checkpoint: resumed from {tag_dir} at step {client_state['step']}, "
+             f"{client_state['consumed_samples']} samples consumed")
     return client_state
+
+
+def _agreed_tag(ckpt_dir: str) -> str | None:
+    """Rank 0 picks the newest complete tag and every rank loads that one: its step travels as one int64 (-1: none),
+    a fixed-shape tensor broadcast (no pickled object crosses the network)."""
+    step = -1
+    if _rank() == 0:
+        tag = newest_complete(ckpt_dir)
+        step = -1 if tag is None else step_of(tag)
+    if torch.distributed.is_initialized():
+        nccl = torch.distributed.get_backend() == "nccl"  # NCCL moves CUDA tensors only
+        t = torch.tensor([step], dtype=torch.int64, device=f"cuda:{torch.cuda.current_device()}" if nccl else "cpu")
+        torch.distributed.broadcast(t, src=0)
+        step = int(t.item())
+    return None if step < 0 else tag_for(step)

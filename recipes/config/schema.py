@@ -265,7 +265,8 @@ class SupervisionConfig(_Section):
     # No rank changing step or phase for this long = a hang: stacks dumped, job stopped (and restarted). Larger than
     # the slowest save, evaluation and start-up phase. None = no hang watchdog.
     hang_timeout_seconds: Optional[PositiveFloat] = None
-    # The slowest rank is named in the log when its step time is this many percent above the median
+    # The slowest rank is named in the log when its compute time per step (outside the collectives) is this many
+    # percent above the median of its pipeline stage for 3 log intervals in a row (recipes/train/stragglers.py)
     straggler_pct: PositiveFloat = 20.0
 
 

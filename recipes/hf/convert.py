@@ -1,4 +1,4 @@
-"""Canonical full state (see `recipes.checkpoint.shards`) <-> Hugging Face transformers state dicts and configs.
+"""Canonical full state (see `recipes.checkpoint.format.shards`) <-> Hugging Face transformers state dicts and configs.
 
 Families:
   * rope + rmsnorm + swiglu            -> `LlamaForCausalLM` (GQA as num_key_value_heads, biases as attention_bias /

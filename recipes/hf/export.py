@@ -117,7 +117,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipes.checkpoint.read import read_full_state
+    from recipes.checkpoint.format.read import read_full_state
     from recipes.hf.convert import family, to_hf
 
     family(recipe.model)  # refuse unsupported architectures before reading anything
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
     ns = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.format.errors import CheckpointError
     from recipes.hf.convert import UnsupportedModel
 
     setup_logging(quiet=ns.quiet)

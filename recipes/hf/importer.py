@@ -8,7 +8,7 @@ The recipe supplies training, data and layout (parallel.tp/pp and dp, default dp
 by the transformers config's architecture (layers, sizes, heads, query groups, vocabulary, RoPE base and llama3
 scaling, epsilon, tying, biases), so check seq_length (a Mistral/Qwen2 sliding window must be >= it). The
 checkpoint is written by an engine at that layout (one CPU process per rank) with DeepSpeed's own save, plus
-CKPT_DIR/recipe.yaml (the merged recipe, for pretrain --config and export).
+CKPT_DIR/recipe.yaml (the merged recipe, for `recipes train --config` and export).
 """
 from __future__ import annotations
 

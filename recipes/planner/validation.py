@@ -97,14 +97,15 @@ def cross_field(recipe, world_size: int | None = None) -> tuple[list[str], list[
 
     # --- memory: only for GPU clusters with a well-formed layout --------------------------------------------------------
     if not errors and cl.device == "cuda" and layout is not None:
-        errors_m, warnings_m = _memory(recipe, layout)
+        errors_m, warnings_m = memory_check(recipe, layout)
         errors += errors_m
         warnings += warnings_m
     return errors, warnings
 
 
-def _memory(recipe, layout: Layout) -> tuple[list[str], list[RecipeWarning]]:
-    """Predicted memory per GPU over the device (an error) or inside the headroom (a warning)."""
+def memory_check(recipe, layout: Layout) -> tuple[list[str], list[RecipeWarning]]:
+    """Predicted memory per GPU over the device (an error) or inside the headroom (a warning), at `layout` (the
+    launcher asks it at the world it starts)."""
     m, cl, tr = recipe.model, recipe.cluster, recipe.training
     est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
     if not est.fits:

@@ -68,9 +68,9 @@ def _child(cmd: list[str]) -> dict:
 
 
 def _sizes(ckpt: str) -> dict:
-    from recipes.checkpoint.read import resolve_tag
+    from recipes.checkpoint.format.tags import resolve_tag
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
-    from recipes.checkpoint.relayout import Source
+    from recipes.checkpoint.format.relayout import Source
 
     recipe = load_checkpoint_recipe(ckpt, None, [])
     src = Source(resolve_tag(ckpt), recipe.model)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1", help="comma-separated worker counts to compare, e.g. 1,2 (default 1)")
     ns = ap.parse_args(argv)
     counts = [int(w) for w in ns.workers.split(",")]
-    base = _child([sys.executable, "-c", "import recipes.checkpoint.relayout, deepspeed.utils.tensor_fragment"])
+    base = _child([sys.executable, "-c", "import recipes.checkpoint.format.relayout, deepspeed.utils.tensor_fragment"])
     base_rss = base["peak"]
     print(f"import-only child: peak RSS {base_rss / 2**20:.0f} MiB (torch + DeepSpeed); load {os.getloadavg()[0]:.1f}")
     print(f"{'checkpoint':<20} {'layers':>6} {'hidden':>6} {'params':>12} {'largest':>11} {'optim GiB':>9} "

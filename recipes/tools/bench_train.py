@@ -48,7 +48,7 @@ def _sync(device):
 def engine_stepper(recipe, layout, device, total_steps: int):
     """One recipe training step per call (DeepSpeed engine, our train_step)."""
     from recipes.train.engine import initialize
-    from recipes.train.loop import train_step
+    from recipes.train.step import train_step
 
     eng = initialize(recipe, layout, device, total_steps=total_steps)
 

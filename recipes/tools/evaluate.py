@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [t.strip() for t in ns.tasks.split(",") if t.strip()]
     kw = dict(device=ns.device, batch_size=ns.batch_size, limit=ns.limit, text_file=ns.text,
               include_path=ns.include_path, dtype=ns.dtype)
-    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.format.errors import CheckpointError
     from recipes.hf.convert import UnsupportedModel
 
     try:

@@ -49,6 +49,27 @@ MODEL_110M = ["model.hidden_size=1536", "model.ffn_hidden_size=4096", "model.num
               "model.seq_length=64"]
 
 
+def _save_window(saver, step: int, gap: int, timed_step) -> dict:
+    """The window: the save, then `gap` steps (polling, as the loop does), then waiting for the save if it is still in
+    flight. Its excess over `gap` normal steps is the stall, whatever caused it (blocking, or steps slowed by the
+    writer); noise in the steps cancels instead of adding up."""
+    t0 = time.perf_counter()
+    saver.save(step, {"step": step, "consumed_samples": step})
+    blocked = time.perf_counter() - t0
+    during = []
+    for _ in range(gap):
+        in_flight = saver.inflight is not None
+        t = timed_step()
+        saver.poll()
+        if in_flight:
+            during.append(t)
+    t1 = time.perf_counter()
+    saver.finish()
+    end = time.perf_counter()
+    return {"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
+            "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap}
+
+
 def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str,
             gap: int) -> dict:
     import torch
@@ -66,7 +87,7 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     from recipes.parallel.layout import Layout
     from recipes.tools.bench_train import synthetic_steps
     from recipes.train.engine import init_distributed, init_parallel_state, initialize
-    from recipes.train.loop import train_step
+    from recipes.train.step import train_step
 
     recipe = load_recipe(recipe_path, overrides + ["parallel.tp=1", "parallel.pp=1", f"parallel.dp={ranks}",
                                                    "parallel.micro_batch=1", f"training.global_batch={ranks}"])
@@ -94,24 +115,7 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     for _ in range(saves):
         for mode, saver in savers.items():
             timed_step()
-            # The window: the save, then `gap` steps (polling, as the loop does), then waiting for the save if it is
-            # still in flight. Its excess over `gap` normal steps is the stall, whatever caused it (blocking, or
-            # steps slowed by the writer); noise in the steps cancels instead of adding up.
-            t0 = time.perf_counter()
-            saver.save(step, {"step": step, "consumed_samples": step})
-            blocked = time.perf_counter() - t0
-            during = []
-            for _ in range(gap):
-                in_flight = saver.inflight is not None
-                t = timed_step()
-                saver.poll()
-                if in_flight:
-                    during.append(t)
-            t1 = time.perf_counter()
-            saver.finish()
-            end = time.perf_counter()
-            rows[mode].append({"blocked_s": blocked, "window_s": end - t0, "steps_s": end - t0 - blocked - (end - t1),
-                               "during_steps_s": during, "finish_wait_s": end - t1, "gap": gap})
+            rows[mode].append(_save_window(saver, step, gap, timed_step))
         normal += [timed_step() for _ in range(2)]
     for saver in savers.values():
         saver.close()

@@ -6,12 +6,13 @@ lr schedule, consumed samples), so that the run resumes under the new layout wit
     python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
 
 How: ZeRO-1/2 sources to ZeRO-1/2 targets (tied or untied embeddings) are re-laid by the streaming writer
-(recipes.checkpoint.relayout): `--workers N` processes (default: one per core) write the target's (pipeline stage,
-TP rank) items tensor by tensor, each bounded by the largest tensor and one target rank's optimizer partition. Other cases: the source is read offline into a full,
-name-keyed state (recipes.checkpoint.read), saved as a full state directory (recipes.train.state_writer) and written
-at the target layout by an engine built there (one CPU process per target rank), using DeepSpeed's own save. Targets the
-recipe cannot run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not
-divisible by micro_batch x dp) are refused with the validator's reason before anything is written.
+(recipes.checkpoint.format.relayout): `--workers N` processes (default: one per core) write the target's (pipeline
+stage, TP rank) items tensor by tensor, each bounded by the largest tensor and one target rank's optimizer partition.
+Other cases: the source is read offline into a full, name-keyed state (recipes.checkpoint.format.read), saved as a
+full state directory (recipes.checkpoint.format.full_state) and written at the target layout by an engine built there
+(one CPU process per target rank, recipes.train.state_writer), using DeepSpeed's own save. Targets the recipe cannot
+run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not divisible by
+micro_batch x dp) are refused with the validator's reason before anything is written.
 Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
 Context parallelism holds no parameters and DeepSpeed's data axis is DP x CP, so a CP run's files are those of a run
 at DP x CP: a CP source is read as one, and a target `cp=N` (default 1) is written as DP x CP data ranks, its recipe
@@ -83,15 +84,17 @@ def as_data_parallel(recipe):
 def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None = None, quiet: bool = False,
             writer: str = "auto", workers: int | None = None) -> Path:
     """writer: "stream" (worker processes over the target's (stage, TP rank) items, tensor by tensor:
-    recipes.checkpoint.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto" (stream
-    where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
-    from recipes.checkpoint.read import detect_layout, resolve_tag
-    from recipes.checkpoint.relayout import unsupported
+    recipes.checkpoint.format.relayout), "engine" (an engine per target rank: recipes.train.state_writer) or "auto"
+    (stream where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
+    from recipes.checkpoint.format.tags import resolve_tag
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
-    tag_dir = resolve_tag(ckpt_dir, tag)
+    tag_dir = resolve_tag(ckpt_dir, tag)  # before the heavy imports: a bad --tag costs nothing
+    from recipes.checkpoint.format.layout import detect_layout
+    from recipes.checkpoint.format.relayout import unsupported
+
     source = detect_layout(tag_dir)  # a CP run's files read as DP x CP data-parallel ranks
     new, world = target_recipe(recipe, target, source.zero_stage)
     written = as_data_parallel(new)  # what the writers lay out; `new` (with its cp) is the recipe stored
@@ -106,7 +109,7 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     if streaming:
         _stream(tag_dir, out, written, world, quiet, workers)
     else:
-        from recipes.checkpoint.read import read_full_state
+        from recipes.checkpoint.format.read import read_full_state
         from recipes.train.state_writer import publish_checkpoint
 
         state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
@@ -131,7 +134,7 @@ def _stream(tag_dir: Path, out: Path, new, world: int, quiet: bool, workers: int
     import tempfile
 
     from data_prep.io import fsync_dir
-    from recipes.checkpoint.relayout import relayout
+    from recipes.checkpoint.format.relayout import relayout
     from recipes.parallel.layout import Layout
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     setup_logging(quiet=ns.quiet)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    from recipes.checkpoint.read import CheckpointError
+    from recipes.checkpoint.format.errors import CheckpointError
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 
     try:

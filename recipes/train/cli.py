@@ -87,7 +87,7 @@ def launch_local(n: int, argv: list[str]) -> int:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             r, c = failed[0]
-            print(f"pretrain --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
+            print(f"recipes train --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
             for p in procs:
                 if p.poll() is None:
                     p.kill()
@@ -121,6 +121,16 @@ EXAMPLES = (  # shown by --help
     "launch/train.sh RUN.yaml --hostfile hosts -- checkpoint.dir=/shared/ckpt/run1   # many nodes (docs/cluster.md)",
     "(the same command again resumes from the newest complete checkpoint in checkpoint.dir)",
 )
+def _before_rank_imports() -> None:
+    """A rank, before torch.distributed's users are imported."""
+    # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
+    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
+    from recipes.train.stragglers import COMM_CLOCK
+
+    COMM_CLOCK.install()  # before DeepSpeed and megatron-core are imported: some of them bind torch.distributed's calls
 
 
 def main(args: list[str] | None = None) -> int:
@@ -167,14 +177,9 @@ def main(args: list[str] | None = None) -> int:
 
     if os.environ.get("RECIPES_LOCAL_WORKER"):
         _die_with_parent()
-    # megatron-core announces its pure-torch fallbacks once per import in every rank; they are expected here.
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    # Advice for CUDA streams and a torch rename inside DeepSpeed: nothing a user of this recipe can act on.
-    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*is deprecated.*")
-    from recipes.train.loop import run
-
+    _before_rank_imports()
     from recipes.checkpoint.lease import LeaseError
+    from recipes.train.trainer import run
 
     try:
         code = run(recipe, quiet=ns.quiet)

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import torch
 
+from recipes.checkpoint.format import deepspeed_private
 from recipes.config.stages import stage_plan, with_stage_lr
 from recipes.model.fast_path import any_non_finite, check_attention_backend, compile_decoder_layers
 from recipes.parallel.cpu_buffers import place_sequence_parallel_buffers_on_cpu
@@ -48,9 +49,7 @@ def init_distributed(recipe) -> torch.device:
     else:
         # DeepSpeed's shared-memory all-reduce is a JIT-built C++ op used only for inference all-reduce; loading it
         # in every CPU rank costs ~30 s on a small machine and training never calls it.
-        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-        deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+        deepspeed_private.skip_shm_comm_op()
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
@@ -67,11 +66,8 @@ def _timeout_for_new_groups(timeout: timedelta) -> None:
     initialize_model_parallel (init_parallel_state); DeepSpeed's pipeline / topology / tied-weight groups are made
     with deepspeed.comm.new_group(ranks), which takes no timeout, so its backend's new_group is bound to ours."""
     global _GROUP_TIMEOUT
-    import deepspeed.comm.comm as ds_comm
-
     _GROUP_TIMEOUT = timeout
-    if ds_comm.cdb is not None:
-        ds_comm.cdb.new_group = lambda ranks: torch.distributed.new_group(ranks, timeout=timeout)
+    deepspeed_private.bind_new_group_timeout(timeout)
 
 
 def shutdown_distributed() -> None:
@@ -242,8 +238,7 @@ class Engine:
 def _refuse_uneven_stage_groups(model) -> None:
     """Raise (on every rank alike, before any collective) when the split DeepSpeed chose gives stages different
     optimizer param-group counts: ZeRO-1 would hang in the first step (see recipes.parallel.partition)."""
-    names = [spec.typename.__name__ for spec in model._layer_specs]
-    problem = uneven_group_problem(names, list(model.parts))
+    problem = uneven_group_problem(deepspeed_private.layer_class_names(model), list(model.parts))
     if problem:
         raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); "
                          f"{UNEVEN_GROUPS_FIX}")

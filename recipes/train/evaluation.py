@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from recipes.checkpoint.format.tags import tag_for  # (no torch: the include-path check stays light)
 from recipes.config.loading import RecipeError, _read_mapping, resolve_preset
 
 log = logging.getLogger(__name__)
@@ -29,12 +30,6 @@ log = logging.getLogger(__name__)
 # The rank's rendezvous variables would make the evaluation (accelerate, under lm-eval) think it is one rank of a job.
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
              "ROLE_RANK", "RECIPES_LOCAL_WORKER", "TORCHELASTIC_RUN_ID")
-
-
-def tag_for(step: int) -> str:
-    from recipes.checkpoint.store import tag_for as store_tag  # torch and DeepSpeed: only where a run needs them
-
-    return store_tag(step)
 
 
 def check_include_path_origin(config: str, overrides: Sequence[str], include_path: str | None) -> None:
@@ -88,11 +83,6 @@ class BackgroundEval:
         self.tensorboard = recipe.logging.tensorboard
         self.proc: subprocess.Popen | None = None
         self.step = None
-
-    def due(self, step: int, total_steps: int) -> bool:
-        """Every rank answers alike (the loop saves a checkpoint on these steps, a collective)."""
-        n = self.cfg.interval
-        return bool(n) and (step % n == 0 or step == total_steps)
 
     def command(self, step: int) -> list[str]:
         c = self.cfg

@@ -19,3 +19,22 @@ def install() -> None:
 
 def requested() -> bool:
     return _requested
+
+
+class StopRequest:
+    """SIGTERM / SIGUSR1 (pre-emption) ask for a checkpoint and a clean exit at the end of the current step."""
+
+    def __init__(self):
+        install()  # already installed by the entry point; again for callers that start here
+
+    @property
+    def flag(self) -> bool:
+        return requested()
+
+    def agreed(self, device) -> bool:
+        """Collective: stop if any rank got the signal."""
+        import torch
+
+        t = torch.tensor([1.0 if self.flag else 0.0], device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())

@@ -265,18 +265,33 @@ def test_curate_on_ray_equals_local(tmp_path, corpus):
     from data_prep.curate import CurateSettings
     from data_prep.curate import run as curate
 
+    quality = {"quality": {"min_words": 20, "min_stop_words": 0, "min_punctuation_line_fraction": None}}
+    # Six exact copies, in another unit, of documents the quality rule keeps (found by a quality-only run): a copy of
+    # a document the rule removes would be removed by the rule too, not counted as a duplicate.
+    kept = _kept_texts(curate(CurateSettings(inputs=[str(corpus)], output_dir=str(tmp_path / "quality"),
+                                             steps={"steps": [quality]}, shard_size=30_000, quiet=True)),
+                       tmp_path / "quality")
     (tmp_path / "dups").mkdir()
-    texts = [json.loads(line)["text"] for line in open(corpus / "big.jsonl")]
-    write_jsonl(tmp_path / "dups" / "copies.jsonl", [{"text": t} for t in texts[:6]])  # exact copies, another unit
-    steps = {"steps": [{"quality": {"min_words": 20, "min_stop_words": 0, "min_punctuation_line_fraction": None}},
-                       {"exact_dedup": {}}, {"minhash_dedup": {"threshold": 0.7}}], "buckets": 4}
+    write_jsonl(tmp_path / "dups" / "copies.jsonl", [{"text": t} for t in list(dict.fromkeys(kept))[:6]])
+    want = 6 + len(kept) - len(set(kept))  # and any repeat the corpus itself holds
+    steps = {"steps": [quality, {"exact_dedup": {}}, {"minhash_dedup": {"threshold": 0.7}}], "buckets": 4}
     outs = {}
     for kind, workers in (("local", 1), ("ray", 2)):
         outs[kind] = tmp_path / kind
         m = curate(CurateSettings(inputs=[str(corpus), str(tmp_path / "dups")], output_dir=str(outs[kind]),
                                   steps=steps, workers=workers, executor=kind, shard_size=30_000, quiet=True))
-        assert m["totals"]["removed"]["exact_dedup"]["duplicate"] >= 1
+        assert m["totals"]["removed"]["exact_dedup"]["duplicate"] == want, m["totals"]["removed"]
+        texts = _kept_texts(m, outs[kind])
+        assert len(texts) == len(set(texts)) and set(texts) <= set(kept)  # no copy survives; the rule still holds
     assert tree_bytes(outs["ray"]) == tree_bytes(outs["local"])
+
+
+def _kept_texts(manifest, out):
+    texts = []
+    for entry in manifest["files"]:
+        with open(out / entry["file"], "rb") as f:
+            texts += [json.loads(line)["text"] for line in f]
+    return texts
 
 
 @pytest.mark.multiproc

@@ -35,12 +35,17 @@ def test_any_name_with_a_credential_word_is_refused_naming_the_provider_chains(n
     assert f"--storage-option {name}=..." in str(e.value) and "GOOGLE_APPLICATION_CREDENTIALS" in str(e.value)
 
 
-def test_ordinary_options_are_accepted():
+def test_ordinary_options_are_accepted_and_reach_the_filesystem():
+    options = {"endpoint_url": "http://127.0.0.1:9000", "anon": False, "use_ssl": True, "requester_pays": False,
+               "default_block_size": 1 << 20}
     try:
-        objstore.configure({"endpoint_url": "http://127.0.0.1:9000", "anon": False, "use_ssl": True,
-                            "requester_pays": False, "default_block_size": 1 << 20})
+        objstore.configure(options)
+        fs, path = objstore.filesystem("s3://b/k")  # s3fs builds the instance without contacting anything
+        assert fs.storage_options == options and path == "b/k"
+        assert (fs.endpoint_url, fs.default_block_size, fs.requester_pays) == ("http://127.0.0.1:9000", 1 << 20, False)
     finally:
         objstore.configure({})
+    assert objstore.filesystem("s3://b/k")[0].storage_options == {}  # reset: the next run starts without them
 
 
 @pytest.mark.parametrize("url", ["s3://AKIAUSER:hunter2-SENT@bucket/in", "gs://hunter2-SENT@bucket/x",

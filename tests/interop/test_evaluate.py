@@ -1,7 +1,8 @@
 """`python -m recipes evaluate` on real tiny checkpoints, run by the training loop every N steps: lm-evaluation-harness
 (HF backend) runs the shipped local tasks offline and produces scores, logged to metrics.jsonl and TensorBoard and
 shown by the report; its perplexity equals one computed directly with transformers on the same export and text (each
-token scored once, in windows of the model's context length, every document starting after EOD as in training)."""
+token scored once, in windows of the model's context length, every document starting after EOD as in training), and
+its multiple-choice accuracy one computed from the same export's log-probabilities."""
 from __future__ import annotations
 
 import json
@@ -39,6 +40,30 @@ def reference_log_likelihood(model, ids: list[int], prefix: int, window: int) ->
     return total
 
 
+def reference_choice_scores(model, tok, docs: list[dict]) -> tuple[float, float]:
+    """lm-eval's multiple_choice acc and acc_norm, written out here: per choice, the summed log p of the continuation's
+    tokens after the question's. As lm-eval does, the question's trailing spaces move into the continuation, the
+    continuation's tokens are those of tokenize(question + choice) past len(tokenize(question)) (none when the choice
+    merges into the question's last token: a sum of 0), and the model reads question tokens + continuation tokens. The
+    prediction is the best sum, or for acc_norm the best sum per character of the choice."""
+    right = right_norm = 0
+    for doc in docs:
+        scores = []
+        for choice in doc["choices"]:
+            question = doc["question"].rstrip()
+            context = tok(question)["input_ids"]
+            continuation = tok(question + doc["question"][len(question):] + choice)["input_ids"][len(context):]
+            seq, n = context + continuation, len(continuation)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([seq[:-1]])).logits[0].double(), dim=-1)
+            scores.append(float(logp[len(seq) - 1 - n:].gather(1, torch.tensor(continuation)[:, None]).sum()) if n
+                          else 0.0)
+        right += max(range(len(scores)), key=scores.__getitem__) == doc["answer"]
+        per_char = [x / len(c) for x, c in zip(scores, doc["choices"])]
+        right_norm += max(range(len(per_char)), key=per_char.__getitem__) == doc["answer"]
+    return right / len(docs), right_norm / len(docs)
+
+
 def test_evaluation_during_training_scores_match_transformers(corpus, tmp_path):
     """A 1-rank run with evaluation.interval=3 evaluates its step-3 and step-6 checkpoints in background
     subprocesses (`recipes evaluate --checkpoint`, offline); scores land in metrics.jsonl, TensorBoard and the report."""
@@ -53,7 +78,6 @@ def test_evaluation_during_training_scores_match_transformers(corpus, tmp_path):
     evals = read_evals(tmp_path / "logs" / "metrics.jsonl")
     assert [r["step"] for r in evals] == [3, 6], (tmp_path / "logs" / "evaluate_step3.log").read_text()[-3000:]
     scores = {k[len("eval/"):]: v for k, v in evals[-1].items() if k.startswith("eval/")}
-    assert 0.0 <= scores["recipes_mc/acc"] <= 1.0
     assert {"recipes_ppl/word_perplexity", "recipes_ppl/byte_perplexity", "recipes_ppl/bits_per_byte"} <= set(scores)
     assert list((tmp_path / "logs" / "tensorboard").glob("events.out.tfevents.*.eval"))
     report = write_report(tmp_path / "report", metrics=tmp_path / "logs" / "metrics.jsonl").read_text()
@@ -76,6 +100,10 @@ def test_evaluation_during_training_scores_match_transformers(corpus, tmp_path):
     assert windows > len(texts), "the texts should need several windows each for this check to cover the rolling"
     assert scores["recipes_ppl/byte_perplexity"] == pytest.approx(math.exp(-ll / n_bytes), rel=1e-4)
     assert scores["recipes_ppl/bits_per_byte"] == pytest.approx(-ll / n_bytes / math.log(2), rel=1e-4)
+    # the multiple choice accuracy, computed again from the same export's log-probabilities
+    docs = [json.loads(x) for x in (TASKS_DIR / "recipes_mc.jsonl").read_text().splitlines()]
+    acc, acc_norm = reference_choice_scores(model, tok, docs)
+    assert (scores["recipes_mc/acc"], scores["recipes_mc/acc_norm"]) == pytest.approx((acc, acc_norm)), (acc, acc_norm)
 
 
 def test_evaluate_refuses_a_directory_without_a_model(tmp_path):

@@ -1,7 +1,7 @@
 """Export parity: a transformers model exported from a training checkpoint computes our model's logits.
 
 Our side is `recipes.model.layers.PlainDecoder` at TP = PP = 1 holding the checkpoint's weights as read (and TP-merged) by
-`recipes.checkpoint.read`; the other side is `AutoModelForCausalLM.from_pretrained(export dir)`. Both fp32 on CPU; the
+`recipes.checkpoint.format.read`; the other side is `AutoModelForCausalLM.from_pretrained(export dir)`. Both fp32 on CPU; the
 same math in a different order of additions differs by ~1e-6 here, so 1e-4 (the issue's bound) catches any wrong
 mapping (a swapped q/k/v, gate/up, transpose or norm shows up as O(1e-1..1) differences).
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from recipes.checkpoint.plain_model import build_plain_model, greedy, logits
-from recipes.checkpoint.read import read_full_state
+from recipes.checkpoint.format.read import read_full_state
 from recipes.hf.export import export, main as export_main
 
 pytestmark = pytest.mark.multiproc

@@ -17,7 +17,7 @@ import torch
 
 from interop_runs import RECIPE
 from recipes.checkpoint.plain_model import build_plain_model, logits
-from recipes.checkpoint.shards import strip_vocab
+from recipes.checkpoint.format.shards import strip_vocab
 from recipes.hf.convert import UnsupportedModel, from_llama, to_hf
 from recipes.hf.importer import hf_recipe
 

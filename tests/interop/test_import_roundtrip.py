@@ -7,7 +7,7 @@ import torch
 import pytest
 
 from interop_runs import RECIPE
-from recipes.checkpoint.read import read_full_state
+from recipes.checkpoint.format.read import read_full_state
 from recipes.hf.export import export, main as export_main
 from recipes.hf.importer import hf_recipe, import_hf
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.support.runs import losses, pretrain
-from recipes.checkpoint.read import read_full_state
+from recipes.checkpoint.format.read import read_full_state
 from recipes.config.loading import RecipeError
 from recipes.tools.reshape import parse_target, reshape
 

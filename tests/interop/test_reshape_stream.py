@@ -1,4 +1,4 @@
-"""Streaming reshape (recipes.checkpoint.relayout: tensor by tensor, worker processes over (stage, TP rank) items) of
+"""Streaming reshape (recipes.checkpoint.format.relayout: tensor by tensor, worker processes over (stage, TP rank) items) of
 the TP=2 x PP=2 x DP=2 step-3 checkpoint to 4 ranks (TP=2 x PP=1 x DP=2: pipeline merged, half the ranks gone) and to
 16 ranks (TP=2 x PP=2 x DP=4), untied and tied (the word embedding on the first and the last stage).
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from recipes.checkpoint import safe_load
-from recipes.checkpoint.read import read_full_state
+from recipes.checkpoint.format.read import read_full_state
 from recipes.tools.reshape import parse_target, reshape
 from tests.support.runs import losses, pretrain
 

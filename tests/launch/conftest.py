@@ -38,3 +38,24 @@ def local_reference(tmp_path_factory):
     data = json.loads(out.read_text())
     assert data["world_size"] == 1 and len(data["losses"]) == 4
     return data["losses"]
+
+
+@pytest.fixture
+def launch_here(capsys, monkeypatch):
+    """`launch/SCRIPT ARGS` (train.sh or preflight.sh) run in this process through `launch.cli.run` (the code behind
+    the shims, less the signal handlers): for dry runs and refusals, which start nothing; a subprocess per call would
+    cost the unit tier a second each. Same environment rules as `launch_env`; returns a CompletedProcess."""
+    from launch.cli import run
+
+    for var in ("LAUNCH_SSH_CONFIG", "LAUNCH_HOSTFILE", "LAUNCH_SLURM_GRACE", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LAUNCH_STOP_GRACE", "5")
+
+    def launch(script, *args):
+        capsys.readouterr()
+        rc = run([{"train.sh": "train", "preflight.sh": "preflight"}[script], *map(str, args)])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess([script, *args], rc, out.out, out.err)
+
+    return launch

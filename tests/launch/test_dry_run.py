@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.support.launch import REPO, TOY, launch_env, run_launch
+from tests.support.launch import DATA, REPO, TOY, launch_env, run_launch
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_dry_run_selection_and_master_override(tmp_path):
 def test_slurm_script(tmp_path):
     hf = hostfile_100(tmp_path)
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--master-port", 29999,
-                   "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200", "model.num_query_groups=4",
+                   "--pin-nodes", "--log-dir", tmp_path / "s", "--", "parallel.tp=4", "training.global_batch=200", "model.num_query_groups=4",
                    "cluster.device=cuda")
     assert r.returncode == 0, r.stderr
     script = (tmp_path / "s" / "job.sbatch").read_text()
@@ -100,7 +100,7 @@ def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
     recipe = REPO / "configs" / "runs" / "glm-130b-100x8-a100.yaml"
     env = launch_env(NCCL_IB_HCA="mlx5_0,mlx5_1", GLOO_SOCKET_IFNAME="ib0", MY_SETTING="a b")
     r = run_launch("train.sh", recipe, "--hostfile", hf, "--backend", "torchrun-ssh", "--dry-run", "--env",
-                   "MY_SETTING", "--log-dir", tmp_path / "t", env=env)
+                   "MY_SETTING", "--log-dir", tmp_path / "t", "--", DATA, env=env)
     assert r.returncode == 0, r.stderr
     assert "world_size=800" in r.stdout and "TP=4 x PP=5 x DP=40" in r.stdout
     for m in node_lines(r.stdout):
@@ -108,7 +108,7 @@ def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
         assert "GLOO_SOCKET_IFNAME=ib0 " in m[6] and "OMP_NUM_THREADS=1 " in m[6] and "MY_SETTING" not in m[6]
     assert "user env (values not shown): MY_SETTING" in r.stdout and "a b" not in r.stdout
     r = run_launch("train.sh", recipe, "--hostfile", hf, "--backend", "deepspeed", "--dry-run", "--env",
-                   "MY_SETTING", "--log-dir", tmp_path / "d", env=env)
+                   "MY_SETTING", "--log-dir", tmp_path / "d", "--", DATA, env=env)
     assert r.returncode == 0, r.stderr
     lines = (tmp_path / "d" / "launch.env").read_text().splitlines()
     for want in ("NCCL_IB_HCA=mlx5_0,mlx5_1", "GLOO_SOCKET_IFNAME=ib0",

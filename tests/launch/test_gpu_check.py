@@ -18,8 +18,8 @@ from launch.gpu_check import offline  # a plain directory of scripts: a namespac
 REPO = Path(__file__).resolve().parents[2]
 GPU_CHECK = REPO / "launch" / "gpu_check"
 
-# prepare.sh downloads from PyPI, the dry run builds clean venvs: processes, not in-process checks
-pytestmark = pytest.mark.multiproc
+# prepare.sh downloads from PyPI: the tests that need its folder are in the network tier (out of an offline run, -m
+# "not network"); the helpers' tests need nothing but this checkout (unit).
 
 
 def _env(**extra) -> dict:
@@ -36,6 +36,7 @@ def wheels(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.network
 @pytest.mark.timeout(700)
 def test_prepare_downloads_every_listed_wheel_for_cp312_under_64_mib(wheels):
     names = {w.name.split("-")[0].lower() for w in wheels.glob("*.whl")}
@@ -51,6 +52,7 @@ def test_prepare_downloads_every_listed_wheel_for_cp312_under_64_mib(wheels):
     assert any("cp312-cp312" in w.name for w in wheels.glob("numpy-*.whl"))
 
 
+@pytest.mark.network
 @pytest.mark.timeout(700)
 def test_dry_run_resolves_every_import_from_the_wheel_folder(wheels, tmp_path):
     out = tmp_path / "out"
@@ -69,6 +71,7 @@ def test_dry_run_resolves_every_import_from_the_wheel_folder(wheels, tmp_path):
     assert (out / "run.log").is_file()
 
 
+@pytest.mark.network
 @pytest.mark.timeout(700)
 def test_dry_run_fails_when_the_folder_lacks_a_wheel(wheels, tmp_path):
     partial = tmp_path / "wheels"
@@ -82,6 +85,7 @@ def test_dry_run_fails_when_the_folder_lacks_a_wheel(wheels, tmp_path):
     assert "No module named 'hjson'" in (out / "run.log").read_text()
 
 
+@pytest.mark.unit
 def test_wheel_tags_accept_what_pip_on_cp312_accepts():
     ok = ["numpy-2.4.6-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
           "psutil-7.2.2-cp36-abi3-manylinux2010_x86_64.manylinux_2_12_x86_64.manylinux_2_28_x86_64.whl",
@@ -93,6 +97,7 @@ def test_wheel_tags_accept_what_pip_on_cp312_accepts():
     assert not any(offline.installs_on(n, (3, 12)) for n in bad)
 
 
+@pytest.mark.unit
 def test_size_check_fails_over_the_limit(tmp_path, capsys):
     (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"\0" * 3 * 2**20)
     assert offline.report_size(tmp_path, 64) == 0
@@ -100,6 +105,7 @@ def test_size_check_fails_over_the_limit(tmp_path, capsys):
     assert "over the 2 MiB" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_unpack_without_pip_gives_what_pip_installs(tmp_path):
     """The fallback for an image without pip: same files as `pip install --no-deps --target`."""
     wheel = tmp_path / "demo_pkg-1.0-py3-none-any.whl"

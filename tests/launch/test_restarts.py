@@ -79,10 +79,9 @@ def test_killed_rank_is_restarted_and_resumes_bit_exactly(corpus, tmp_path):
     # The attempts' logs are kept apart: the kill is in attempt-1/, the finished attempt at the top.
     assert "exit=137" in (run_dir / "launch" / "attempt-1" / "localhost.log").read_text()
     assert "LAUNCH-FAIL" not in (run_dir / "launch" / "localhost.log").read_text()
-    # Straggler report: per-rank step-time percentiles in the metrics the loop writes.
+    # Straggler report: per-rank compute-time percentiles in the metrics (the slow rank named: test_stragglers.py).
     rec6 = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
-    assert 0 < rec6["step_time_p50_s"] <= rec6["step_time_p90_s"] <= rec6["step_time_max_s"]
-    assert rec6["slowest_rank"] in (0, 1)
+    assert 0 < rec6["compute_time_p50_s"] <= rec6["compute_time_p90_s"] <= rec6["compute_time_max_s"]
     print(f"\nkill at step 5 -> finished in {elapsed:.1f} s (with restart); record {rec}")
 
 

@@ -1,8 +1,10 @@
 """`launch/train.sh --backend slurm` against a real Slurm (munged + slurmctld + slurmd on this machine, one node named
-after `hostname` with 2 ranks): a job runs to completion with the losses of a one-process run; a rank SIGKILLed inside
-the job ends it non-zero with the rank named; a requeued training job (`scontrol requeue`, then the USR1 warning
-before the time limit) resumes from its newest complete checkpoint and continues bit for bit; the job script asks for
-no GPUs on a CPU recipe."""
+after `hostname` with 2 ranks): a job runs to completion with the losses of a one-process run, from a hostfile and
+without one (`--nodes 1`: Slurm picks the node); a rank SIGKILLed inside the job ends it non-zero with the rank
+named; a requeued training job (`scontrol requeue`, then the USR1 warning before the time limit) resumes from its
+newest complete checkpoint and continues bit for bit; on a two-node Slurm a requeued job whose node was drained lands
+on the other node (no node list pins it); a container is refused with the reason where srun has no pyxis; the job
+script asks for no GPUs on a CPU recipe."""
 import json
 import os
 import re
@@ -13,21 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch import REPO, TOY, TOY_ENTRY, launch_env
+from tests.support.launch import REPO, TOY, TOY_DATA, TOY_ENTRY, launch_env
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
 REAL_RECIPE = REPO / "configs" / "runs" / "tiny-cpu.yaml"
 
 
-def submit(slurm, tmp_path, recipe, *args, env=None, **extra_env):
-    """train.sh --backend slurm on a hostfile of the cluster's one node; returns (job id, log dir)."""
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text(f"{slurm.node} slots=2\n")
+def submit(slurm, tmp_path, recipe, *args, env=None, hostfile=True, **extra_env):
+    """train.sh --backend slurm on a hostfile of the cluster's one node (or, hostfile=False, with the nodes in ARGS:
+    --nodes N --gpus-per-node G); returns (job id, log dir)."""
+    where = []
+    if hostfile:
+        (tmp_path / "hostfile").write_text(f"{slurm.node} slots=2\n")
+        where = ["--hostfile", str(tmp_path / "hostfile")]
     logs = tmp_path / "logs"
     env = dict(launch_env(**extra_env), SLURM_CONF=slurm.env["SLURM_CONF"])
-    r = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(recipe), "--hostfile", str(hostfile),
-                        "--backend", "slurm", "--log-dir", str(logs), *map(str, args)],
+    env.pop("LAUNCH_HOSTFILE", None)
+    r = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(recipe), *where, "--backend", "slurm",
+                        "--log-dir", str(logs), *map(str, args)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     job_id = (logs / "slurm_job_id").read_text().strip()
@@ -39,13 +45,20 @@ def job_output(logs: Path, job_id: str) -> str:
     return (logs / f"slurm-{job_id}.out").read_text()
 
 
-def wait_for(pred, timeout, what):
+def wait_for(pred, timeout, what, detail=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
             return
         time.sleep(0.3)
-    pytest.fail(f"timed out ({timeout} s) waiting for {what}")
+    pytest.fail(f"timed out ({timeout} s) waiting for {what}" + (f"\n{detail()}" if detail else ""))
+
+
+def _tails(logs: Path, slurm) -> str:
+    """The run's logs and the cluster's, for a failure message."""
+    out = [f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.log"))
+           + sorted(logs.glob("slurm-*.out"))]
+    return "\n".join(out) + "\n" + slurm.logs_tail(8)
 
 
 def _run_pids(run_id: str, rank: int | None = None) -> list[int]:
@@ -127,7 +140,9 @@ def _release(slurm, job_id: str, restarts: int) -> None:
              60, f"job {job_id} to be pending after requeue {restarts}")
     # ...and the node done with the previous attempt: started on a node still cleaning it up, slurmd refuses the job
     # ("Killing non-startable batch job: Job credential revoked", seen once) and it ends FAILED.
-    wait_for(slurm.node_idle, 60, f"node {slurm.node} to be idle after requeue {restarts}")
+    wait_for(slurm.node_idle, 60, f"node {slurm.node} to be idle after requeue {restarts}",
+             lambda: f"node: {slurm.run('scontrol', '-o', 'show', 'node', check=False).stdout}\nqueue: "
+                     f"{slurm.run('squeue', '-a', check=False).stdout}\njob {slurm.job(job_id)}\n{slurm.logs_tail(8)}")
     time.sleep(2)
     slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
@@ -177,3 +192,114 @@ def test_requeued_training_job_resumes_from_its_newest_checkpoint(slurm, corpus,
     for s, loss in _losses(ckpt):  # a step trained again after a resume must repeat its loss exactly
         assert loss == want[s], f"step {s}: {loss} after requeue, {want[s]} uninterrupted"
     assert sorted(dict(_losses(ckpt))) == list(range(1, steps + 1))  # no step lost
+
+
+def test_without_a_hostfile_slurm_picks_the_node(slurm, local_reference, tmp_path):
+    """`--nodes 1 --gpus-per-node 2`, no hostfile: the script names no node; the job learns its node from
+    SLURM_JOB_NODELIST (the master, the host names in the logs) and completes with the losses of a local run.
+    sbatch's own options reach the job as Slurm reads them (scontrol's fields)."""
+    out = tmp_path / "losses.json"
+    job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--partition", "debug",
+                          "--account", "proj-1", "--qos", "normal", "--time", "30", "--exclusive", "--entry",
+                          TOY_ENTRY, "--env", "TOY_OUT", hostfile=False, TOY_OUT=out)
+    script = (logs / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=1\n" in script and "--nodelist" not in script
+    assert (logs / "hosts").read_text() == ""  # nothing known at submission
+    job = slurm.wait_job(job_id, timeout=120)
+    assert (job["JobState"], job["ExitCode"], job["NodeList"]) == ("COMPLETED", "0:0", slurm.node), \
+        job_output(logs, job_id)
+    assert job["ReqNodeList"] == "(null)"  # Slurm was free to choose
+    assert (job["Partition"], job["Account"], job["TimeLimit"], job["OverSubscribe"]) == \
+        ("debug", "proj-1", "00:30:00", "NO")  # (this cluster keeps no accounting: its QOS reads "(null)")
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 2 and data["losses"] == pytest.approx(local_reference, rel=1e-5, abs=0)
+    assert f"job {job_id} (restart 0) on {slurm.node} " in job_output(logs, job_id)
+    node_log = (logs / f"{slurm.node}.log").read_text()
+    for rank in (0, 1):  # rank_exec.sh named the host from the job's node list
+        assert f"[{slurm.node} rank {rank}] step 3 loss" in node_log
+
+
+def test_container_refused_where_srun_has_no_pyxis(slurm, tmp_path):
+    """The test cluster loads no SPANK plugin (an empty plugstack.conf): `srun --help` lists no --container-image,
+    so a container launch is refused with that reason, exit 2, and nothing is submitted."""
+    help_text = slurm.run("srun", "--help").stdout
+    assert "--kill-on-bad-exit" in help_text and "--container-image" not in help_text
+    env = dict(launch_env(), SLURM_CONF=slurm.env["SLURM_CONF"])
+    logs = tmp_path / "logs"
+    r = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(TOY), "--backend", "slurm", "--nodes", "1",
+                        "--gpus-per-node", "2", "--container-image", "nvcr.io#nvidia/pytorch:25.01-py3",
+                        "--container-mounts", f"{REPO}:{REPO},{tmp_path}:{tmp_path}", "--log-dir", str(logs),
+                        "--run-id", f"nopyxis-{os.getpid()}", "--", f"data.manifests=[{TOY_DATA}]"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert ("--container-image needs pyxis and enroot on the cluster: `srun --help` lists no --container-image: the "
+            "pyxis SPANK plugin is not installed (or not in plugstack.conf) here.") in r.stderr
+    assert "nothing was submitted" in r.stderr and not (logs / "slurm_job_id").exists()
+    assert f"nopyxis-{os.getpid()}" not in slurm.run("squeue", "-h", "-o", "%j").stdout
+
+
+@pytest.fixture(scope="module")
+def two_nodes(slurm, tmp_path_factory):
+    """A second Slurm: two nodes (nodea, nodeb: two slurmd on this machine) and a pyxis stand-in SPANK plugin
+    (tests/support/spank_container_standin.c: srun lists --container-image; a task given one fails to start). Next to
+    the session's one-node cluster (its own ports, config and processes), whose fixture decides whether Slurm can run
+    here."""
+    from tests.support.slurm import build_spank_plugin, slurm_cluster
+
+    root = tmp_path_factory.mktemp("slurm2")
+    try:
+        plugin = build_spank_plugin(REPO / "tests" / "support" / "spank_container_standin.c", root)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    with slurm_cluster(str(root / "cluster"), ["nodea", "nodeb"], [str(plugin)]) as cluster:
+        yield cluster
+
+
+@pytest.mark.timeout(400)
+def test_a_requeued_job_lands_where_slurm_puts_it(two_nodes, tmp_path):
+    """The job runs on one node; that node is drained (as an administrator or Slurm's health check would after a
+    fault) and the job requeued: it starts again on the other node, because the script pins none. (With the old
+    `#SBATCH --nodelist=<every node>` it would wait for the drained node: ReqNodeNotAvail.)"""
+    slurm = two_nodes
+    job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--entry", TOY_ENTRY, "--env",
+                          "TOY_STEP_SLEEP", "--", "training.train_steps=30", hostfile=False, TOY_STEP_SLEEP="0.5")
+    wait_for(lambda: slurm.job(job_id)["JobState"] == "RUNNING", 90, f"job {job_id} to run")
+    first = slurm.job(job_id)["NodeList"]
+    assert first in ("nodea", "nodeb")
+    other = ({"nodea", "nodeb"} - {first}).pop()
+    node_log = logs / f"{slurm.host}.log"  # srun's %N is the host name: both nodes run on this machine
+    wait_for(lambda: node_log.exists() and f"[{first} rank 1] step 1 loss" in node_log.read_text(), 240,
+             f"job {job_id} to train on {first}", lambda: _tails(logs, slurm))
+    slurm.run("scontrol", "update", f"NodeName={first}", "State=DRAIN", "Reason=launcher-test")
+    slurm.run("scontrol", "requeue", job_id)
+    wait_for(lambda: slurm.job(job_id)["Restarts"] == "1" and slurm.job(job_id)["JobState"] == "PENDING", 60,
+             f"job {job_id} to be pending after the requeue")
+    wait_for(lambda: slurm.node_idle(other), 60, f"node {other} to be idle")
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # skip Slurm's requeue hold-back
+    job = slurm.wait_job(job_id, timeout=240)
+    out = job_output(logs, job_id)
+    assert (job["JobState"], job["ExitCode"], job["Restarts"], job["NodeList"]) == ("COMPLETED", "0:0", "1", other), \
+        (job, out[-3000:])
+    assert f"job {job_id} (restart 0) on {first} " in out and f"job {job_id} (restart 1) on {other} " in out
+    assert "DRAIN" in slurm.node_state(first).split("+")
+    assert f"[{other} rank 0] step 29 loss" in node_log.read_text()  # rank_exec.sh named it from the job's nodes
+
+
+def test_container_job_whose_tasks_never_start_is_a_failure(two_nodes, tmp_path):
+    """With a plugin that gives srun --container-image (here the pyxis stand-in), the launch is submitted; the
+    rendered srun line is accepted by srun. On the node the plugin fails the task, and srun still exits 0 (as it does
+    with pyxis 0.24 on a node without enroot, seen here): the job must not report success. It ends FAILED, saying that
+    no rank left an exit record."""
+    slurm = two_nodes
+    assert "--container-image" in slurm.run("srun", "--help").stdout
+    mounts = f"{REPO}:{REPO},{tmp_path}:{tmp_path}"
+    job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--container-image",
+                          "nvcr.io#nvidia/pytorch:25.01-py3", "--container-mounts", mounts, "--",
+                          f"data.manifests=[{TOY_DATA}]", hostfile=False)
+    job = slurm.wait_job(job_id, timeout=120)
+    out = job_output(logs, job_id)
+    assert (job["JobState"], job["ExitCode"]) == ("FAILED", "1:0"), (job, out)
+    assert "task 0 launch failed: Plugin initialization failed" in out
+    assert ("[launch] FAILED: srun exited 0 but only 0 of 2 ranks left an exit record: a node's task did not "
+            "start") in out
+    assert "finished: all 2 ranks exited 0" not in out

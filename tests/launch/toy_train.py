@@ -4,7 +4,7 @@ Same contract: `--config RECIPE [section.key=value ...]`, reads RANK/WORLD_SIZE/
 --local_rank. Every rank trains a tiny MLP on its slice of a seeded global batch and all-reduces gradients over gloo,
 so the losses depend only on the recipe (seed, global batch, steps), not on how the ranks are spread over nodes.
 Rank 0 writes the losses as JSON to $TOY_OUT. $TOY_STEP_SLEEP slows each step (for the kill test).
-With $TOY_CKPT set, SIGTERM is a pre-emption (like recipes.train.loop.StopRequest): the ranks agree to stop after
+With $TOY_CKPT set, SIGTERM is a pre-emption (like recipes.train.signals): the ranks agree to stop after
 the current step and rank 0 saves $TOY_CKPT/step_N/ (model.pt, then $TOY_SAVE_SECONDS of a slow file system, then
 complete.json, the marker recipes/checkpoint/store.py trusts) before every rank exits 0 (for the stop-grace test).
 Like the real loop it writes heartbeats, dumps its stack on SIGUSR2 and honours RECIPES_TEST_FAULT (for the restart

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.checkpoint.store import MARKER, mark_complete, tag_for
+from recipes.checkpoint.format.tags import MARKER, mark_complete, tag_for
 
 
 def _tag(root, step: int, complete: bool) -> None:

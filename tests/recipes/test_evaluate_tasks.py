@@ -66,11 +66,13 @@ def test_training_hook_command_and_refusal(tmp_path):
     from recipes.config.loading import RecipeError, load_recipe
     from recipes.train.cli import validate_recipe
     from recipes.train.evaluation import BackgroundEval
+    from recipes.train.policy import SaveEvalStopPolicy
 
     recipe_path = TASKS_DIR.parents[2] / "configs" / "runs" / "tiny-cpu.yaml"
     r = load_recipe(recipe_path, ["evaluation.interval=4", "evaluation.limit=5", f"checkpoint.dir={tmp_path}"])
     ev = BackgroundEval(r, str(tmp_path), tmp_path / "logs", enabled=True)
-    assert [s for s in range(1, 11) if ev.due(s, 10)] == [4, 8, 10]  # every 4 steps and the last
+    policy = SaveEvalStopPolicy(10, r.checkpoint.save_interval, r.evaluation.interval, checkpointing=True)
+    assert [s for s in range(1, 11) if policy.eval_due(s)] == [4, 8, 10]  # every 4 steps and the last
     cmd = ev.command(8)
     assert cmd[1:4] == ["-m", "recipes", "evaluate"]
     for flag, value in (("--tag", "global_step8"), ("--step", "8"), ("--limit", "5"),

@@ -81,7 +81,9 @@ def test_preset_with_cluster_and_flags(capsys):
                     "--global-batch", "256", "--tokens", "1e10", "training.precision=bf16")
     assert doc["cluster"]["nodes"] == 2 and doc["cluster"]["gpu_memory_gb"] == 40
     assert doc["global_batch"] == 256 and doc["train_tokens"] == 1e10
-    assert doc["recommended"]["layout"]["dp"] >= 1
+    lay = doc["recommended"]["layout"]
+    assert lay["tp"] * lay["pp"] * lay["dp"] == 16  # the --nodes 2 world, 8 GPUs each (the preset's)
+    assert 256 % (lay["micro_batch"] * lay["dp"]) == 0  # --global-batch 256 is whole micro-batches per rank
 
 
 def test_no_layout_fits_exit_2_and_says_what_would(capsys):

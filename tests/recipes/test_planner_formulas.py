@@ -266,8 +266,9 @@ MEGATRON_RUNS = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2,
 
 
 def test_compute_efficiency_stays_calibrated_to_megatron_table1():
-    # The three efficiency constants were fitted to these runs (a regression guard, not an independent check):
-    # a change to the compute, communication or bubble model that moves any run by more than 8% must be justified.
+    # The three efficiency constants were fitted to these runs (a regression guard, not an independent check). The
+    # README says "9 runs within 5%" (worst today: -4.9% at 529.6B, +4.2% at 76.1B): a change to the compute,
+    # communication or bubble model that moves any run past 5% must be justified and the README corrected.
     for billions, a, h, l, t, p, n, batch, published in MEGATRON_RUNS:
         cl = ClusterConfig(nodes=n // 8, gpus_per_node=8, gpu_memory_gb=80, peak_tflops=312, intra_node_gbps=600,
                            inter_node_gbps=200)
@@ -275,7 +276,7 @@ def test_compute_efficiency_stays_calibrated_to_megatron_table1():
         # Megatron-LM 2021 computed the s x s scores as batched GEMMs and masked them (no flash kernels)
         e = estimate(gpt_shape(l, h, a), cl, lay, batch, assume=Assumptions(flash_attention=False))
         assert e.fits, billions
-        assert abs(e.hardware_tflops_per_gpu / published - 1) < 0.08, (billions, e.hardware_tflops_per_gpu)
+        assert abs(e.hardware_tflops_per_gpu / published - 1) < 0.05, (billions, e.hardware_tflops_per_gpu)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

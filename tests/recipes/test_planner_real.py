@@ -1,7 +1,8 @@
 """The planner against the real thing, in one pair of gloo processes on CPU:
 - its exact parameter count equals what recipes.model.layers instantiates (megatron-core layers) per rank at TP=2, for a
   Llama-shaped and a GPT-shaped preset (tests/training/test_training_params.py checks TP=1 totals for more shapes);
-- its model-state memory per rank equals what DeepSpeed ZeRO 0/1/2/3 really holds at DP=2 (issue goal: within 10%),
+- its model-state memory per rank equals what DeepSpeed ZeRO 0/1/2/3 really holds at DP=2 (within 0.1%, as the
+  README says),
   and the reduce bucket it adds to the buffers is really there."""
 import json
 import os
@@ -57,7 +58,9 @@ def test_zero_model_states_match_deepspeed(ranks):
         for stage, got in zip(range(4), r["zero"]):
             assert got["zero_stage"] == stage
             predicted = sum(zero_model_state_bytes(psi, 2, stage, "fp32").values())
-            assert abs(got["model_states_bytes"] / predicted - 1) < 0.05, (stage, got, predicted)
+            # the README's "within 0.1%": measured here +0.055% (ZeRO-0) to +0.089% (ZeRO-3), a constant ~33 KB
+            # of small live tensors that are not model states
+            assert abs(got["model_states_bytes"] / predicted - 1) < 0.001, (stage, got, predicted)
     measured = [g["model_states_bytes"] for g in ranks[0]["zero"]]
     assert measured[0] > measured[1] > measured[2] > measured[3]  # the stages are told apart (~2 bytes/param steps)
     for stage in (1, 3):  # ZeRO-1 and ZeRO-3 still hold their reduce bucket after backward

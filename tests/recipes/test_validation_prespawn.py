@@ -25,7 +25,7 @@ def hook(event, args):
     if event in ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.system"):
         seen.append(event + " " + " ".join(map(str, args[1] if event == "subprocess.Popen" else args))[:200])
         STOP_AT_RANK
-    elif event == "import" and args[0] in ("recipes.train.loop", "deepspeed"):
+    elif event == "import" and args[0] in ("recipes.train.trainer", "deepspeed"):
         seen.append("import " + args[0])
 sys.addaudithook(hook)
 from recipes.train.cli import main

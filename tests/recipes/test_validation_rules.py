@@ -66,8 +66,17 @@ def test_each_error_names_field_values_and_fix(changes, expect):
 def test_uniform_split_gives_every_stage_decoder_layers_even_when_uneven():
     """The default split (decoder layers evenly, Megatron's) is accepted where the parameter split is refused above,
     and for a layer count pp does not divide (4 layers over 3 stages)."""
-    validate(make(parallel__pp=4, parallel__tp=1, model__vocab_size=32000))
-    validate(make(parallel__pp=3, parallel__tp=1, cluster__gpus_per_node=6, training__global_batch=12))
+    from recipes.parallel.partition import layer_names, stage_boundaries
+
+    for recipe in (make(parallel__pp=4, parallel__tp=1, model__vocab_size=32000),
+                   make(parallel__pp=3, parallel__tp=1, cluster__gpus_per_node=6, training__global_batch=12)):
+        assert validate(recipe) == []  # no error and no warning
+        # DeepSpeed's own split of the specs: every stage holds decoder layers, 4 in all, at most one apart
+        parts = stage_boundaries(recipe.model, 1, recipe.parallel.pp, recipe.parallel.pipeline_partition)
+        names = layer_names(recipe.model)
+        layers = [names[a:b].count("DecoderLayerPipe") for a, b in zip(parts, parts[1:])]
+        assert len(layers) == recipe.parallel.pp and min(layers) >= 1 and sum(layers) == 4, layers
+        assert max(layers) - min(layers) <= 1, layers
 
 
 def test_global_batch_error_suggests_a_multiple():

@@ -13,6 +13,10 @@ from recipes.parallel.rendezvous import free_port  # noqa: F401 (the launcher te
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "launch" / "toy.yaml"
 TOY_ENTRY = f"python {REPO / 'tests' / 'launch' / 'toy_train.py'}"
+# A data_prep-shaped manifest with empty shard files (toy.yaml names it): what the launcher's pre-start data check
+# needs for a recipe that names no data (the shipped configs/runs/*.yaml), as an override: DATA.
+TOY_DATA = REPO / "tests" / "launch" / "toy_data" / "manifest.json"
+DATA = f"data.manifests=[{TOY_DATA}]"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 

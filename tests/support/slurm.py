@@ -4,6 +4,8 @@ under a temporary directory, on free loopback ports. Nothing is read from or wri
 it coexists with a system Slurm and with another test session's cluster.
 
 Clients find it through SLURM_CONF (``SlurmCluster.env``); job steps inherit it (sbatch's default --export=ALL).
+``SlurmCluster(root, nodes=("nodea", "nodeb"))`` gives several nodes: one slurmd each (`slurmd -N NAME`, its own port,
+spool, pid and log file), all on this machine, so that a test can drain one and see a job land on another.
 On stop, every job is cancelled and every process that carries this cluster's SLURM_CONF (daemons, slurmstepd, job
 processes) is killed: nothing outlives the test session.
 
@@ -46,20 +48,38 @@ def installable() -> bool:
     return bool(shutil.which("apt-get")) and (os.geteuid() == 0 or bool(shutil.which("sudo")))
 
 
-def _node_line(name: str) -> str:
+def _node_line(name: str, extra: str = "") -> str:
     """The node's hardware as slurmd itself detects it (CPUs, sockets, cores, memory), so slurmctld never drains it
     for a mismatch; on a machine where `slurmd -C` says nothing useful, 2 CPUs."""
     r = subprocess.run([DAEMONS["slurmd"], "-C"], capture_output=True, text=True)
     words = r.stdout.split("\n")[0].split() if r.returncode == 0 else []
     hw = [w for w in words if w.split("=")[0] in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket",
                                                   "ThreadsPerCore", "RealMemory")]
-    return f"NodeName={name} NodeAddr=127.0.0.1 " + (" ".join(hw) or "CPUs=2") + " State=UNKNOWN"
+    return f"NodeName={name} {extra}NodeAddr=127.0.0.1 " + (" ".join(hw) or "CPUs=2") + " State=UNKNOWN"
+
+
+def build_spank_plugin(source: Path, out_dir: Path) -> Path:
+    """Compile a SPANK plugin (C, against Debian's libslurm-dev headers) into out_dir; RuntimeError saying what is
+    missing."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or not os.path.exists("/usr/include/slurm/spank.h"):
+        raise RuntimeError("building a SPANK plugin needs a C compiler and <slurm/spank.h>: bash "
+                           "launch/install_system_deps.sh (gcc, libslurm-dev)")
+    out = out_dir / (source.stem + ".so")
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", str(out), str(source)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"cc failed on {source}:\n{r.stderr}")
+    return out
 
 
 class SlurmCluster:
-    def __init__(self, root: str):
+    def __init__(self, root: str, nodes: Optional[List[str]] = None, plugins: Optional[List[str]] = None):
         self.root = Path(root)
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
+        self.nodes = list(nodes) if nodes else [self.host]  # node names (the machine's own name by default)
+        self.node = self.nodes[0]
+        self.plugins = list(plugins or [])  # SPANK plugins (.so paths) for plugstack.conf, e.g. a pyxis stand-in
         self.conf = self.root / "slurm.conf"
         self.env: Dict[str, str] = dict(os.environ, SLURM_CONF=str(self.conf))
         for var in [v for v in self.env if v.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
@@ -77,20 +97,26 @@ class SlurmCluster:
         with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400), "wb") as f:
             f.write(os.urandom(1024))
         ctld_port, slurmd_port = free_port(), free_port()
+        several = self.nodes != [self.host]  # one slurmd per node: each its own port, spool, pid and log file
+        per = "/%n" if several else ""
+        node_lines = [_node_line(n, f"NodeHostname={self.host} Port={free_port()} " if several else "")
+                      for n in self.nodes]
+        for n in self.nodes if several else []:
+            (r / "spool" / n).mkdir(parents=True, exist_ok=True)
         self.conf.write_text("\n".join([
             "ClusterName=testcluster",
-            f"SlurmctldHost={self.node}(127.0.0.1)",
+            f"SlurmctldHost={self.host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"AuthInfo=socket={r / 'munge' / 'munge.socket'}",
             f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmdSpoolDir={r / 'spool'}{per}",
             f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'slurmd.pid'}",
+            f"SlurmdPidFile={r / 'slurmd'}{'-%n' if several else ''}.pid",
             f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
+            f"SlurmdLogFile={r / 'log' / 'slurmd'}{'-%n' if several else ''}.log",
             f"PlugStackConfig={r / 'plugstack.conf'}",
             # No cgroups in a container: processes are tracked by parent pid, tasks are not bound to cores.
             "ProctrackType=proctrack/linuxproc",
@@ -109,14 +135,15 @@ class SlurmCluster:
             "SchedulerParameters=sched_interval=2",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            _node_line(self.node),
-            f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+            *node_lines,
+            f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",
         ]))
-        (r / "plugstack.conf").write_text("")  # not the system's /etc/slurm/plugstack.conf
+        # not the system's /etc/slurm/plugstack.conf: none, or the plugins asked for
+        (r / "plugstack.conf").write_text("".join(f"required {p}\n" for p in self.plugins))
 
-    def _spawn(self, name: str, args: List[str]) -> None:
-        with open(self.root / "log" / f"{name}.stderr", "w") as log:
+    def _spawn(self, name: str, args: List[str], tag: str = "") -> None:
+        with open(self.root / "log" / f"{name}{tag}.stderr", "w") as log:
             self.procs.append(subprocess.Popen([DAEMONS[name], *args], env=self.env, stdin=subprocess.DEVNULL,
                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
@@ -128,8 +155,10 @@ class SlurmCluster:
                                f"--seed-file={m / 'munged.seed'}"])
         self._wait(lambda: (m / "munge.socket").exists(), timeout, "munged never created its socket")
         self._spawn("slurmctld", ["-D", "-i", "-f", str(self.conf)])  # -i: ignore (absent) saved state
-        self._spawn("slurmd", ["-D", "-f", str(self.conf), "-N", self.node])
-        self._wait(self.node_idle, timeout, f"node {self.node} never became idle in sinfo")
+        for n in self.nodes:
+            self._spawn("slurmd", ["-D", "-f", str(self.conf), "-N", n], tag="" if len(self.nodes) == 1 else f"-{n}")
+        for n in self.nodes:
+            self._wait(lambda: self.node_idle(n), timeout, f"node {n} never became idle in sinfo")
 
     def _wait(self, ready, timeout: float, what: str) -> None:
         deadline = time.time() + timeout
@@ -142,9 +171,15 @@ class SlurmCluster:
             time.sleep(0.3)
         raise RuntimeError(f"{what}; logs in {self.root / 'log'}:\n{self.logs_tail()}")
 
-    def node_idle(self) -> bool:
-        r = self.run("sinfo", "-h", "-N", "-n", self.node, "-o", "%T", check=False)
-        return r.returncode == 0 and r.stdout.strip() == "idle"
+    def node_idle(self, node: Optional[str] = None) -> bool:
+        """Idle and done with any previous job. PLANNED (the scheduler has set the node aside for a pending job, e.g.
+        one just requeued) still counts: sinfo then says "mixed" although nothing runs there."""
+        return set(self.node_state(node).split("+")) - {"PLANNED"} == {"IDLE"}
+
+    def node_state(self, node: Optional[str] = None) -> str:
+        """scontrol's State of the node: IDLE, ALLOCATED, MIXED, ... with its flags (IDLE+DRAIN, IDLE+COMPLETING)."""
+        r = self.run("scontrol", "-o", "show", "node", node or self.node, check=False)
+        return next((w[6:] for w in r.stdout.split() if w.startswith("State=")), "") if r.returncode == 0 else ""
 
     def logs_tail(self, lines: int = 15) -> str:
         out = []
@@ -215,8 +250,9 @@ class SlurmCluster:
 
 
 @contextlib.contextmanager
-def slurm_cluster(root: str) -> Iterator[SlurmCluster]:
-    cluster = SlurmCluster(root)
+def slurm_cluster(root: str, nodes: Optional[List[str]] = None,
+                  plugins: Optional[List[str]] = None) -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(root, nodes, plugins)
     try:
         cluster.start()
         yield cluster

@@ -1,4 +1,4 @@
-"""One rank of test_group_timeouts: the training set-up of recipes.train.loop.run (init_distributed ->
+"""One rank of test_group_timeouts: the training set-up of recipes.train.trainer.run (init_distributed ->
 init_parallel_state -> initialize), then every process group this rank belongs to, with its timeout, to JSON."""
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import subprocess
 import pytest
 import torch
 
-from recipes.checkpoint.read import read_full_state
+from recipes.checkpoint.format.read import read_full_state
 from recipes.config.loading import load_recipe
 from recipes.tools.reshape import parse_target, reshape
 from tests.support.runs import RECIPE, REPO, losses, pretrain, pretrain_cmd, worker_env

@@ -1,4 +1,4 @@
-"""`pretrain --local`: SIGKILL of the launcher process leaves no worker training on as an orphan (the workers get
+"""`recipes train --local`: SIGKILL of the launcher process leaves no worker training on as an orphan (the workers get
 SIGTERM from the kernel when their parent dies, save and exit)."""
 from __future__ import annotations
 

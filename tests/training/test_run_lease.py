@@ -1,4 +1,4 @@
-"""One run per checkpoint.dir: while a run trains, a second `pretrain --local` and a `launch/train.sh` on the same
+"""One run per checkpoint.dir: while a run trains, a second `recipes train --local` and a `launch/train.sh` on the same
 checkpoint.dir are refused before they start anything (naming the run that holds it); the lease goes when the run
 ends; a lease whose owner is dead (stale heartbeat, or its pid gone from this host) is taken over."""
 from __future__ import annotations

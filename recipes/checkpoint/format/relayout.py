@@ -6,7 +6,8 @@ optimizer does at construction (deepspeed/runtime/zero/stage_1_and_2.py: paramet
 decay group then no-decay group, no per-parameter alignment, the flat group padded to a multiple of
 2 x DP and cut into DP equal partitions), then fills each DP rank's partition of fp32 masters and Adam moments tensor
 by tensor: a tensor is read from the source (memory-mapped files, only the source DP partitions that hold it, merged
-over the source TP ranks: recipes.checkpoint.shards), re-padded and cut for the target TP rank, copied in and released.
+over the source TP ranks: recipes.checkpoint.format.shards), re-padded and cut for the target TP rank, copied in and
+released.
 `engine.load_checkpoint` at the target layout then loads these files as its own (same keys, same flat layout).
 
 Tied embeddings: a pipeline keeps the word embedding (DeepSpeed's `tied_modules.embed`) on its first and last stage,
@@ -23,7 +24,6 @@ Supported: sources ZeRO-1/2 (any TP x PP x DP), targets ZeRO-1/2; the rest goes 
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import multiprocessing
@@ -38,10 +38,15 @@ from pathlib import Path
 import torch
 
 from data_prep.io import fsync_dir
-from recipes.checkpoint import safe_load, store
-from recipes.checkpoint.read import CheckpointError, SourceLayout, _optim_name, detect_layout
+from recipes.checkpoint import safe_load
+from recipes.checkpoint.format import deepspeed_private
+from recipes.checkpoint.format.errors import CheckpointError
+from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, layer_name, model_states_name,
+                                              optim_file_name, optim_name)
+from recipes.checkpoint.format.shards import (canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp,
+                                              strip_vocab)
+from recipes.checkpoint.format.tags import client_state as marked_client_state, mark_complete, tag_for
 from recipes.checkpoint.recipe_file import write_recipe
-from recipes.checkpoint.shards import canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp, strip_vocab
 from recipes.checkpoint.writer import write_durably
 
 log = logging.getLogger(__name__)
@@ -75,11 +80,11 @@ class Source:
         self.index: dict[str, tuple] = {}
         self.order: list[str] = []  # model.parameters() order over all stages
         self.part: dict[tuple[int, int], int] = {}  # (stage, group) -> DP partition size
-        first = self.load(f"mp_rank_{0:02d}_model_states.pt")
+        first = self.load(model_states_name(0))
         self.model_states = {k: v for k, v in first.items() if k not in ("module", "param_shapes")}
         self.module_keys = self._module_keys(first)
         for stage in range(lay.pp):
-            shapes = self.load(f"mp_rank_{stage * lay.tp:02d}_model_states.pt")["param_shapes"]
+            shapes = self.load(model_states_name(stage * lay.tp))["param_shapes"]
             stage_names = []
             for g, od in enumerate(shapes):
                 off = 0
@@ -92,7 +97,7 @@ class Source:
                 align = 2 * lay.dp  # DeepSpeed's nccl_start_alignment_factor x DP
                 self.part[(stage, g)] = math.ceil(off / align) * align // lay.dp
             self.order += sorted(stage_names, key=_layer_rank(self.module_keys))
-        optim = self.load(_optim_name(tag_dir, 0, 0))["optimizer_state_dict"]
+        optim = self.load(optim_name(tag_dir, 0, 0))["optimizer_state_dict"]
         if any(any(p) for p in optim.get("param_alignment_paddings", [])):
             raise CheckpointError(f"{tag_dir}: saved with zero_optimization.parameter_alignment; the streaming "
                                   "re-layout expects DeepSpeed's default (no per-parameter alignment)")
@@ -128,7 +133,7 @@ class Source:
         return keys
 
     def _partition(self, d: int, mp: int, g: int, kind: str) -> torch.Tensor:
-        o = self.load(_optim_name(self.dir, d, mp))["optimizer_state_dict"]
+        o = self.load(optim_name(self.dir, d, mp))["optimizer_state_dict"]
         if kind == "fp32":
             return o["single_partition_of_fp32_groups"][g]
         state = o["base_optimizer_state"]["state"]
@@ -277,12 +282,11 @@ def _plan(src: Source, tag_dir: Path, out_tag: Path, recipe, layout) -> Plan:
             grp.numel += math.prod(shape)
         stage_layers.append(layers)
         stage_groups.append([g for g in groups if g.names])  # DeepSpeed drops an empty param group
-    marker = json.loads((tag_dir / store.MARKER).read_text())
-    opt = recipe.training.optimizer
+        opt = recipe.training.optimizer
     return Plan(tag_dir=tag_dir, out_tag=out_tag, model_cfg=cfg, tp=tp, pp=pp, dp=layout.dp,
                 zero=layout.zero_stage, padded=padded, swiglu=cfg.activation == "swiglu",
                 dtype=recipe.training.precision, stage_layers=stage_layers, stage_groups=stage_groups,
-                model_states={**src.model_states, "client_state": marker.get("client_state", {})},
+                model_states={**src.model_states, "client_state": marked_client_state(tag_dir)},
                 ds_config=build_ds_config(recipe, layout), version=src.model_states.get("ds_version"),
                 wd=opt.weight_decay if opt.type == "adamw" else 0.0)
 
@@ -301,9 +305,9 @@ def relayout(tag_dir: Path, out: Path, recipe, layout, quiet: bool = False, work
     files, workers, and the largest peak RSS of a worker (bytes)."""
     t0 = time.time()
     src = Source(tag_dir, recipe.model)
-    client_state = json.loads((tag_dir / store.MARKER).read_text()).get("client_state", {})
+    client_state = marked_client_state(tag_dir)
     step = int(client_state.get("step", 0))
-    tag = store.tag_for(step)
+    tag = tag_for(step)
     out_tag = out / tag
     out_tag.mkdir(parents=True, exist_ok=True)
     plan = _plan(src, tag_dir, out_tag, recipe, layout)
@@ -329,7 +333,7 @@ def relayout(tag_dir: Path, out: Path, recipe, layout, quiet: bool = False, work
         _run_pool(plan, items, workers, done)
     fsync_dir(str(out_tag))  # every file is fsynced (write_durably); their names too, before complete.json vouches
     write_recipe(recipe, out)
-    store.mark_complete(out, tag, step, client_state, recipe.checkpoint.keep_last)
+    mark_complete(out, tag, step, client_state, recipe.checkpoint.keep_last)
     return {"seconds": time.time() - t0, "bytes": totals["bytes"], "files": totals["files"], "workers": workers,
             "worker_peak_rss": totals["peak_rss"]}
 
@@ -367,11 +371,6 @@ def _run_pool(plan: Plan, items: list[tuple[int, int]], workers: int, done) -> N
 def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
     """Target pipeline stage `stage`, TP rank `t`: its layer files (PP > 1) or module (PP = 1), its model-states
     file and one optimizer file per DP rank."""
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    tp, pp, dp = plan.tp, plan.pp, plan.dp
-    dtype = _DTYPES[plan.dtype]
     cache = _OneTensorCache(src)
     figures = {"bytes": 0, "files": 0}
 
@@ -379,7 +378,21 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
         figures["bytes"] += write_durably(obj, plan.out_tag / name)  # fsynced: complete.json follows
         figures["files"] += 1
 
-    # 1. weights: one file per layer (pipeline), or the module of the whole TP shard (PP = 1: DeepSpeed's format)
+    module = _write_weights(plan, src, cache, stage, t, save)
+    mp = stage * plan.tp + t
+    save(_model_states(plan, stage, module), model_states_name(mp))
+    del module
+    for d in range(plan.dp):
+        save(_optim_file(plan, src, cache, plan.stage_groups[stage], t, d), optim_file_name(d, mp))
+    cache.clear()  # release the last tensor before the next item
+    figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return figures
+
+
+def _write_weights(plan: Plan, src: Source, cache: _OneTensorCache, stage: int, t: int, save) -> OrderedDict:
+    """One file per layer (pipeline), or the module of the whole TP shard (PP = 1: DeepSpeed's format) returned
+    for the model-states file."""
+    dtype = _DTYPES[plan.dtype]
     module = OrderedDict()
     for L in plan.stage_layers[stage]:
         weights = OrderedDict()
@@ -387,58 +400,39 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
             weights[key] = None  # `_extra_state` entries (the parameters are filled in)
             if key in src.index:
                 full = pad_vocab(key, cache.get(key, ("fp32",))["fp32"], plan.padded)
-                weights[key] = split_tp(key, full, tp, t, plan.swiglu).to(dtype).clone()
-        if pp > 1:
-            save(OrderedDict((k.split(".", 1)[1], v) for k, v in weights.items()),
-                 f"layer_{L:02d}-model_{t:02d}-model_states.pt")
+                weights[key] = split_tp(key, full, plan.tp, t, plan.swiglu).to(dtype).clone()
+        if plan.pp > 1:
+            save(OrderedDict((k.split(".", 1)[1], v) for k, v in weights.items()), layer_name(L, t))
         else:
             module.update(weights)
         del weights
+    return module
 
-    # 2. the model-states file (DP rank 0's) and one optimizer file per DP rank
+
+def _model_states(plan: Plan, stage: int, module: OrderedDict) -> dict:
+    """The model-states file of one model-parallel rank (DP rank 0's): the source's entries at the target layout."""
     groups = plan.stage_groups[stage]
-    mp = stage * tp + t
-    client_state = plan.model_states["client_state"]
     model_states = {k: v for k, v in plan.model_states.items() if k != "client_state"}
     lr_sched = dict(model_states.get("lr_scheduler") or {})
     for key in ("base_lrs", "_last_lr", "lr_lambdas"):
         if key in lr_sched:
             lr_sched[key] = [lr_sched[key][0]] * len(groups)
     model_states.update(
-        module=module if pp == 1 else None, optimizer=None, lr_scheduler=lr_sched,
+        module=module if plan.pp == 1 else None, optimizer=None, lr_scheduler=lr_sched,
         param_shapes=[OrderedDict((n, torch.Size(s)) for n, s in zip(g.names, g.shapes)) for g in groups],
-        dp_world_size=dp, mp_world_size=tp * pp, ds_config=plan.ds_config,
-        checkpoint_parallel_dimensions={"pp_degree": pp, "tp_degree": tp})
-    model_states.update(client_state)
-    save(model_states, f"mp_rank_{mp:02d}_model_states.pt")
-    del module, model_states
-    for d in range(dp):
-        save(_optim_file(cache, groups, t, d, tp, dp, plan.padded, plan.swiglu, src, plan.wd, plan.zero,
-                         plan.version, plan.ds_config, ZeroStageEnum, fragment_address),
-             f"zero_pp_rank_{d}_mp_rank_{mp:02d}_optim_states.pt")
-    cache.clear()  # release the last tensor before the next item
-    figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return figures
+        dp_world_size=plan.dp, mp_world_size=plan.tp * plan.pp, ds_config=plan.ds_config,
+        checkpoint_parallel_dimensions={"pp_degree": plan.pp, "tp_degree": plan.tp})
+    model_states.update(plan.model_states["client_state"])
+    return model_states
 
 
-def _optim_file(cache, groups, t, d, tp, dp, padded, swiglu, src, wd, zero, version, ds_config, ZeroStageEnum,
-                fragment_address) -> dict:
+def _optim_file(plan: Plan, src: Source, cache: _OneTensorCache, groups: list[Group], t: int, d: int) -> dict:
     """DP rank d's ZeRO optimizer file of TP rank t, as DeepSpeed's `state_dict()` writes it (rigid checkpoint)."""
     masters, state, paddings, mappings, param_groups = [], {}, [], [], []
     for gi, g in enumerate(groups):
-        P = g.partition(dp)
+        P = g.partition(plan.dp)
         lo, hi = d * P, (d + 1) * P
-        flat = {k: torch.zeros(P) for k in _KINDS}
-        mapping = OrderedDict()
-        for name, canon, off, shape in zip(g.names, g.canon, g.offsets, g.shapes):
-            end = off + math.prod(shape)
-            if end <= lo or off >= hi:
-                continue
-            a, b = max(off, lo), min(end, hi)
-            for k, full in cache.get(canon).items():
-                local = split_tp(canon, pad_vocab(canon, full, padded), tp, t, swiglu).reshape(-1)
-                flat[k][a - lo:b - lo] = local[a - off:b - off]
-            mapping[name] = fragment_address(numel=b - a, start=a - lo)
+        flat, mapping = _fill_partition(plan, cache, g, t, lo, hi)
         pad = P if g.numel <= lo else (hi - g.numel if g.numel < hi else 0)
         masters.append(flat["fp32"][:P - pad].clone())
         entry = {"exp_avg": flat["exp_avg"], "exp_avg_sq": flat["exp_avg_sq"]}
@@ -447,11 +441,28 @@ def _optim_file(cache, groups, t, d, tp, dp, padded, swiglu, src, wd, zero, vers
         state[gi] = entry
         paddings.append(pad)
         mappings.append(mapping)
-        param_groups.append({**src.param_group, "weight_decay": wd if g.decay else 0.0, "params": [gi]})
+        param_groups.append({**src.param_group, "weight_decay": plan.wd if g.decay else 0.0, "params": [gi]})
     base = {"state": state if src.step is not None else {}, "param_groups": param_groups}
     return {"optimizer_state_dict": {
         **src.optim_globals, "base_optimizer_state": base, "single_partition_of_fp32_groups": masters,
-        "zero_stage": ZeroStageEnum.gradients if zero == 2 else ZeroStageEnum.optimizer_states,
+        "zero_stage": deepspeed_private.zero_stage_enum(plan.zero),
         "group_paddings": paddings, "param_alignment_paddings": [[0] * len(g.names) for g in groups],
-        "partition_count": [dp] * len(groups), "ds_version": version, "param_slice_mappings": mappings},
-        "ds_config": ds_config, "ds_version": version}
+        "partition_count": [plan.dp] * len(groups), "ds_version": plan.version, "param_slice_mappings": mappings},
+        "ds_config": plan.ds_config, "ds_version": plan.version}
+
+
+def _fill_partition(plan: Plan, cache: _OneTensorCache, g: Group, t: int, lo: int, hi: int) -> tuple[dict, OrderedDict]:
+    """The flat [lo, hi) slice of param group `g` (masters and moments) of TP rank t, and where each parameter's
+    fragment sits in it."""
+    flat = {k: torch.zeros(hi - lo) for k in _KINDS}
+    mapping = OrderedDict()
+    for name, canon, off, shape in zip(g.names, g.canon, g.offsets, g.shapes):
+        end = off + math.prod(shape)
+        if end <= lo or off >= hi:
+            continue
+        a, b = max(off, lo), min(end, hi)
+        for k, full in cache.get(canon).items():
+            local = split_tp(canon, pad_vocab(canon, full, plan.padded), plan.tp, t, plan.swiglu).reshape(-1)
+            flat[k][a - lo:b - lo] = local[a - off:b - off]
+        mapping[name] = deepspeed_private.fragment_address(numel=b - a, start=a - lo)
+    return flat, mapping
