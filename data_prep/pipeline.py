@@ -156,7 +156,8 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
                                                                                  settings.stage):
         return None  # dedup passes of other slices still to finish
     probe = FastEncoder(tok, enabled=settings.fast_path)
-    tokenize.preload(settings, tok, probe)
+    # a local pool forks from here: the encoder is self-checked once, in this process (Ray tasks check their own)
+    tokenize.preload(settings, tok, probe, todo[0] if todo and settings.executor == "local" else None)
     where = f" (slice {settings.slice_index}/{settings.slice_count})" if settings.slice_count > 1 else ""
     if not settings.quiet:
         log.info(f"data_prep: {len(units)} units{where}, {len(mine)} mine, {len(done)} already complete, "
