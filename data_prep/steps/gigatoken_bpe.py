@@ -52,7 +52,7 @@ class CacheBound:
     condition a batch-time peak just over the line dropped the cache batch after batch (measured: a reset every
     ~1.5 MB of text, each one a cold cache)."""
 
-    def __init__(self, budget_mb: float = 40.0, warm_bytes: int = 8 << 20, min_bytes: int = 64 << 20):
+    def __init__(self, budget_mb: float = 16.0, warm_bytes: int = 8 << 20, min_bytes: int = 32 << 20):
         self.budget_mb, self.warm_bytes, self.min_bytes = budget_mb, warm_bytes, min_bytes
         self.seen = 0
         self.since = 0  # text since the last drop
