@@ -7,7 +7,8 @@ recipes.train.cli with RANK / WORLD_SIZE / RECIPES_LOCAL_WORKER in its environme
 parent-death SIGTERM, exit codes and output streams.
 
 Fork is safe only from a single-threaded process that has not initialised CUDA (a thread holding a lock at the fork
-leaves it locked forever in the child; CUDA refuses to run in a forked child). Importing these libraries starts no
+leaves it locked forever in the child; CUDA refuses to run in a forked child), so it is used only with no GPU visible
+(CUDA_VISIBLE_DEVICES="", the --local default). Importing these libraries starts no
 thread (checked by tests/training/test_local_fork.py); torch's intra-op pool and gloo start later, inside each rank.
 If either condition fails anyway, or RECIPES_LOCAL_START=exec, the ranks are started as fresh interpreters as before.
 """
@@ -53,6 +54,8 @@ def fork_problem() -> str | None:
     """Why forking ranks from this process would be unsafe now, or None."""
     if os.environ.get("RECIPES_LOCAL_START", "fork") == "exec" or not hasattr(os, "fork"):
         return "RECIPES_LOCAL_START=exec" if hasattr(os, "fork") else "no os.fork on this platform"
+    if os.environ.get("CUDA_VISIBLE_DEVICES") != "":  # GPUs visible: torch.cuda.is_available() (the launcher's
+        return "GPUs are visible (CUDA_VISIBLE_DEVICES)"  # checks) may have initialised the driver, unusable after fork
     threads = thread_count()
     if threads != 1:
         return f"the launcher has {threads} threads"
