@@ -42,6 +42,9 @@ TEMPLATE_MODULES = (
 )
 
 
+_PRE_EMPTION = (signal.SIGTERM, signal.SIGUSR1)  # the signals the launcher forwards (recipes.train.signals)
+
+
 def thread_count() -> int:
     """Threads of this process, native ones included (threading.enumerate sees only Python's)."""
     try:
@@ -113,14 +116,19 @@ def fork_rank(env: dict, argv: list[str], worker_main) -> ForkedRank:
     runs) and leaves with its exit code, never returning into the launcher's code."""
     sys.stdout.flush()
     sys.stderr.flush()  # else buffered launcher output would be printed again by every child
+    # Held back across the fork: one arriving before the child has dropped the launcher's handlers then meets the
+    # default action, as it would in a fresh interpreter before the rank installs its own.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _PRE_EMPTION)
     pid = os.fork()
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return ForkedRank(pid)
     code = 1
     try:
-        for s in (signal.SIGTERM, signal.SIGUSR1):  # a Python handler would not survive exec: as there, until the
-            if callable(signal.getsignal(s)):         # rank installs its own
+        for s in _PRE_EMPTION:  # a Python handler would not survive exec
+            if callable(signal.getsignal(s)):
                 signal.signal(s, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [sys.argv[0], "train", *argv]
