@@ -37,7 +37,7 @@ from data_prep import io
 from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
-from data_prep.settings import DEFAULT_MAX_RECORD, check_locations
+from data_prep.settings import DEFAULT_MAX_RECORD, STAGES, check_locations
 from data_prep.steps import curate as cu
 from data_prep.steps.step_list import StepList, step_list
 from data_prep.write.rejects import REJECTS, merge_reject_logs
@@ -46,7 +46,6 @@ from data_prep.write.removals import REMOVED, add_removed, merge_removal_logs, r
 log = logging.getLogger(__name__)
 
 CURATION_MANIFEST = "curation.json"
-STAGES = ("all", "hash", "buckets", "filter")
 
 
 class CurationFailed(Exception):

@@ -20,12 +20,12 @@ from typing import List, Optional
 import numpy as np
 
 import data_prep.write.manifest as mf
-from data_prep import curate, io
+from data_prep import io
 from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.probe import probe_inputs
 from data_prep.read.units import Unit, list_inputs, plan_units
-from data_prep.settings import INT32_MAX, Settings, fingerprint
+from data_prep.settings import INT32_MAX, STAGES, Settings, fingerprint
 from data_prep.steps import tokenize
 from data_prep.steps.fast_path import FastEncoder
 from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
@@ -35,6 +35,14 @@ from data_prep.write.shards import expected_idx_bytes, read_header
 from data_prep.write.yield_check import NoUsableOutput, check_yield
 
 log = logging.getLogger(__name__)
+
+
+def _curate():
+    """The curation driver, imported only by runs with --steps (pydantic, yaml and the dedup code: ~0.15 s of every
+    tokenize start otherwise)."""
+    from data_prep import curate
+
+    return curate
 
 
 class RunFailed(Exception):
@@ -117,8 +125,8 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
     units = _plan(settings)
     out_settings = settings.output_affecting(info.sha256)
     ctx = _curation(settings, units, out_settings)
-    if settings.stage not in curate.STAGES:
-        raise ValueError(f"--stage must be one of {', '.join(curate.STAGES)}, got {settings.stage!r}")
+    if settings.stage not in STAGES:
+        raise ValueError(f"--stage must be one of {', '.join(STAGES)}, got {settings.stage!r}")
     if settings.stage != "all" and ctx is None:
         raise ValueError(f"--stage {settings.stage} needs --steps (the stages are the curation passes)")
     fp = fingerprint(out_settings)
@@ -140,15 +148,16 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
             todo.append(u)
     if settings.stage in ("hash", "buckets"):  # one dedup pass of this slice (a Slurm array task, a prep.sh stage)
         if not settings.merge_only:
-            curate.prepare(ctx, units, settings, settings.stage)
+            _curate().prepare(ctx, units, settings, settings.stage)
         return None
     if todo:
         io.remove(manifest_path)  # nothing may look complete while units are redone
-    if ctx is not None and (todo or settings.merge_only) and not curate.prepare(ctx, units, settings,
+    if ctx is not None and (todo or settings.merge_only) and not _curate().prepare(ctx, units, settings,
                                                                                  settings.stage):
         return None  # dedup passes of other slices still to finish
     probe = FastEncoder(tok, enabled=settings.fast_path)
-    tokenize.preload(settings, tok, probe)
+    # a local pool forks from here: the encoder is self-checked once, in this process (Ray tasks check their own)
+    tokenize.preload(settings, tok, probe, todo[0] if todo and settings.executor == "local" else None)
     where = f" (slice {settings.slice_index}/{settings.slice_count})" if settings.slice_count > 1 else ""
     if not settings.quiet:
         log.info(f"data_prep: {len(units)} units{where}, {len(mine)} mine, {len(done)} already complete, "
@@ -174,7 +183,7 @@ def _curation(settings: Settings, units: List[Unit], out_settings: dict):
     from data_prep.steps.step_list import step_list
 
     steps = step_list(settings.steps)
-    ctx = curate.context(settings.output_dir, steps, units, settings.text_field, settings.shard_size,
+    ctx = _curate().context(settings.output_dir, steps, units, settings.text_field, settings.shard_size,
                          settings.max_record_size)
     out_settings["curation"] = {"steps": steps.as_dict(), "fingerprint": ctx.fp}
     settings.curation = ctx
@@ -275,4 +284,4 @@ def incomplete_slices(settings: Settings, tasks: int):
     todo = sorted({u.index % tasks for u in units if unit_is_complete(out, u, fp) is None})
     if ctx is None:
         return todo
-    return {**curate.incomplete_dedup_slices(ctx, units, tasks), "filter": todo}
+    return {**_curate().incomplete_dedup_slices(ctx, units, tasks), "filter": todo}

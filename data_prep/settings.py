@@ -12,6 +12,7 @@ from data_prep import io
 
 INT32_MAX = 2**31 - 1
 DEFAULT_MAX_RECORD = 64 << 20  # bytes of one record (--max-record-size): far above any real document
+STAGES = ("all", "hash", "buckets", "filter")  # --stage: the curation passes of a sliced run
 
 
 def check_locations(inputs: List[str], output_dir: str, steps_flag: Optional[str] = None) -> None:

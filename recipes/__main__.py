@@ -18,6 +18,7 @@ COMMANDS = {  # command -> (module, one line for --help)
     "bench-reshape": ("recipes.tools.bench_reshape", "peak memory and time of the streaming reshape, per checkpoint"),
     "demo": ("recipes.tools.demo", "the main job: corpus -> shards -> plan -> train -> export -> report"),
     "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
+    "bench-moe": ("recipes.tools.bench_moe", "step time of a dense model vs an MoE of the same active size"),
     "bench-plain": ("recipes.tools.bench_plain", "megatron-core layers vs a plain PyTorch model of the same shape"),
     "measure-zero": ("recipes.tools.measure_zero", "measure real ZeRO 0-3 model-state memory per rank"),
     "measure-save-stall": ("recipes.tools.measure_save_stall", "training stall per checkpoint save, sync vs async"),

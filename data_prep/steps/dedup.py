@@ -29,6 +29,7 @@ signatures in the bucket pass anyway; exact-dedup keys stay blake2b-128 (nothing
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -88,9 +89,16 @@ class MinHashDedupConfig(BaseModel):
     def band_layout(self) -> Tuple[int, int]:
         if self.bands is not None:
             return self.bands, self.rows
-        from datasketch.lsh import _optimal_param
+        return _optimal_layout(self.threshold, self.num_perm)
 
-        return _optimal_param(self.threshold, self.num_perm, 0.5, 0.5)
+
+@functools.lru_cache(maxsize=None)
+def _optimal_layout(threshold: float, num_perm: int) -> Tuple[int, int]:
+    """datasketch's (bands, rows) for the threshold: ~1,400 numeric integrations (scipy quad) per call, and the
+    passes ask for it several times per process (context, hashers, gates): computed once per process."""
+    from datasketch.lsh import _optimal_param
+
+    return _optimal_param(threshold, num_perm, 0.5, 0.5)
 
 
 def _key128(data: bytes) -> Tuple[int, int]:

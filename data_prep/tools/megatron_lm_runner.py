@@ -23,5 +23,11 @@ if __name__ == "__main__":
 
     stub.__getattr__ = any_kernel
     sys.modules[name] = stub
+    import typing
+
+    if not hasattr(typing, "override"):  # Megatron-LM main names typing.override (Python 3.12); same decorator
+        import typing_extensions
+
+        typing.override = typing_extensions.override
     script, sys.argv = sys.argv[1], sys.argv[1:]
     runpy.run_path(script, run_name="__main__")

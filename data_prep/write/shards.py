@@ -80,8 +80,8 @@ class ShardWriter:
             self.flush()
 
     def flush(self) -> None:
-        if self.tok_buf:
-            data = np.concatenate(self.tok_buf).astype(self.dtype, copy=False).tobytes()
+        for arr in self.tok_buf:  # written and hashed as they are: no joined copy, no bytes copy
+            data = memoryview(np.ascontiguousarray(arr, dtype=self.dtype)).cast("B")
             self.bin.write(data)
             self.bin_sha.update(data)
         if self.len_buf:

@@ -59,6 +59,11 @@ def init_from_refusals(recipe) -> list[Refusal]:
                         "point checkpoint.init_from.dir at the source run's checkpoint.dir and "
                         "checkpoint.init_from.tag at one of its complete tags (default: its `latest`)")]
     out = _shape_refusals(tag_dir, recipe.model)
+    if recipe.model.moe is not None:  # the streaming reader has no EP x TP split of the experts yet
+        out.append(Refusal("checkpoint.init_from", "checkpoint.init_from reads the source through the streaming "
+                           "reshape, which does not read mixture-of-experts checkpoints yet",
+                           "export-hf the source and import-hf it at this run's layout (weights only), then "
+                           "resume that"))
     if recipe.parallel.zero_stage == 3:
         out.append(Refusal("parallel.zero_stage", f"checkpoint.init_from puts the source's tensors into a ZeRO-0/1/2 "
                            "engine; parallel.zero_stage=3 partitions each parameter where that cannot reach it yet",

@@ -5,7 +5,7 @@ says what a recipe *is*; every field has a default where a sensible one exists s
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -35,6 +35,38 @@ class RopeScalingConfig(_Section):
         return self
 
 
+class MoEConfig(_Section):
+    """Mixture of experts in the MLP of some or all decoder layers (megatron-core's router, expert and shared-expert
+    modules; docs/moe.md). Every field names the megatron-core / Hugging Face option it matches."""
+    num_experts: PositiveInt  # routed experts per MoE layer (HF num_local_experts / num_experts)
+    top_k: PositiveInt = 2  # experts per token (HF num_experts_per_tok)
+    ffn_hidden_size: Optional[PositiveInt] = None  # per expert (HF moe_intermediate_size); None = model.ffn_size
+    shared_expert_ffn_size: Optional[PositiveInt] = None  # an always-on shared expert MLP of this size; None = none
+    shared_expert_gate: bool = False  # Qwen2-MoE: the shared expert's output times sigmoid(a learned h -> 1 gate)
+    # True (Mixtral, Qwen3-MoE, DeepSeek-V3): the top-k probabilities are renormalized to sum to 1 (softmax over the
+    # top-k logits); False (Qwen2-MoE): softmax over all experts, then top-k, not renormalized
+    normalize_top_k: bool = True
+    aux_loss_coeff: float = Field(default=1e-2, ge=0)  # load-balancing loss (Switch), per micro-batch; 0 = off
+    z_loss_coeff: float = Field(default=0.0, ge=0)  # router z-loss (ST-MoE); 0 = off
+    # None = dropless (every token reaches its top-k experts); else each expert takes at most
+    # ceil(capacity_factor x tokens x top_k / num_experts) tokens of a micro-batch (per rank) and drops the rest
+    capacity_factor: Optional[PositiveFloat] = None
+    drop_policy: Literal["probs", "position"] = "probs"  # over capacity keep the most probable tokens / the first
+    # Which decoder layers are MoE (the others keep a dense MLP of model.ffn_hidden_size): an int N = every N-th layer
+    # from the first (megatron-core moe_layer_freq), or one 0/1 per layer; first_dense_layers (DeepSeek's
+    # first_k_dense_replace) then keeps the first layers dense
+    layer_pattern: Union[PositiveInt, list[Literal[0, 1]]] = 1
+    first_dense_layers: int = Field(default=0, ge=0)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) has the MoE MLP."""
+        if index < self.first_dense_layers:
+            return False
+        if isinstance(self.layer_pattern, int):
+            return index % self.layer_pattern == 0
+        return bool(self.layer_pattern[index]) if index < len(self.layer_pattern) else False
+
+
 class ModelConfig(_Section):
     num_layers: PositiveInt
     hidden_size: PositiveInt
@@ -57,12 +89,23 @@ class ModelConfig(_Section):
     # Packed samples: restart position ids after each EOD and attend only within the token's own document
     # (block-diagonal causal mask; flex_attention on CUDA, SDPA with a boolean mask on CPU). See docs/concepts.md.
     document_mask: bool = False
+    # Attention heads of head_dim (None = hidden_size / num_attention_heads; Qwen3 uses 128 with any hidden size)
+    head_dim: Optional[PositiveInt] = None
+    qk_norm: bool = False  # RMSNorm / LayerNorm of each query and key head before RoPE (Qwen3; megatron qk_layernorm)
+    moe: Optional[MoEConfig] = None  # None = every decoder layer has a dense MLP
 
     @model_validator(mode="after")
     def _rope_options(self):
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise ValueError(f"model.rope_scaling is set but model.position_embedding={self.position_embedding}; "
                              "remove rope_scaling or use position_embedding: rope")
+        return self
+
+    @model_validator(mode="after")
+    def _moe_options(self):
+        problems = moe_problems(self) if self.moe is not None else []
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -83,10 +126,54 @@ class ModelConfig(_Section):
             return 256 * ((f + 255) // 256)
         return 4 * self.hidden_size
 
+    @property
+    def kv_channels(self) -> int:
+        """Width of one attention head."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """FFN size of one routed expert (model.moe.ffn_hidden_size, default the dense ffn size)."""
+        return (self.moe.ffn_hidden_size if self.moe is not None else None) or self.ffn_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) has the MoE MLP (model.moe.layer_pattern)."""
+        return self.moe is not None and self.moe.is_moe_layer(index)
+
     def padded_vocab_size(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp."""
         m = self.make_vocab_size_divisible_by * tp
         return ((self.vocab_size + m - 1) // m) * m
+
+
+def moe_problems(m: "ModelConfig") -> list[str]:
+    """Every impossible model.moe combination, each with the fix (layout-dependent rules are in Layout.problems)."""
+    moe, out = m.moe, []
+    if moe.top_k > moe.num_experts:
+        out.append(f"model.moe.top_k={moe.top_k} is larger than model.moe.num_experts={moe.num_experts}; set top_k <= "
+                   f"{moe.num_experts}")
+    if moe.top_k == 1 and moe.normalize_top_k:
+        out.append("model.moe.top_k=1 with normalize_top_k=true: one renormalized probability is always 1 and the "
+                   "router gets no gradient; set model.moe.normalize_top_k=false (softmax over all experts, Switch "
+                   "style) or top_k >= 2")
+    if moe.shared_expert_gate and moe.shared_expert_ffn_size is None:
+        out.append("model.moe.shared_expert_gate=true without model.moe.shared_expert_ffn_size: there is no shared "
+                   "expert to gate; set shared_expert_ffn_size (Qwen2-MoE: 4x the expert size) or remove the gate")
+    if m.add_bias_linear:
+        out.append("model.add_bias_linear=true with model.moe: experts here have no biases (megatron-core supports "
+                   "expert biases only without expert tensor parallelism); set model.add_bias_linear=false "
+                   "(model.add_qkv_bias=true is fine)")
+    L = m.num_layers
+    if isinstance(moe.layer_pattern, list) and len(moe.layer_pattern) != L:
+        out.append(f"model.moe.layer_pattern has {len(moe.layer_pattern)} entries but model.num_layers={L}; give one "
+                   "0/1 per decoder layer, or an int N for every N-th layer")
+    elif isinstance(moe.layer_pattern, int) and moe.layer_pattern > L:
+        out.append(f"model.moe.layer_pattern={moe.layer_pattern} (every N-th layer) is larger than model.num_layers="
+                   f"{L}; use 1 (every layer) or a smaller N")
+    elif not any(moe.is_moe_layer(i) for i in range(L)):
+        out.append(f"model.moe.layer_pattern={moe.layer_pattern} with first_dense_layers={moe.first_dense_layers} "
+                   f"leaves no MoE layer among the {L} layers; lower first_dense_layers or remove model.moe")
+    return out
 
 
 class ParallelConfig(_Section):
@@ -98,6 +185,9 @@ class ParallelConfig(_Section):
     cp: PositiveInt = 1  # context parallelism: each sequence split over cp ranks (recipes.model.context)
     recompute: Literal["none", "selective", "full"] = "none"
     pipeline_partition: Literal["uniform", "parameters"] = "uniform"  # see recipes.parallel.partition
+    # expert parallelism (model.moe): the experts of each MoE layer split over ep ranks inside the data-parallel
+    # dimension (ep divides dp); dense parameters stay replicated over all of dp
+    ep: PositiveInt = 1
     micro_batch: PositiveInt = 1
 
 

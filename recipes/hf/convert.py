@@ -6,9 +6,11 @@ Families:
     ... with add_qkv_bias only         -> `Qwen2ForCausalLM` (biases on q, k, v; no sliding window)
   * learned + layernorm + gelu         -> `GPT2LMHeadModel` (activation gelu_pytorch_tanh = our tanh GeLU exactly;
                                           zero biases when the recipe has none; GQA key/value heads repeated)
+  * rope + rmsnorm + swiglu + model.moe -> `MixtralForCausalLM`, `Qwen2MoeForCausalLM` or `Qwen3MoeForCausalLM`
+                                          (recipes.hf.moe_families: which one, their configs, import)
   * anything else                      -> `UnsupportedModel` naming the option.
-Import reads Llama (1/2/3.x), Qwen2 and Mistral configs; a sliding window only when it is >= model.seq_length (then a
-no-op), see `check_sliding_window`.
+Import reads Llama (1/2/3.x), Qwen2, Mistral, Mixtral, Qwen2-MoE and Qwen3-MoE configs; a sliding window only when it
+is >= model.seq_length (then a no-op), see `check_sliding_window`.
 
 Our layer numbering (pipeline index): 0 embedding, 1..L decoder layers (HF layer i-1), L+1 final norm, L+2 head.
 """
@@ -26,6 +28,10 @@ class UnsupportedModel(ValueError):
 def family(model_cfg) -> str:
     m = model_cfg
     if (m.position_embedding, m.normalization, m.activation) == ("rope", "rmsnorm", "swiglu"):
+        if m.moe is not None or m.qk_norm:
+            from recipes.hf.moe_families import moe_family
+
+            return moe_family(m)
         return "qwen2" if m.add_qkv_bias and not m.add_bias_linear else "llama"
     if (m.position_embedding, m.normalization, m.activation) == ("learned", "layernorm", "gelu"):
         return "gpt2"
@@ -37,7 +43,7 @@ def family(model_cfg) -> str:
 
 def _dims(m):
     a, g, h = m.num_attention_heads, m.query_groups, m.hidden_size
-    return a, g, h // a, h
+    return a, g, m.kv_channels, h
 
 
 def _split_qkv(qkv: torch.Tensor, m):
@@ -65,19 +71,36 @@ def _join_qkv(q, k, v, m):
 # HF: "model.layers.{i-1}."): (our name, HF names, how, when)
 #   how:  "copy" one tensor | "qkv" megatron-core's grouped qkv <-> q_proj, k_proj, v_proj | "cat" [gate; up]
 #   when: None always | "qkv_bias" model.qkv_bias (add_bias_linear or add_qkv_bias) | "bias" model.add_bias_linear
-LLAMA_LAYER_MAP = (
+#         "qk_norm" model.qk_norm | "shared" / "shared_gate" model.moe's shared expert / its gate
+LLAMA_ATTENTION_MAP = (
     ("input_layernorm.weight", ("input_layernorm.weight",), "copy", None),
     ("self_attention.linear_qkv.weight",
      ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), "qkv", None),
     ("self_attention.linear_qkv.bias",
      ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), "qkv", "qkv_bias"),
+    ("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), "copy", "qk_norm"),
+    ("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), "copy", "qk_norm"),
     ("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), "copy", None),
     ("self_attention.linear_proj.bias", ("self_attn.o_proj.bias",), "copy", "bias"),
     ("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), "copy", None),
+)
+LLAMA_MLP_MAP = (
     ("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "cat", None),
     ("mlp.linear_fc1.bias", ("mlp.gate_proj.bias", "mlp.up_proj.bias"), "cat", "bias"),
     ("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), "copy", None),
     ("mlp.linear_fc2.bias", ("mlp.down_proj.bias",), "copy", "bias"),
+)
+LLAMA_LAYER_MAP = LLAMA_ATTENTION_MAP + LLAMA_MLP_MAP
+# The MLP of an MoE layer (model.moe; Mixtral / Qwen2-MoE / Qwen3-MoE, transformers >= 5 names): experts stacked
+# [E, 2f, h] with [gate; up] rows, as ours (recipes.model.moe)
+MOE_MLP_MAP = (
+    ("mlp.router.weight", ("mlp.gate.weight",), "copy", None),
+    ("mlp.experts.linear_fc1.weight", ("mlp.experts.gate_up_proj",), "copy", None),
+    ("mlp.experts.linear_fc2.weight", ("mlp.experts.down_proj",), "copy", None),
+    ("mlp.shared_experts.linear_fc1.weight",
+     ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"), "cat", "shared"),
+    ("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_expert.down_proj.weight",), "copy", "shared"),
+    ("mlp.shared_experts.gate_weight", ("mlp.shared_expert_gate.weight",), "copy", "shared_gate"),
 )
 # Outside the decoder layers ({norm} = L + 1, {head} = L + 2); "untied": only without tied embeddings.
 LLAMA_OUTER_MAP = (
@@ -91,7 +114,9 @@ LLAMA_STYLE_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCaus
 
 
 def _present(when, m) -> bool:
-    return {None: True, "qkv_bias": m.qkv_bias, "bias": m.add_bias_linear, "untied": not m.tied_embeddings}[when]
+    shared = m.moe is not None and m.moe.shared_expert_ffn_size is not None
+    return {None: True, "qkv_bias": m.qkv_bias, "bias": m.add_bias_linear, "untied": not m.tied_embeddings,
+            "qk_norm": m.qk_norm, "shared": shared, "shared_gate": shared and m.moe.shared_expert_gate}[when]
 
 
 def _outer(m):
@@ -103,7 +128,7 @@ def _outer(m):
 
 def _layer_rows(m):
     for i in range(1, m.num_layers + 1):
-        for ours, hf, how, when in LLAMA_LAYER_MAP:
+        for ours, hf, how, when in LLAMA_ATTENTION_MAP + (MOE_MLP_MAP if m.is_moe_layer(i - 1) else LLAMA_MLP_MAP):
             if _present(when, m):
                 yield f"{i}.{ours}", tuple(f"model.layers.{i - 1}.{n}" for n in hf), how
 
@@ -199,6 +224,8 @@ def _rope_fields(cfg, problems: list) -> dict:
 def sliding_window(cfg) -> int | None:
     """The attention window of a Mistral / Qwen2 config, None when every layer attends to the whole sequence."""
     window = getattr(cfg, "sliding_window", None)
+    if cfg.model_type in ("qwen2_moe", "qwen3_moe") and not getattr(cfg, "use_sliding_window", False):
+        return None
     if cfg.model_type == "qwen2":  # Qwen2 slides only with use_sliding_window, and only in layers >= max_window_layers
         if not getattr(cfg, "use_sliding_window", False):
             return None
@@ -224,6 +251,10 @@ def model_fields_from_hf_config(cfg) -> dict:
     represent exactly (the sliding window is checked against the recipe's seq_length by `check_sliding_window`)."""
     problems = []
     model_type = getattr(cfg, "model_type", "llama")
+    if model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        from recipes.hf.moe_families import moe_model_fields
+
+        return moe_model_fields(cfg, _rope_fields)
     if model_type not in IMPORTABLE:
         problems.append(f"model_type={model_type} (supported: {', '.join(IMPORTABLE)})")
     rope = _rope_fields(cfg, problems)
@@ -249,6 +280,7 @@ def model_fields_from_hf_config(cfg) -> dict:
         "position_embedding": "rope", "normalization": "rmsnorm", "activation": "swiglu", **rope,
         "norm_epsilon": cfg.rms_norm_eps, "tied_embeddings": bool(cfg.tie_word_embeddings),
         "add_bias_linear": add_bias_linear, "add_qkv_bias": add_qkv_bias,
+        "head_dim": None, "qk_norm": False, "moe": None,  # (replacing whatever the --config recipe had)
     }
 
 
@@ -308,4 +340,8 @@ def to_hf(w: dict, m, tokenizer_ids: dict | None = None):
     """(transformers config, HF state dict) for the recipe's model section."""
     if family(m) in LLAMA_STYLE_ARCHITECTURES:
         return llama_style_config(m, tokenizer_ids), to_llama(w, m)
+    if m.moe is not None:
+        from recipes.hf.moe_families import moe_config
+
+        return moe_config(m, tokenizer_ids), to_llama(w, m)
     return gpt2_config(m, tokenizer_ids), to_gpt2(w, m)

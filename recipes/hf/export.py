@@ -1,4 +1,5 @@
-"""Export a training checkpoint (any TP x PP x DP, any ZeRO stage) to a Hugging Face transformers model directory.
+"""Export a training checkpoint (any TP x PP x DP, any ZeRO stage; experts at any EP) to a Hugging Face transformers
+model directory (Llama, Qwen2, GPT-2; Mixtral, Qwen2-MoE, Qwen3-MoE).
 
     python -m recipes export-hf --checkpoint CKPT_DIR [--tag global_stepN] --out HF_DIR \
         [--config RECIPE [section.key=value ...]]
@@ -125,7 +126,12 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
-    state = read_full_state(ckpt_dir, recipe.model, tag=tag)
+    if recipe.model.moe is not None:  # experts split over EP ranks: read through engines at the checkpoint's layout
+        from recipes.train.state_reader import read_full_weights
+
+        state = read_full_weights(ckpt_dir, recipe, tag=tag)
+    else:
+        state = read_full_state(ckpt_dir, recipe.model, tag=tag)
     sp_model = tokenizer_source(recipe)
     if sp_model is not None and not sp_model.exists():
         raise FileNotFoundError(f"tokenizer {sp_model} (from data.tokenizer or the manifest) does not exist; set "

@@ -1,5 +1,5 @@
-"""Import a Hugging Face transformers Llama-style model directory (Llama 1/2/3.x, Qwen2, Mistral) as a training
-checkpoint at a chosen layout, for continued pretraining (step 0, fresh optimizer, the model's weights).
+"""Import a Hugging Face transformers Llama-style model directory (Llama 1/2/3.x, Qwen2, Mistral; Mixtral, Qwen2-MoE,
+Qwen3-MoE) as a training checkpoint at a chosen layout, for continued pretraining (step 0, fresh optimizer, the model's weights).
 
     python -m recipes import-hf --hf HF_DIR --out CKPT_DIR --config RECIPE [parallel.tp=2 parallel.pp=2 ...]
     python -m recipes train --config RECIPE --local N ... checkpoint.dir=CKPT_DIR   # same overrides
@@ -33,8 +33,8 @@ def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
     fields = model_fields_from_hf_config(cfg)
     model_overrides = []
     for k, v in fields.items():
-        if isinstance(v, dict):  # a sub-section (rope_scaling): key by key
-            model_overrides += [f"model.{k}.{kk}={vv}" for kk, vv in v.items()]
+        if isinstance(v, dict):  # a sub-section (rope_scaling, moe): key by key
+            model_overrides += [f"model.{k}.{kk}={'' if vv is None else vv}" for kk, vv in v.items()]
         else:
             model_overrides.append(f"model.{k}={'' if v is None else v}")  # empty = None (also over the recipe's)
     # the checkpoint's tokenizer travels to the export: sentencepiece (Llama 1/2, Mistral) or tokenizer.json (Llama 3,
@@ -80,7 +80,8 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = command_parser("python -m recipes import-hf", __doc__)
-    ap.add_argument("--hf", required=True, help="transformers model directory (Llama, Qwen2 or Mistral)")
+    ap.add_argument("--hf", required=True, help="transformers model directory (Llama, Qwen2, Mistral, Mixtral, "
+                    "Qwen2-MoE or Qwen3-MoE)")
     ap.add_argument("--out", required=True, help="training checkpoint directory to create")
     ap.add_argument("--config", required=True, help="recipe for training/data/layout (model comes from --hf)")
     ap.add_argument("--quiet", action="store_true")

@@ -67,8 +67,10 @@ SEED_STRIDE = 1009  # layer i draws from seed + SEED_STRIDE * i
 
 
 # ----------------------------------------------------------------------------------------------------------- config
-def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fused: bool = False) -> TransformerConfig:
-    """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp`.
+def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fused: bool = False,
+                       ep: int = 1) -> TransformerConfig:
+    """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp` (and expert-
+    parallel degree `ep` for model.moe, see recipes.model.moe).
 
     Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off unless `fused`
     (CUDA runs, see `recipes.model.fast_path`): they compile kernels, which costs minutes on CPU for no gain; torch SDPA
@@ -81,7 +83,8 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         num_attention_heads=model_cfg.num_attention_heads,
         num_query_groups=model_cfg.query_groups,
         ffn_hidden_size=model_cfg.ffn_size,
-        kv_channels=model_cfg.hidden_size // model_cfg.num_attention_heads,
+        kv_channels=model_cfg.kv_channels,
+        qk_layernorm=model_cfg.qk_norm,
         tensor_model_parallel_size=tp,
         sequence_parallel=sequence_parallel and tp > 1,
         normalization="RMSNorm" if model_cfg.normalization == "rmsnorm" else "LayerNorm",
@@ -110,6 +113,16 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         from recipes.model.fast_path import fused_config_kwargs
 
         kwargs.update(fused_config_kwargs(model_cfg))
+    if model_cfg.moe is not None:
+        import warnings
+
+        from recipes.model.moe import moe_config_kwargs
+
+        kwargs.update(moe_config_kwargs(model_cfg, ep))
+        with warnings.catch_warnings():
+            # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
+            warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
+            return TransformerConfig(**kwargs)
     return TransformerConfig(**kwargs)
 
 
@@ -272,13 +285,28 @@ def rope_table(seq_length: int, head_dim: int, base: float, scaling=None) -> tor
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
 
 
+class HeadNorm(TorchNorm):
+    """The norm of each query / key head (model.qk_norm): one weight of head_dim shared by all heads, and the heads
+    are split over TP ranks, so its gradient is summed over the TP group (megatron-core does this for q/k_layernorm
+    in its grad finaliser)."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
+        super().__init__(config, hidden_size, eps)
+        if config.tensor_model_parallel_size > 1 and not config.sequence_parallel:  # (TorchNorm hooks it under SP)
+            for p in self.parameters():
+                p.register_hook(_allreduce_over_tp)
+
+
 def layer_spec(config: TransformerConfig):
     """megatron-core's local GPT layer spec with CPU/GPU-safe norms and SDPA core attention."""
-    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(normalization=config.normalization, qk_layernorm=config.qk_layernorm)
     spec.submodules.input_layernorm = TorchNorm
     spec.submodules.pre_mlp_layernorm = TorchNorm
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.causal}
+    if config.qk_layernorm:
+        spec.submodules.self_attention.submodules.q_layernorm = HeadNorm
+        spec.submodules.self_attention.submodules.k_layernorm = HeadNorm
     return spec
 
 
@@ -361,7 +389,7 @@ class DecoderLayerPipe(TransformerLayer):
 
     def __init__(self, config: TransformerConfig, model_cfg, layer_index: int, seed: int):
         with _Seeded(seed):
-            super().__init__(config=config, submodules=layer_spec(config).submodules, layer_number=layer_index)
+            super().__init__(config=config, submodules=self._submodules(config), layer_number=layer_index)
         self.use_rope = model_cfg.position_embedding == "rope"
         # A plain attribute, not a buffer: DeepSpeed casts buffers to bf16/fp16, and angles up to seq_length radians
         # must stay fp32 (bf16 would be off by whole radians at long positions).
@@ -387,6 +415,28 @@ class DecoderLayerPipe(TransformerLayer):
                                                                   lambda: document_ids(position_ids))
         out, _ = super().forward(hidden, attention_mask=docs, rotary_pos_emb=rope)
         return out if position_ids is None else (out, position_ids)
+
+
+    def _submodules(self, config):
+        return layer_spec(config).submodules
+
+
+class MoEDecoderLayerPipe(DecoderLayerPipe):
+    """A decoder layer whose MLP is the mixture of experts of model.moe (recipes.model.moe.MoEMLP); attention, norms
+    and the pipeline interface are DecoderLayerPipe's."""
+
+    def __init__(self, config: TransformerConfig, model_cfg, layer_index: int, seed: int):
+        from recipes.model.moe import MoEMLP
+
+        super().__init__(config, model_cfg, layer_index, seed)
+        self.mlp = MoEMLP(config, layer_index, seed)  # its own seeds: the attention above draws the same as dense
+
+    def _submodules(self, config):
+        from megatron.core.transformer.identity_op import IdentityOp
+
+        submodules = layer_spec(config).submodules
+        submodules.mlp = IdentityOp  # replaced by MoEMLP once the layer exists
+        return submodules
 
 
 class FinalNormPipe(nn.Module):
@@ -460,7 +510,8 @@ def layer_specs(model_cfg, config: TransformerConfig, seed: int):
     else:
         embed = LayerSpec(EmbeddingPipe, config, model_cfg, seed)
     specs = [embed]
-    specs += [LayerSpec(DecoderLayerPipe, config, model_cfg, i, seed + SEED_STRIDE * i) for i in range(1, L + 1)]
+    specs += [LayerSpec(MoEDecoderLayerPipe if model_cfg.is_moe_layer(i - 1) else DecoderLayerPipe, config, model_cfg,
+                        i, seed + SEED_STRIDE * i) for i in range(1, L + 1)]
     specs.append(LayerSpec(FinalNormPipe, config))
     if model_cfg.tied_embeddings:
         specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed, forward_fn=tied_head_forward,
@@ -482,7 +533,8 @@ class PlainDecoder(nn.Module):
         from recipes.model.fast_path import fusions_enabled
 
         m = recipe.model
-        config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe))
+        config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe),
+                                    layout.ep)
         self.recompute_full = layout.recompute == "full"
         self.loss_fn = VocabParallelLoss(m.vocab_size)
         self.tied = m.tied_embeddings

@@ -14,10 +14,11 @@ def norm_params(model_cfg) -> int:
 def _layer_matrices(model_cfg) -> tuple[int, int, int]:
     """(weights of the layer's matrices, qkv output width, fc1 output width)."""
     h, f = model_cfg.hidden_size, model_cfg.ffn_size
-    head_dim = h // model_cfg.num_attention_heads
-    qkv_out = h + 2 * model_cfg.query_groups * head_dim
+    head_dim = model_cfg.kv_channels
+    q_out = model_cfg.num_attention_heads * head_dim  # = h unless model.head_dim says otherwise
+    qkv_out = q_out + 2 * model_cfg.query_groups * head_dim
     fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
-    return h * qkv_out + h * h + h * fc1_out + f * h, qkv_out, fc1_out
+    return h * qkv_out + q_out * h + h * fc1_out + f * h, qkv_out, fc1_out
 
 
 def layer_parameters(model_cfg) -> tuple[int, int]:
@@ -29,6 +30,8 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     h = model_cfg.hidden_size
     split, qkv_out, fc1_out = _layer_matrices(model_cfg)
     replicated = 2 * norm_params(model_cfg)
+    if model_cfg.qk_norm:  # one norm of head_dim for the queries, one for the keys
+        replicated += 2 * norm_params(model_cfg) // h * model_cfg.kv_channels
     if model_cfg.qkv_bias:  # add_bias_linear or add_qkv_bias (Qwen2)
         split += qkv_out
     if model_cfg.add_bias_linear:
@@ -37,12 +40,50 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     return split, replicated
 
 
-def count_parameters(model_cfg, tp: int = 1) -> int:
-    """Exact parameter count of the model our code builds (vocabulary padded for `tp`), all ranks together, once."""
+def _mlp_matrices(model_cfg, ffn: int) -> int:
+    """Weights of one (dense, expert or shared) MLP of width `ffn`."""
+    h = model_cfg.hidden_size
+    return h * (2 * ffn if model_cfg.activation == "swiglu" else ffn) + ffn * h
+
+
+def moe_layer_parameters(model_cfg) -> tuple[int, int, int]:
+    """Parameters of one MoE decoder layer as (split across TP ranks, replicated on every TP rank, routed experts).
+
+    The routed experts (num_experts MLPs of model.moe.ffn_hidden_size) are split over TP and over EP ranks; attention
+    and the shared expert are split over TP; norms, the router [E, h] and the shared-expert gate [1, h] are replicated.
+    """
+    moe, h = model_cfg.moe, model_cfg.hidden_size
+    dense_split, replicated = layer_parameters(model_cfg)
+    split = dense_split - _mlp_matrices(model_cfg, model_cfg.ffn_size)  # attention only
+    replicated += moe.num_experts * h
+    if moe.shared_expert_ffn_size:
+        split += _mlp_matrices(model_cfg, moe.shared_expert_ffn_size)
+        replicated += h if moe.shared_expert_gate else 0
+    return split, replicated, moe.num_experts * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
+
+
+def decoder_parameters(model_cfg, active: bool = False) -> int:
+    """All decoder layers' parameters; `active`: only the top_k routed experts of each MoE layer count (what one
+    token's forward pass uses, as MoE models are reported: Mixtral-8x7B 46.7B total, 12.9B active)."""
+    split, replicated = layer_parameters(model_cfg)
+    total = 0
+    for i in range(model_cfg.num_layers):
+        if not model_cfg.is_moe_layer(i):
+            total += split + replicated
+            continue
+        s, r, experts = moe_layer_parameters(model_cfg)
+        if active:
+            experts = experts // model_cfg.moe.num_experts * model_cfg.moe.top_k
+        total += s + r + experts
+    return total
+
+
+def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
+    """Exact parameter count of the model our code builds (vocabulary padded for `tp`), all ranks together, once;
+    `active`: counting only the top_k routed experts of each MoE layer (= count_parameters for a dense model)."""
     h = model_cfg.hidden_size
     v = model_cfg.padded_vocab_size(tp)
-    split, replicated = layer_parameters(model_cfg)
-    total = v * h + model_cfg.num_layers * (split + replicated) + norm_params(model_cfg)
+    total = v * h + decoder_parameters(model_cfg, active) + norm_params(model_cfg)
     if model_cfg.position_embedding == "learned":
         total += model_cfg.seq_length * h
     if not model_cfg.tied_embeddings:
@@ -61,7 +102,15 @@ def _forward_flops_per_token(model_cfg, causal: bool = False) -> tuple[float, fl
     matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
     h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
     head = 2.0 * model_cfg.padded_vocab_size(1) * h
-    return 2.0 * L * matrices, 4.0 * L * s * h * (0.5 if causal else 1.0), head
+    attn = 4.0 * L * s * h * (0.5 if causal else 1.0)
+    if model_cfg.moe is not None:  # active weights: router, top_k routed experts, the shared expert
+        moe = model_cfg.moe
+        moe_layer = (matrices - _mlp_matrices(model_cfg, model_cfg.ffn_size) + moe.num_experts * h
+                     + moe.top_k * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
+                     + (_mlp_matrices(model_cfg, moe.shared_expert_ffn_size) if moe.shared_expert_ffn_size else 0))
+        n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L))
+        return 2.0 * ((L - n_moe) * matrices + n_moe * moe_layer), attn, head
+    return 2.0 * L * matrices, attn, head
 
 
 def attention_flops_per_step(model_cfg, global_batch: int, recompute: str = "none", causal: bool = False) -> float:
@@ -72,7 +121,8 @@ def attention_flops_per_step(model_cfg, global_batch: int, recompute: str = "non
 
 
 def model_flops_per_step(model_cfg, global_batch: int, causal: bool = True) -> float:
-    """Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the numerator of MFU.
+    """Model FLOPs of one optimizer step (forward + backward = 3x forward, no recompute): the numerator of MFU. For
+    MoE layers the active weights count (router, top_k experts, shared expert), as MoE MFU is reported.
 
     Causal attention counts the lower triangle of the s x s block only, the work a causal model needs (Megatron-LM's
     current `num_floating_point_operations`: "only half of the attention matrix is non-zero"; Meta's lingua counts the

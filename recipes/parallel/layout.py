@@ -2,10 +2,17 @@
 return structured problems (field, what is wrong with the values, the fix) that validation, the planner, the launcher's
 world-size check and the engine only format.
 
-Rank order is TP fastest, then CP, then DP, then PP (megatron-core `parallel_state` order "tp-cp-ep-dp-pp" with
-ep=1, and DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model] whose data axis is DP x CP: context
-parallelism has no parameters of its own, so for DeepSpeed a CP rank is one more data-parallel rank, see
-recipes.model.context).
+Rank order is TP fastest, then CP, then DP, then PP (megatron-core `parallel_state` order "tp-cp-ep-dp-pp", and
+DeepSpeed `PipeModelDataParallelTopology` axes [pipe, data, model] whose data axis is DP x CP: context parallelism has
+no parameters of its own, so for DeepSpeed a CP rank is one more data-parallel rank, see recipes.model.context).
+
+Expert parallelism (`ep`) splits the data axis DP x CP for the experts of MoE layers only, as megatron-core's expert
+rank generator does (tp-ep-dp-pp over the same ranks, cp folded into dp): with x = cp_rank + cp x dp_rank a rank's
+index on the data axis, it holds expert shard x % ep and is expert-data-parallel rank x // ep; its expert gradients
+are reduced over the dp x cp / ep ranks with the same shard (the expert-data-parallel group). Without CP that is DP
+index d holding shard d % ep (EP fastest inside DP, as DeepSpeed's `_get_expert_parallel_ranks`); with CP an EP group
+spans the CP ranks of a replica first (MoE layers route tokens one by one, so where a token's sequence chunk lives does
+not matter to them).
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ class Layout:
     sequence_parallel: bool = False
     recompute: str = "none"  # none | selective | full
     cp: int = 1  # context parallelism: each micro-batch's sequence split over cp ranks (recipes.model.context)
+    ep: int = 1  # expert parallelism inside DP x CP (MoE layers only; see the module docstring)
 
     @property
     def world_size(self) -> int:
@@ -74,12 +82,20 @@ class Layout:
             out.append(LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
                                      f"{model_cfg.num_layers}: every stage needs at least one layer",
                                      f"use pp <= {model_cfg.num_layers}"))
-        elif pp > 1 and self.zero_stage == 1 and partition == "parameters":
-            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong)
+        elif pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1):
+            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong; with
+            # expert parallelism a stage without MoE layers also lacks the experts' param group)
             from recipes.parallel.partition import (UNEVEN_GROUPS_FIX, layer_names, stage_boundaries,
                                                     uneven_group_problem)
-            problem = uneven_group_problem(layer_names(model_cfg), stage_boundaries(model_cfg, tp, pp, partition))
-            if problem:
+            problem = uneven_group_problem(layer_names(model_cfg), stage_boundaries(
+                model_cfg, tp, pp, partition or "uniform", self.ep), self.ep)
+            if problem and "MoE" in problem:
+                out.append(LayoutProblem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: "
+                                         f"stages get different optimizer param groups ({problem})",
+                                         "DeepSpeed's ZeRO-1 would hang in the first optimizer step; give every "
+                                         "pipeline stage at least one MoE layer (model.moe.layer_pattern, "
+                                         "first_dense_layers or another parallel.pp), or use parallel.ep=1"))
+            elif problem:
                 out.append(LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
                                          f"parallel.pp={pp} gives stages different optimizer param groups "
                                          f"({problem})", UNEVEN_GROUPS_FIX))
@@ -92,6 +108,7 @@ class Layout:
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",
                                      "set parallel.sequence_parallel=false or tp >= 2"))
         out += self._sequence_split_problems(model_cfg)
+        out += self._expert_problems(model_cfg)
         if global_batch is not None and global_batch % (self.micro_batch * self.dp):
             per = self.micro_batch * self.dp
             out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
@@ -117,6 +134,60 @@ class Layout:
                                      "set parallel.sequence_parallel=false"))
         return out
 
+    def _expert_problems(self, model_cfg) -> list[LayoutProblem]:
+        """The MoE / expert-parallel rules (model.moe and parallel.ep)."""
+        out: list[LayoutProblem] = []
+        moe, ep, data = model_cfg.moe, self.ep, self.data_axis
+        if moe is None:
+            if ep > 1:
+                out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} but the model has no experts (no model.moe)",
+                                         "set parallel.ep=1, or add a model.moe section"))
+            return out
+        if self.zero_stage == 3:
+            out.append(LayoutProblem("parallel.zero_stage", "parallel.zero_stage=3 with model.moe: DeepSpeed's ZeRO-3 "
+                                     "does not support mixture-of-experts parameters",
+                                     "use parallel.zero_stage=1 or 2"))
+        if ep > 1 and self.zero_stage == 0:
+            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage=0 with parallel.ep={ep}: expert "
+                                     "gradients are reduced over the expert-data-parallel group by DeepSpeed's ZeRO "
+                                     "optimizer only", "use parallel.zero_stage=1 (or 2 with pp=1)"))
+        axis = "dp" if self.cp == 1 else f"dp x cp = {self.dp} x {self.cp}"
+        fits = [d for d in _divisors_upto(moe.num_experts, data) if data % d == 0]
+        if moe.num_experts % ep:
+            out.append(LayoutProblem("parallel.ep", f"model.moe.num_experts={moe.num_experts} is not divisible by "
+                                     f"parallel.ep={ep} (each EP rank holds num_experts / ep whole experts)",
+                                     f"use ep in {fits} (divisors of num_experts and of {axis}={data})"))
+        elif data % ep:
+            what = "the data-parallel degree dp" if self.cp == 1 else f"the data axis {axis}"
+            out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} does not divide {what}={data}: experts are "
+                                     f"split over ranks inside it", f"use ep in {fits} (divisors of num_experts and "
+                                     f"of {data}), or change dp"))
+        if self.tp > 1:
+            out += self._expert_tp_problems(model_cfg)
+        return out
+
+    def _expert_tp_problems(self, model_cfg) -> list[LayoutProblem]:
+        """Experts are split over TP like the dense MLP (megatron-core expert TP = TP); without sequence parallelism
+        each TP rank routes 1/tp of its (CP rank's) sequence (the MoE layer is sequence-parallel inside)."""
+        out: list[LayoutProblem] = []
+        tp, cp, moe = self.tp, self.cp, model_cfg.moe
+        sizes = [("model.moe.ffn_hidden_size", model_cfg.expert_ffn_size)]
+        if moe.shared_expert_ffn_size:
+            sizes.append(("model.moe.shared_expert_ffn_size", moe.shared_expert_ffn_size))
+        for field, size in sizes:
+            if size % tp:
+                out.append(LayoutProblem(field, f"{field}={size} is not divisible by parallel.tp={tp} (experts are "
+                                         "split over TP ranks)", f"use a multiple of {tp}, or tp in "
+                                         f"{_divisors_upto(size, tp)}"))
+        s = model_cfg.seq_length
+        local = s // cp  # a CP rank's tokens (when cp does not cut the sequence evenly, parallel.cp is refused)
+        if (cp == 1 or s % (2 * cp) == 0) and local % tp and not self.sequence_parallel:  # SP: said above
+            where = f"model.seq_length={s}" if cp == 1 else f"model.seq_length / cp = {s} / {cp} = {local}"
+            out.append(LayoutProblem("model.seq_length", f"{where} is not divisible by parallel.tp={tp}: each TP rank "
+                                     "routes an equal slice of the sequence to the experts",
+                                     f"use a model.seq_length divisible by {tp * cp}"))
+        return out
+
     def coords(self, rank: int) -> dict[str, int]:
         """(tp, cp, dp, pp) coordinates of a global rank."""
         return {
@@ -129,8 +200,17 @@ class Layout:
     def rank(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
 
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        """A rank's expert shard (ep) and expert-data-parallel index (edp): with x = cp + cp_size x dp its index on
+        the data axis DP x CP, shard x % ep and EDP index x // ep (megatron-core's expert rank generator)."""
+        c = self.coords(rank)
+        x = c["cp"] + self.cp * c["dp"]
+        return {"ep": x % self.ep, "edp": x // self.ep}
+
     def describe(self) -> str:
         extra = []
+        if self.ep > 1:
+            extra.append(f"EP={self.ep} (experts, inside DP{' x CP' if self.cp > 1 else ''})")
         if self.sequence_parallel:
             extra.append("SP")
         if self.recompute != "none":
@@ -161,6 +241,7 @@ class Layout:
             sequence_parallel=p.sequence_parallel,
             recompute=p.recompute,
             cp=p.cp,
+            ep=p.ep,
         )
 
 
@@ -190,9 +271,10 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
     else:
         dp = world // mp
     lay = None if dp is None else Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp)
-    probe = lay or Layout(tp=p.tp, pp=p.pp, dp=1, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp)
+                                         sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp,
+                                         ep=p.ep)
+    probe = lay or Layout(tp=p.tp, pp=p.pp, dp=p.ep, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
+                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp, ep=p.ep)
     # Without a valid dp the batch rule cannot be judged; the rest can.
     problems += probe.problems(recipe.model, recipe.training.global_batch if lay else None,
                                p.pipeline_partition, max_tp)

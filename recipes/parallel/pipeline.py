@@ -12,7 +12,7 @@ def build_pipeline_module(recipe, layout):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     m = recipe.model
-    config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe))
+    config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe), layout.ep)
     # DeepSpeed's data axis is DP x CP (CP fastest inside it, as in megatron-core's tp-cp-dp-pp order)
     topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.data_axis)
     return PipelineModule(
@@ -21,5 +21,5 @@ def build_pipeline_module(recipe, layout):
         loss_fn=VocabParallelLoss(m.vocab_size),
         partition_method=deepspeed_method(recipe.parallel.pipeline_partition),
         activation_checkpoint_interval=1 if layout.recompute == "full" else 0,
-        checkpointable_layers=["DecoderLayerPipe"],
+        checkpointable_layers=["DecoderLayerPipe", "MoEDecoderLayerPipe"],
     )

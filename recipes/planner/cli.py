@@ -143,12 +143,14 @@ def token_budget(args, recipe: Recipe) -> tuple[float | None, dict | None]:
     return None, None
 
 
-def _row(i: int, e: Estimate) -> str:
+def _row(i: int, e: Estimate, experts: bool = False) -> str:
     lay = e.layout
     tc = e.time_s
     fits = "tight" if e.tight else ("yes" if e.fits else "NO")
+    ep = f" {lay.ep:>3}" if experts else ""
     return (f"{i:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>5} {lay.zero_stage:>4} {lay.micro_batch:>3} "
-            f"{lay.recompute:>9} {'y' if lay.sequence_parallel else 'n':>2} {lay.cp:>3} {e.memory_gib['total']:>7.1f} "
+            f"{lay.recompute:>9} {'y' if lay.sequence_parallel else 'n':>2} {lay.cp:>3}{ep} "
+            f"{e.memory_gib['total']:>7.1f} "
             f"{fits:>5} {tc['step']:>8.2f} {e.tokens_per_s:>11,.0f} {e.tflops_per_gpu:>6.0f} "
             f"{e.mfu:>5.0%} {e.bubble_fraction:>6.1%} {_comm_seconds(tc):>7.2f}"
             + (f" {format_duration(e.days * 86400):>11}" if e.days is not None else ""))
@@ -166,20 +168,23 @@ def format_report(plan: Plan, lines: list[str], top: int) -> str:
             f"| global batch {recipe.training.global_batch} x {m.seq_length} tokens | {len(ests)} layouts, "
             f"{sum(e.fits_with_headroom for e in ests)} fit with {assume.memory_headroom:.0%} headroom "
             f"({rec.memory_budget_gib:.1f} of {device_memory(c)}), {sum(e.tight for e in ests)} tight", "",
-            ("  # ·TP ·PP ···DP ZeRO ·mb recompute SP ·CP mem·GiB ·fits ··step·s ···tokens/s TFLOP·MFU bubble "
-             "comm·s").replace("·", " ") + ("   run time" if plan.tokens else "")]
+            ("  # ·TP ·PP ···DP ZeRO ·mb recompute SP ·CP" + (" ·EP" if m.moe else "")
+             + " mem·GiB ·fits ··step·s ···tokens/s TFLOP·MFU bubble comm·s").replace("·", " ")
+            + ("   run time" if plan.tokens else "")]
     shown = ests[:top]
     if rec not in shown:
         shown = shown + [rec]
     for i, e in enumerate(shown, 1):
-        head.append(_row(i, e) + ("  <- recommended" if e is rec else ""))
+        head.append(_row(i, e, m.moe is not None) + ("  <- recommended" if e is rec else ""))
     head += ["", f"Recommended: {rec.layout.describe()}", ""] + [f"- {x}" for x in lines]
     head += ["", "Assumptions: " + ", ".join(f"{k}={v}" for k, v in asdict(assume).items()),
              "Overlap: TP collectives and pipeline sends are not overlapped (SP's backward re-gather of the "
              "column-parallel inputs overlaps their input-gradient GEMM); CP's K/V all-gathers and gradient "
              "reduce-scatters are not overlapped; ZeRO-0/1 reduce after the last backward (exposed); ZeRO-2 "
              "reduce-scatters overlap each micro-batch's backward; ZeRO-3 fetches each module's weights behind the "
-             "modules before it (as far as the prefetch bucket reaches), one collective each."]
+             "modules before it (as far as the prefetch bucket reaches), one collective each."
+             + (" MoE: the dispatch / combine all-to-alls are not overlapped; the busiest EP rank gets "
+                f"{assume.moe_load_imbalance:g}x the mean routed tokens (assumed)." if m.moe else "")]
     return "\n".join(head)
 
 

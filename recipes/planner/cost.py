@@ -18,6 +18,10 @@ from recipes.model.shape import (
 )
 from recipes.parallel.ds_config import zero_comm_settings
 from recipes.parallel.layout import Layout
+from recipes.planner.experts import (
+    ep_seconds, expert_degrees, expert_efficiency, expert_flops, imbalance_seconds, load_imbalance, routed_width,
+    stage_layers, stage_parameters,
+)
 
 GiB = 1024**3
 GB = 1e9  # cluster.gpu_memory_gb is in datasheet (decimal) GB
@@ -153,6 +157,10 @@ class Assumptions:
     # DeepSpeed's pipeline engine, which recipes.train runs, has 1; other values only price published runs that
     # interleaved (Llama 3 405B: 126 layers in 16 x 8 chunks).
     virtual_stages: int = 1
+    # Mixture of experts (recipes.planner.experts): the busiest EP rank receives this many times the mean routed
+    # tokens. Our assumption for a router trained with the load-balancing aux loss, not a measurement: training logs
+    # the real figure (metrics.jsonl moe_load_imbalance); it prices the all-to-all, the expert GEMMs and activations.
+    moe_load_imbalance: float = 1.2
 
     @classmethod
     def for_device(cls, device_type: str, **changes) -> "Assumptions":
@@ -172,6 +180,8 @@ class StepTerms:
     recompute: float = 0.0  # the forward again under recompute=full (selective: the attention scores)
     tp_comm: float = 0.0  # tensor-parallel all-reduces, or SP's all-gathers and reduce-scatters (not overlapped)
     cp_comm: float = 0.0  # context-parallel K/V all-gathers and their gradients' reduce-scatters (not overlapped)
+    ep_comm: float = 0.0  # MoE dispatch / combine all-to-alls over EP (+ the routed tokens' extra TP traffic)
+    imbalance: float = 0.0  # waiting for the busiest EP rank's extra routed tokens (Assumptions.moe_load_imbalance)
     bubble: float = 0.0  # 1F1B fill and drain: (p-1) micro-batch slots
     pp_comm: float = 0.0  # stage-to-stage sends
     dp_comm: float = 0.0  # data-parallel traffic the compute does not hide
@@ -215,8 +225,8 @@ class Estimate:
 
     @property
     def time_s(self) -> dict[str, float]:
-        """The step's terms and their sum, in seconds (compute, recompute, tp_comm, cp_comm, bubble, pp_comm, dp_comm,
-        step)."""
+        """The step's terms and their sum, in seconds (compute, recompute, tp_comm, cp_comm, ep_comm, imbalance, bubble,
+        pp_comm, dp_comm, step)."""
         return self.terms.as_dict()
 
     @property
@@ -255,9 +265,10 @@ def deepspeed_bucket_bytes(params: float, zero_stage: int, dp: int, elem_bytes: 
 def communicators(layout: Layout, model_cfg) -> int:
     """NCCL communicators one rank initialises (torch creates one per process group on first use, each with its own
     buffers): the default group, gradient traffic over the data axis (DP x CP), TP all-reduces, the CP group's K/V
-    gathers, the pipeline's two neighbour groups and the tied-embedding group, and the model-parallel group DeepSpeed
-    reduces the gradient norm over."""
+    gathers, the pipeline's two neighbour groups and the tied-embedding group, the model-parallel group DeepSpeed
+    reduces the gradient norm over, and under EP the expert-parallel (all-to-all) and expert-data-parallel groups."""
     n = 1 + (layout.data_axis > 1) + (layout.tp > 1) + (layout.cp > 1) + (layout.model_parallel_size > 1)
+    n += 2 * (layout.ep > 1)
     if layout.pp > 1:
         n += 2 + bool(model_cfg.tied_embeddings)
     return n
@@ -267,12 +278,12 @@ def _stage_layers(num_layers: int, pp: int) -> int:
     return -(-num_layers // pp)
 
 
-def params_per_gpu(model_cfg, tp: int, pp: int) -> float:
-    """Parameters held by the most loaded model-parallel rank (first stage: embedding; last: output layer)."""
+def params_per_gpu(model_cfg, tp: int, pp: int, ep: int = 1) -> float:
+    """Parameters held by the most loaded model-parallel rank (first stage: embedding; last: output layer); a MoE
+    model's routed experts divided over EP x TP (recipes.planner.experts.stage_parameters)."""
     h = model_cfg.hidden_size
     v = model_cfg.padded_vocab_size(tp)
-    split, replicated = layer_parameters(model_cfg)
-    layers = _stage_layers(model_cfg.num_layers, pp) * (split / tp + replicated)
+    layers = sum(stage_parameters(model_cfg, tp, pp, ep))
     first = layers + v * h / tp + (model_cfg.seq_length * h if model_cfg.position_embedding == "learned" else 0)
     # Megatron keeps a copy of a tied embedding on the last stage when pp > 1.
     head = 0 if (model_cfg.tied_embeddings and pp == 1) else v * h / tp
@@ -316,11 +327,16 @@ def activation_bytes(model_cfg, layout: Layout, priced: Layout, m: int, act_byte
     heads, sp, p, v = model_cfg.num_attention_heads, layout.sequence_parallel, layout.pp, assume.virtual_stages
     kw = dict(_activation_kwargs(model_cfg, assume), kv_seq=model_cfg.seq_length)
     kept_kv = cp_gathered_kv_bytes(model_cfg, layout, act_bytes)  # K/V of the other CP ranks, kept for backward
-    per_layer = activation_bytes_per_layer(s, b, h, heads, t, sp, priced.recompute, **kw) * act_bytes / 2
-    full_layer = activation_bytes_per_layer(s, b, h, heads, t, sp, "none", **kw) * act_bytes / 2 + kept_kv
+    n_l, n_moe = stage_layers(model_cfg, p)
+
+    def one_layer(recompute: str) -> float:  # the stage's mean layer (dense and MoE layers mixed)
+        dense = activation_bytes_per_layer(s, b, h, heads, t, sp, recompute, **kw) * act_bytes / 2
+        return dense + n_moe / n_l * moe_extra_activation_bytes(model_cfg, layout, recompute, act_bytes, assume)
+
+    per_layer = one_layer(priced.recompute)
+    full_layer = one_layer("none") + kept_kv
     if priced.recompute != "full":
         per_layer += kept_kv
-    n_l = _stage_layers(model_cfg.num_layers, p)
     in_flight = min(p, m) * (1 + (p - 1) / (p * v) if v > 1 and m >= p else 1)
     first = n_l * per_layer * in_flight
     if priced.recompute == "full":  # the layer being recomputed needs its full activations once
@@ -330,13 +346,32 @@ def activation_bytes(model_cfg, layout: Layout, priced: Layout, m: int, act_byte
     return max(first + (logits if p == 1 else 0.0), last)
 
 
+def moe_extra_activation_bytes(model_cfg, layout: Layout, recompute: str, act_bytes: int, assume: Assumptions) -> float:
+    """What a MoE layer keeps for backward beyond a dense layer of model.ffn_hidden_size: its experts' inner
+    activations as an MLP of `routed_width` (top_k experts, at the busiest rank's imbalance, + the shared expert)
+    instead of the dense MLP, and the permuted tokens the experts' fc1 reads (top_k copies of every token, gathered
+    over TP, so not split by it). Nothing under full recompute (only the layer input is kept)."""
+    if model_cfg.moe is None or recompute == "full":
+        return 0.0
+    s, b, h, t = model_cfg.seq_length // layout.cp, layout.micro_batch, model_cfg.hidden_size, layout.tp
+    imb = load_imbalance(model_cfg, layout.ep, assume)
+    per_width = (6.0 if model_cfg.activation == "swiglu" else 4.0) / h  # sbh bytes per unit of MLP width
+    inner = per_width * (routed_width(model_cfg, imb) - model_cfg.ffn_size) / t
+    permuted = 2.0 * model_cfg.moe.top_k * imb
+    return s * b * h * (inner + permuted) * act_bytes / 2
+
+
 def memory_per_gpu(model_cfg, layout: Layout, priced: Layout, m: int, precision: str,
                    assume: Assumptions) -> tuple[dict[str, float], dict[str, float]]:
     """(memory_gib, buffers_gib) of the most loaded rank: model states per ZeRO stage, activations, buffers, and the
     allocator's fragmentation on top of them."""
     act_bytes = 2 if precision != "fp32" else 4
-    psi = params_per_gpu(model_cfg, layout.tp, layout.pp)
-    states = zero_model_state_bytes(psi, layout.data_axis, layout.zero_stage, precision)  # ZeRO shards over DP x CP
+    psi = params_per_gpu(model_cfg, layout.tp, layout.pp, layout.ep)
+    experts = stage_parameters(model_cfg, layout.tp, layout.pp, layout.ep)[1]
+    # ZeRO shards the dense parameters over DP x CP, the experts over their expert-data-parallel group (DP x CP / EP)
+    dense = zero_model_state_bytes(psi - experts, layout.data_axis, layout.zero_stage, precision)
+    routed = zero_model_state_bytes(experts, layout.data_axis // layout.ep, layout.zero_stage, precision)
+    states = {k: dense[k] + routed[k] for k in dense}
     activations = activation_bytes(model_cfg, layout, priced, m, act_bytes, assume)
     gathered = 0.0
     if layout.zero_stage == 3:  # live gathered layer + the prefetched one
@@ -379,7 +414,13 @@ def _micro_batch_seconds(model_cfg, cluster, layout: Layout, priced: Layout, eff
     def seconds(recompute: str) -> float:
         attention = attention_flops_per_step(model_cfg, b, recompute, flash)
         rest = hardware_flops_per_step(model_cfg, b, recompute, flash) - attention
-        return share * (rest / (ranks * eff) + attention / attn_rate)
+        if model_cfg.moe is None:
+            return share * (rest / (ranks * eff) + attention / attn_rate)
+        # routed experts at their own GEMM efficiency, on the stage's own MoE layers (recipes.planner.experts)
+        stage, total = expert_flops(model_cfg, layout, recompute)
+        rank = cluster.peak_tflops * 1e12
+        return (share * ((rest - total * layout.tp * layout.cp) / (ranks * eff) + attention / attn_rate)
+                + stage / (rank * expert_efficiency(model_cfg, layout, assume)))
 
     model = seconds("none")
     return model, seconds(priced.recompute) - model
@@ -421,6 +462,13 @@ def _column_dgrad_seconds(model_cfg, layout: Layout, eff: float, peak_tflops: fl
     return tuple(2.0 * tokens * h * out / layout.tp / rate for out in (qkv_out, fc1_out))
 
 
+def _tp_link(cluster, layout: Layout, assume: Assumptions) -> _Link:
+    t = layout.tp
+    spans = t > cluster.gpus_per_node
+    return _Link(t, _group_bus_gbps(cluster, assume, min(t, cluster.gpus_per_node), spans),
+                 assume.latency_inter_s if spans else assume.latency_intra_s)
+
+
 def _tp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: int, assume: Assumptions,
                 eff: float, notes: list[str]) -> float:
     """Tensor-parallel collectives of one micro-batch on the slowest stage, as megatron-core runs them. Without SP:
@@ -434,8 +482,7 @@ def _tp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: i
     if t <= 1:
         return 0.0
     spans = t > cluster.gpus_per_node
-    link = _Link(t, _group_bus_gbps(cluster, assume, min(t, cluster.gpus_per_node), spans),
-                 assume.latency_inter_s if spans else assume.latency_intra_s)
+    link = _tp_link(cluster, layout, assume)
     if spans:
         notes.append("TP crosses nodes: its collectives run over InfiniBand")
     full = model_cfg.seq_length // layout.cp * layout.micro_batch * model_cfg.hidden_size * act_bytes
@@ -622,21 +669,37 @@ def zero3_exposed_seconds(model_cfg, layout: Layout, link: _Link, t_model_mb: fl
 
 def _dp_exposed_seconds(model_cfg, cluster, layout: Layout, m: int, t_model_mb: float, t_recompute_mb: float,
                         act_bytes: int, assume: Assumptions) -> float:
-    """Data-parallel traffic per step that the compute does not hide, by ZeRO stage, over the data axis DP x CP."""
+    """Data-parallel traffic per step that the compute does not hide, by ZeRO stage, over the data axis DP x CP; a MoE
+    model's routed experts over their expert-data-parallel group (DP x CP / EP ranks, TP x EP apart) after the rest
+    (DeepSpeed reduces the two param groups one after the other)."""
     if layout.data_axis <= 1:
         return 0.0
     link = _dp_link(cluster, layout, assume)
-    z = layout.zero_stage
-    if z == 3:
+    if layout.zero_stage == 3:
         return m * zero3_exposed_seconds(model_cfg, layout, link, t_model_mb, t_recompute_mb, act_bytes, assume)
-    grad_bytes = params_per_gpu(model_cfg, layout.tp, layout.pp) * act_bytes
+    psi = params_per_gpu(model_cfg, layout.tp, layout.pp, layout.ep)
+    experts = stage_parameters(model_cfg, layout.tp, layout.pp, layout.ep)[1]
+    backward = t_model_mb * 2 / 3 + t_recompute_mb
+    edp = _strided_link(cluster, layout.data_axis // layout.ep, layout.tp * layout.ep, assume)
+    z = layout.zero_stage
+    return (_zero_traffic_seconds(link, psi - experts, act_bytes, m, backward, z, assume)
+            + _zero_traffic_seconds(edp, experts, act_bytes, m, backward, z, assume))
+
+
+def _zero_traffic_seconds(link: _Link, params: float, act_bytes: int, m: int, backward_s: float, z: int,
+                          assume: Assumptions) -> float:
+    """ZeRO-0/1/2 traffic of `params` gradients per rank over `link` that the compute (`backward_s` a micro-batch)
+    does not hide."""
+    if link.n <= 1 or params <= 0:
+        return 0.0
+    grad_bytes = params * act_bytes
     chunk = assume.bucket_elements * act_bytes
     calls = math.ceil(grad_bytes / chunk)
     if z in (0, 1):  # one all-reduce (ZeRO-1: reduce-scatter + all-gather, the same volume) after the last backward
         return link.seconds(grad_bytes, "all_reduce", calls)
     # ZeRO-2: a reduce-scatter every micro-batch (hidden by its backward with overlap_comm) + one all-gather
     rs = link.seconds(grad_bytes, "reduce_scatter", calls)
-    window = min(rs, (t_model_mb * 2 / 3 + t_recompute_mb) * assume.overlap_efficiency) if assume.overlap_comm else 0.0
+    window = min(rs, backward_s * assume.overlap_efficiency) if assume.overlap_comm else 0.0
     return m * (rs - window) + link.seconds(grad_bytes, "all_gather", calls)
 
 
@@ -655,10 +718,12 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     t_model, t_recompute = _micro_batch_seconds(model_cfg, cluster, layout, priced, eff, assume)
     t_tp = _tp_seconds(model_cfg, cluster, layout, priced, act_bytes, assume, eff, notes)
     t_cp = cp_seconds(model_cfg, cluster, layout, priced, act_bytes, assume)
+    t_ep = ep_seconds(model_cfg, cluster, layout, priced, act_bytes, assume, _tp_link(cluster, layout, assume))
+    t_wait = imbalance_seconds(model_cfg, cluster, layout, priced, assume)
     v = assume.virtual_stages
     terms = StepTerms(
-        compute=m * t_model, recompute=m * t_recompute, tp_comm=m * t_tp, cp_comm=m * t_cp,
-        bubble=(p - 1) / v * (t_model + t_recompute + t_tp + t_cp),
+        compute=m * t_model, recompute=m * t_recompute, tp_comm=m * t_tp, cp_comm=m * t_cp, ep_comm=m * t_ep,
+        imbalance=m * t_wait, bubble=(p - 1) / v * (t_model + t_recompute + t_tp + t_cp + t_ep + t_wait),
         pp_comm=_pp_seconds(model_cfg, cluster, layout, m, act_bytes, assume),
         dp_comm=_dp_exposed_seconds(model_cfg, cluster, layout, m, t_model, t_recompute, act_bytes, assume))
 
@@ -675,7 +740,8 @@ def estimate(model_cfg, cluster, layout: Layout, global_batch: int, *, precision
     return Estimate(
         layout=layout, fits=mem["total"] <= capacity, tight=budget < mem["total"] <= capacity, memory_gib=mem,
         buffers_gib=buffers, communicators=communicators(layout, model_cfg), gpu_memory_gib=capacity,
-        memory_budget_gib=budget, params_per_gpu=params_per_gpu(model_cfg, layout.tp, layout.pp), micro_batches=m,
+        memory_budget_gib=budget, params_per_gpu=params_per_gpu(model_cfg, layout.tp, layout.pp, layout.ep),
+        micro_batches=m,
         terms=terms, compute_efficiency=eff, bubble_fraction=(p - 1) / (v * m), tokens_per_s=tokens_per_s,
         tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw, mfu=tflops * 1e12 / (cluster.peak_tflops * 1e12),
         days=days, gpu_hours=gpu_hours, notes=notes)
@@ -718,7 +784,7 @@ def cp_degrees(model_cfg, ranks: int) -> list[int]:
 
 def candidate_layouts(model_cfg, cluster, global_batch: int, assume: Assumptions = Assumptions()) -> list[Layout]:
     """Every layout worth pricing: TP within a node, CP from 8K tokens (`cp_degrees`), any PP that divides the rest,
-    ZeRO 0-3 (2/3 only without PP), power-of-two micro-batches, the recompute modes that differ (selective only
+    EP for a MoE model (every degree dividing the experts and DP x CP, inside a node or across), ZeRO 0-3 (2/3 only without PP), power-of-two micro-batches, the recompute modes that differ (selective only
     without flash attention), SP whenever TP > 1 (the same volume as TP's all-reduces, less memory)."""
     world = cluster.world_size
     out = []
@@ -734,14 +800,15 @@ def candidate_layouts(model_cfg, cluster, global_batch: int, assume: Assumptions
 
 
 def _layouts_at(model_cfg, global_batch: int, t: int, c: int, p: int, dp: int, assume: Assumptions) -> list[Layout]:
-    """The valid layouts with these degrees: ZeRO stages, micro-batches and recompute modes."""
+    """The valid layouts with these degrees: EP (a MoE model: `expert_degrees`), ZeRO stages, micro-batches and
+    recompute modes."""
     out = []
-    for z in ((0, 1, 2, 3) if p == 1 else (0, 1)):
+    for e, z in ((e, z) for e in expert_degrees(model_cfg, dp * c) for z in ((0, 1, 2, 3) if p == 1 else (0, 1))):
         b = 1
         while b <= min(assume.max_micro_batch, global_batch // dp):
             for r in ("none", "selective", "full"):
                 lay = Layout(tp=t, cp=c, pp=p, dp=dp, zero_stage=z, micro_batch=b, sequence_parallel=t > 1,
-                             recompute=r)
+                             recompute=r, ep=e)
                 if effective_layout(lay, assume) != lay:
                     continue  # runs as another candidate: listing it would show the same layout twice
                 if not lay.problems(model_cfg, global_batch):
@@ -783,7 +850,7 @@ def _same_cost_key(e: Estimate) -> tuple:
     """Degrees and micro-batch plus every priced figure: equal keys = the same layout priced twice."""
     lay = e.layout
     figures = sorted(e.memory_gib.items()) + sorted(e.time_s.items())
-    return (lay.tp, lay.cp, lay.pp, lay.dp, lay.micro_batch, lay.sequence_parallel,
+    return (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.micro_batch, lay.sequence_parallel,
             tuple((k, round(v, 9)) for k, v in figures))
 
 

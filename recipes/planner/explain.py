@@ -15,6 +15,7 @@ from recipes.parallel.layout import Layout
 from recipes.planner.cost import (
     CP_SEARCH_FROM, Assumptions, Estimate, candidate_layouts, device_memory, estimate, format_memory,
 )
+from recipes.planner.experts import ep_members_per_node, expert_degrees, load_imbalance, stage_parameters
 from recipes.planner.units import count, format_duration, human_params
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
@@ -142,6 +143,10 @@ def term_words(term: str, x: Estimate, r: Estimate, model_cfg) -> str:
     if term == "cp_comm":
         return (f"CP={lay.cp}'s all-gather of K and V and reduce-scatter of their gradients (every layer, every "
                 "micro-batch, not overlapped)")
+    if term == "ep_comm":
+        return f"EP={lay.ep}'s dispatch and combine all-to-alls (4 per MoE layer per micro-batch, not overlapped)"
+    if term == "imbalance":
+        return "waiting for the busiest EP rank's extra routed tokens (the assumed load imbalance)"
     if term == "bubble":
         return f"the pipeline bubble (PP={lay.pp}, {bubble_words(x)})"
     if term == "pp_comm":
@@ -343,6 +348,62 @@ def _without_cp(plan: Plan) -> str:
     return text[0].upper() + text[1:]
 
 
+def expert_parallel(plan: Plan) -> Optional[str]:
+    """A MoE model: what EP the recommendation uses, what its all-to-alls cost and where they run (inside a node or,
+    the expensive case, across nodes), the assumed load imbalance, and why not the next lower or higher EP."""
+    rec, m, c = plan.rec, plan.model, plan.cluster
+    if m.moe is None:
+        return None
+    lay, t, E = rec.layout, rec.time_s, m.moe.num_experts
+    experts = stage_parameters(m, lay.tp, lay.pp, lay.ep)[1]
+    if lay.ep == 1:
+        text = (f"No expert parallelism: every GPU holds all {E} experts of its stage's MoE layers "
+                f"({human_params(experts)} expert parameters per GPU).")
+    else:
+        inside = ep_members_per_node(lay, c.gpus_per_node) >= lay.ep
+        nic = c.inter_node_gbps * plan.assume.inter_link_efficiency / c.gpus_per_node
+        where = ("inside a node, on NVLink" if inside else
+                 f"across nodes, over InfiniBand: the expensive case, each GPU's share of its node's NICs is "
+                 f"~{nic:.0f} GB/s against NVLink's {c.intra_node_gbps * plan.assume.intra_link_efficiency:.0f}")
+        imb = load_imbalance(m, lay.ep, plan.assume)
+        text = (f"EP={lay.ep} gives each GPU {E // lay.ep} of the {E} experts of every MoE layer "
+                f"({human_params(experts)} expert parameters per GPU instead of {lay.ep}x that); its dispatch and "
+                f"combine all-to-alls (4 per MoE layer per micro-batch) run {where}, {t['ep_comm']:.2f} s per step "
+                f"({t['ep_comm'] / t['step']:.0%}). Load imbalance is an assumption: the busiest EP rank gets "
+                f"{imb:g}x the mean routed tokens, which costs {t['imbalance']:.2f} s per step (measure it: "
+                "metrics.jsonl moe_load_imbalance, per expert: an upper bound).")
+    return text + "".join(" " + w for w in _other_ep(plan) if w)
+
+
+def _other_ep(plan: Plan) -> list[Optional[str]]:
+    """Why not the next lower EP (memory, or the step time) and why not the next higher one (the step time)."""
+    rec, m = plan.rec, plan.model
+    lay, batch = rec.layout, plan.recipe.training.global_batch
+    degrees = expert_degrees(m, lay.data_axis)
+    out = []
+    for ep in (max((d for d in degrees if d < lay.ep), default=None), min((d for d in degrees if d > lay.ep),
+                                                                          default=None)):
+        # EP > 1 needs ZeRO-1 or 2 (DeepSpeed reduces the experts' gradients in its ZeRO optimizer only)
+        twin = None if ep is None else replace(lay, ep=ep, zero_stage=max(lay.zero_stage, int(ep > 1)))
+        if twin is None:
+            continue
+        problems = twin.problems(m, batch)
+        if problems:
+            out.append(f"{_twin_name(twin, lay)} cannot run here: {problems[0].message.split(' (')[0]}.")
+            continue
+        e = estimate(m, plan.cluster, twin, batch, precision=plan.recipe.training.precision, assume=plan.assume)
+        if not e.fits_with_headroom:
+            out.append(f"{_twin_name(twin, lay)} would need {e.memory_gib['total']:.1f} GiB per GPU, over the "
+                       f"{rec.memory_budget_gib:.1f} GiB budget.")
+        else:
+            out.append(f"{_twin_name(twin, lay)} {compare(e, rec, m)}.")
+    return out
+
+
+def _twin_name(twin: Layout, lay: Layout) -> str:
+    return f"EP={twin.ep}" + (f" (with ZeRO-{twin.zero_stage})" if twin.zero_stage != lay.zero_stage else "")
+
+
 def data_parallel_traffic(plan: Plan) -> Optional[str]:
     rec = plan.rec
     lay = rec.layout
@@ -429,7 +490,7 @@ def compute_optimal(plan: Plan) -> str:
 
 SENTENCES: tuple[Callable[[Plan], Optional[str]], ...] = (
     model_states, data_parallel_wins, why_model_parallel, simplest_near_fastest, tensor_parallel, pipeline,
-    context_parallel, data_parallel_traffic, memory, step, duration, corpus, compute_optimal)
+    context_parallel, expert_parallel, data_parallel_traffic, memory, step, duration, corpus, compute_optimal)
 
 
 def explain(plan: Plan) -> list[str]:

@@ -72,7 +72,8 @@ def with_defaults(base: dict) -> dict:
 def layout_keys(rec: Estimate) -> dict:
     lay = rec.layout
     return {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
-            "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute}
+            "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute,
+            "ep": lay.ep}
 
 
 def write(out: Path, extends: list[str], base: dict, target: dict, header: str) -> dict:

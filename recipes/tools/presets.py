@@ -1,4 +1,5 @@
-"""`python -m recipes presets`: list the model and cluster presets under configs/ with their exact parameter counts.
+"""`python -m recipes presets`: list the model and cluster presets under configs/ with their exact parameter counts
+(total, and active per token: only the top-k routed experts of each MoE layer count).
 
 Presets are plain YAML (configs/models/*.yaml, configs/clusters/*.yaml); a recipe names them in `extends`.
 """
@@ -22,7 +23,8 @@ def model_presets() -> list[dict]:
                      "heads": m.num_attention_heads, "groups": m.query_groups, "ffn": m.ffn_size,
                      "vocab": m.vocab_size, "seq": m.seq_length, "positions": m.position_embedding,
                      "norm": m.normalization, "mlp": m.activation, "tied": m.tied_embeddings,
-                     "parameters": count_parameters(m)})
+                     "experts": f"{m.moe.num_experts} top-{m.moe.top_k}" if m.moe else "",
+                     "parameters": count_parameters(m), "active_parameters": count_parameters(m, active=True)})
     return rows
 
 
@@ -46,12 +48,13 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({"models": models, "clusters": clusters}, indent=1))
         return 0
-    print(f"{'model preset':<20} {'layers':>6} {'hidden':>6} {'heads':>5} {'groups':>6} {'ffn':>6} {'vocab':>6} "
-          f"{'seq':>5}  {'shape':<26} {'parameters':>17}")
+    print(f"{'model preset':<24} {'layers':>6} {'hidden':>6} {'heads':>5} {'groups':>6} {'ffn':>6} {'vocab':>6} "
+          f"{'seq':>5}  {'shape':<26} {'experts':<11} {'parameters':>17} {'active':>17}")
     for r in models:
         shape = f"{r['positions']}/{r['norm']}/{r['mlp']}{'/tied' if r['tied'] else ''}"
-        print(f"{r['preset']:<20} {r['layers']:>6} {r['hidden']:>6} {r['heads']:>5} {r['groups']:>6} {r['ffn']:>6} "
-              f"{r['vocab']:>6} {r['seq']:>5}  {shape:<26} {r['parameters']:>17,}")
+        print(f"{r['preset']:<24} {r['layers']:>6} {r['hidden']:>6} {r['heads']:>5} {r['groups']:>6} {r['ffn']:>6} "
+              f"{r['vocab']:>6} {r['seq']:>5}  {shape:<26} {r['experts']:<11} {r['parameters']:>17,} "
+              f"{r['active_parameters']:>17,}")
     print(f"\n{'cluster preset':<22} {'GPU':<12} {'GPUs/node':>9} {'memory GB (GiB)':>15} {'TFLOP/s':>8} "
           f"{'NVLink GB/s':>11} {'IB GB/s/node':>12} {'failures/node-day':>17} {'ckpt GB/s/node':>14}")
     for c in clusters:

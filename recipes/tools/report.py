@@ -157,6 +157,25 @@ def summarize_training(train: list[dict], skip_first: int = 2) -> dict:
     }
 
 
+def moe_lines(train: list[dict]) -> list[str]:
+    """The routing section of a mixture-of-experts run (recipes.model.moe.routing_stats in metrics.jsonl)."""
+    moe = [r for r in train if "moe_tokens_per_expert" in r]
+    if not moe:
+        return []
+    first, last = moe[0], moe[-1]
+    lines = ["## Experts (routing)", "",
+             f"- load imbalance (busiest expert / mean, worst MoE layer): {first['moe_load_imbalance']:.2f} at step "
+             f"{first['step']} -> {last['moe_load_imbalance']:.2f} at step {last['step']}",
+             f"- dropped token-expert assignments: {sum(r['moe_dropped_tokens'] for r in moe):,} "
+             f"({max(r['moe_dropped_frac'] for r in moe):.1%} at most in a step; 0 = dropless)"]
+    for key, name in (("moe_aux_loss", "load-balancing loss"), ("moe_z_loss", "router z-loss")):
+        if key in last:
+            lines.append(f"- {name} (without its coefficient): {first[key]:.4f} -> {last[key]:.4f}")
+    lines.append(f"- tokens per expert at step {last['step']}, per MoE layer: "
+                 + "; ".join(" ".join(str(t) for t in layer) for layer in last["moe_tokens_per_expert"]))
+    return lines + [""]
+
+
 def write_report(out_dir: str | Path, *, metrics: str | Path, plans: dict[str, dict] | None = None,
                  recipe_text: str = "", extra_sections: list[tuple[str, str]] = ()) -> Path:
     """Write report.md + PNGs into out_dir; returns the report path."""
@@ -185,6 +204,7 @@ def write_report(out_dir: str | Path, *, metrics: str | Path, plans: dict[str, d
         first = train[0].get("stage")
         lines[-5:-5] = [f"- data stages: {first} from step {train[0]['step']}, "
                         + ", ".join(f"{name} from step {step}" for step, name in starts)]
+    lines += moe_lines(train)
     evals = read_evals(metrics)
     if evals:
         plot_evals(evals, out / "evals.png")

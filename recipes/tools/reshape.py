@@ -89,6 +89,10 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     (stream where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
     from recipes.checkpoint.format.tags import resolve_tag
 
+    if recipe.model.moe is not None:
+        raise RecipeError("reshape does not re-lay mixture-of-experts checkpoints yet (the experts' EP x TP split is "
+                          "not in its readers); resume at the layout the checkpoint was saved at, or export-hf and "
+                          "import-hf at the new layout (weights only)")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")

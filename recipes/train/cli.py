@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 import warnings
@@ -18,7 +17,7 @@ from recipes.config.file_mode import apply_recipe_mode
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import free_port
-from recipes.train import signals
+from recipes.train import local_ranks, signals
 from recipes.train.evaluation import check_include_path_origin
 from recipes.config.cli_help import command_parser
 
@@ -67,19 +66,18 @@ def launch_local(n: int, argv: list[str]) -> int:
 
     Not torchrun (`torch.distributed.run --standalone`), measured here with torch 2.13: torchrun turns a SIGTERM
     pre-emption (workers save and exit 0) into exit 1 with a SignalException traceback, and a SIGUSR1 kills torchrun
-    itself and leaves the workers running. This spawner forwards both and exits 0 after a clean save."""
+    itself and leaves the workers running. This spawner forwards both and exits 0 after a clean save.
+    The ranks are forked from this process once it has imported torch, DeepSpeed and megatron-core
+    (recipes.train.local_ranks): each would otherwise pay those imports itself."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
                LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
-    procs = []
-    for r in range(n):
-        e = dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "recipes", "train", *argv], env=e))
+    envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1") for r in range(n)]
+    procs = local_ranks.start_ranks(envs, argv, main, _before_rank_imports)  # forked from a pre-imported template
 
     def forward(signum, frame):  # pre-emption: pass the signal on; workers save and exit
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+            p.send_signal(signum)  # a no-op for a rank already reaped
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGUSR1, forward)
@@ -183,6 +181,9 @@ def main(args: list[str] | None = None) -> int:
         from recipes.train.heartbeat import install_stack_dump
 
         install_stack_dump()  # the launcher's hang watchdog sends SIGUSR2 for every rank's stack
+    if ns.local:  # before anything imports torch: its thread pool and CUDA read these (the ranks are forked from here)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
     recipe = _checked_recipe(ns)
     if recipe is None:

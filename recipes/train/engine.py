@@ -83,8 +83,9 @@ def shutdown_distributed() -> None:
 
 
 def init_parallel_state(layout: Layout) -> None:
-    """megatron-core process groups, rank order tp-cp-(ep)-dp-pp (TP fastest), the order DeepSpeed's topology uses
-    (its data axis is DP x CP)."""
+    """megatron-core process groups, rank order tp-cp-ep-dp-pp (TP fastest), the order DeepSpeed's topology uses
+    (its data axis is DP x CP); with parallel.ep the expert groups too, EP splitting DP x CP as megatron-core's expert
+    rank generator does (recipes.parallel.layout, recipes.train.expert_parallel)."""
     from megatron.core import parallel_state
 
     world = torch.distributed.get_world_size()
@@ -97,8 +98,12 @@ def init_parallel_state(layout: Layout) -> None:
         "distributed_timeout_minutes": max(1, round(_GROUP_TIMEOUT.total_seconds() / 60))}  # the recipe's
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        context_parallel_size=layout.cp, order="tp-cp-ep-dp-pp",
+        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep, order="tp-cp-ep-dp-pp",
         create_gloo_process_groups=False, **minutes)  # the default backend is gloo on CPU already; NCCL runs need none
+    if layout.ep > 1:
+        from recipes.train.expert_parallel import register_expert_groups
+
+        register_expert_groups(layout.ep)
 
 
 class MegatronMPU:
@@ -194,6 +199,10 @@ def build_optimizer(model: torch.nn.Module, recipe, device: torch.device) -> Gua
             (decay if p.dim() >= 2 else no_decay).append(p)
     wd = o.weight_decay if o.type == "adamw" else 0.0
     groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    if recipe.model.moe is not None:
+        from recipes.train.expert_parallel import build_param_groups
+
+        groups = build_param_groups(groups)  # expert weights in DeepSpeed's MoE groups when parallel.ep > 1
     kwargs = dict(lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
     if device.type == "cuda":
         kwargs["fused"] = True
@@ -235,10 +244,10 @@ class Engine:
     attention_backend: str = ""  # the torch SDPA kernel the attention runs on (recipes.model.fast_path)
 
 
-def _refuse_uneven_stage_groups(model) -> None:
+def _refuse_uneven_stage_groups(model, ep: int = 1) -> None:
     """Raise (on every rank alike, before any collective) when the split DeepSpeed chose gives stages different
     optimizer param-group counts: ZeRO-1 would hang in the first step (see recipes.parallel.partition)."""
-    problem = uneven_group_problem(deepspeed_private.layer_class_names(model), list(model.parts))
+    problem = uneven_group_problem(deepspeed_private.layer_class_names(model), list(model.parts), ep)
     if problem:
         raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); "
                          f"{UNEVEN_GROUPS_FIX}")
@@ -273,7 +282,7 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
         model = build_pipeline_module(recipe, layout)
         mpu = None  # the PipelineModule carries DeepSpeed's own grid (same rank order)
         if layout.zero_stage == 1:
-            _refuse_uneven_stage_groups(model)
+            _refuse_uneven_stage_groups(model, layout.ep)
     else:
         model = PlainDecoder(recipe, layout)
         mpu = MegatronMPU()
@@ -286,5 +295,9 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     _quiet_known_optimizer_warning(deepspeed.utils.logger)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, mpu=mpu,
                                       config=ds_config, dist_init_required=False)
+    if recipe.model.moe is not None:
+        from recipes.train.expert_parallel import after_initialize
+
+        after_initialize(engine, layout)
     return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,
                   ds_config=ds_config, attention_backend=attention_backend)

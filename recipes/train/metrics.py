@@ -191,3 +191,15 @@ class StepFigures:
             "consumed_samples": state.consumed_samples, "skipped": result.skipped,
             "nan_skips_total": state.nan_skips_total,
         }
+
+
+def moe_routing(eng, recipe) -> dict:
+    """Collective at the log interval (every rank, the same steps): the routing statistics of a mixture-of-experts
+    model since the last call (tokens per expert, dropped tokens, load imbalance, aux and z losses; see
+    recipes.model.moe.routing_stats), for the step's record; {} for a dense model (no collective)."""
+    if recipe.model.moe is None:
+        return {}
+    from recipes.model.moe import routing_stats
+
+    return routing_stats(eng.module, recipe.model, eng.layout.grad_accum_steps(recipe.training.global_batch),
+                         eng.layout.dp, eng.device)

@@ -78,7 +78,8 @@ def _rank_main(state_dir: Path, out_dir: Path) -> int:
     layout = Layout.from_recipe(recipe, torch.distributed.get_world_size())
     init_parallel_state(layout)
     eng = initialize(recipe, layout, device, recipe.training.steps(recipe.model.seq_length))
-    install_full_state(eng, recipe, state, parallel_state.get_tensor_model_parallel_rank())
+    install_full_state(eng, recipe, state, parallel_state.get_tensor_model_parallel_rank(),
+                       parallel_state.get_expert_model_parallel_rank())
     cs = state.meta["client_state"]
     store.save(eng.engine, str(out_dir), int(cs.get("step", 0)), cs, keep_last=recipe.checkpoint.keep_last,
                record=layout_record.record(recipe, layout))

@@ -30,7 +30,7 @@ from recipes.train.engine import init_distributed, initialize, shutdown_distribu
 from recipes.train.evaluation import BackgroundEval
 from recipes.train.faults import Fault
 from recipes.train.heartbeat import Heartbeat
-from recipes.train.metrics import StepFigures, build_metrics_log, progress
+from recipes.train.metrics import StepFigures, build_metrics_log, moe_routing, progress
 from recipes.train.resume import resume
 from recipes.train.signals import StopRequest
 from recipes.train.step import NanPolicy, StepResult, loss_scale, outcome, train_step
@@ -144,6 +144,7 @@ class Trainer:
         interval = result.step % self.recipe.training.log_interval == 0
         if interval:  # every rank, the same steps: a collective
             record.update(self.stragglers.gather())
+            record.update(moe_routing(self.eng, self.recipe))  # MoE only: tokens per expert, drops, aux loss
         if interval or result.skipped:
             self.log.write(record, result.step)
         self.progress.update(record, interval)

@@ -110,3 +110,27 @@ def test_flat_batch_with_eod_equals_per_document(tmp_path, texts, hf_bpe):
     eod = load_tokenizer(hf_bpe).info.eod_id
     assert got == [ids + [eod] for ids in _library_ids(hf_bpe, texts[:40])]
     assert np.mean([len(d) for d in got]) > 10
+
+
+def test_driver_self_check_reads_the_first_unit_and_falls_back_before_the_fork(tmp_path, hf_bpe, texts):
+    """preload with the first unit to do checks the encoder there (forked workers inherit it checked): a wrong
+    gigatoken is dropped for tiktoken before any worker starts, on the unit's first documents."""
+    from data_prep.read.units import list_inputs, plan_units
+    from data_prep.settings import Settings
+    from data_prep.steps import tokenize
+
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts[:40]])
+    unit = plan_units(list_inputs([str(path)]), 1 << 30)[0]
+    settings = Settings(inputs=[str(path)], output_dir=str(tmp_path / "out"), tokenizer=hf_bpe)
+    assert tokenize._first_texts(unit, settings) == tokenize._sample(texts[:40])
+    tok = load_tokenizer(hf_bpe)
+    enc = FastEncoder(tok)
+    g = enc.gigatoken
+    g.backend = g._load(g.json.replace('"add_prefix_space":false', '"add_prefix_space":true')
+                        .replace('"add_prefix_space": false', '"add_prefix_space": true'))
+    try:
+        tokenize.preload(settings, tok, enc, unit)
+        assert tokenize._STATE["enc_checked"] and enc.method == "tiktoken", enc.describe()
+        assert "not gigatoken: self-check mismatch" in enc.describe()
+    finally:
+        tokenize._STATE.clear()

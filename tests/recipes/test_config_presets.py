@@ -12,6 +12,7 @@ MODEL_PRESETS = {
     "gpt-125m": 125e6, "gpt-350m": 350e6, "gpt-1.3b": 1.3e9, "gpt-2.7b": 2.7e9, "gpt-6.7b": 6.7e9,
     "gpt-13b": 13e9, "gpt-175b": 175e9, "llama-7b": 6.74e9, "llama-13b": 13.0e9, "llama-70b": 69.0e9,
     "glm-130b": 130e9, "llama-3.1-8b": 8.03e9, "qwen2-7b": 7.62e9,
+    "mixtral-8x7b": 46.7e9, "qwen3-30b-a3b": 30.5e9, "deepseek-v3-like": 671e9,  # totals; active: test_moe_rules.py
 }
 CLUSTERS = {"a100-40gb": (40, 312), "a100-80gb": (80, 312), "h100-80gb": (80, 989), "h200-141gb": (141, 989)}
 

@@ -1,28 +1,38 @@
 """Put a full state (recipes.checkpoint.format.full_state) into a live DeepSpeed engine at any layout: every rank
-cuts its TP shard out of the full tensors and puts weights, fp32 masters and Adam moments where DeepSpeed keeps
-them, so that the engine's own save then writes DeepSpeed's files (recipes.train.state_writer runs it)."""
+cuts its TP shard (and for the experts its EP x TP shard, recipes.checkpoint.format.expert_shards) out of the full
+tensors and puts weights, fp32 masters and Adam moments where DeepSpeed keeps them, so that the engine's own save then
+writes DeepSpeed's files (recipes.train.state_writer runs it). `gather_full_weights` is the way back out: a live
+engine's parameters as full tensors (recipes.train.state_reader runs it on an engine that loaded a checkpoint)."""
 from __future__ import annotations
 
 import torch
 
 from recipes.checkpoint.format import deepspeed_private
 from recipes.checkpoint.format.full_state import OpenFullState
-from recipes.checkpoint.format.shards import canonical_name, pad_vocab, split_tp
+from recipes.checkpoint.format.expert_shards import is_moe_split, merge_moe, split_moe
+from recipes.checkpoint.format.shards import canonical_name, merge_tp, pad_vocab, split_dim, split_tp, strip_vocab
 
 
-def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, schedule: bool = True) -> None:
+def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, ep_rank: int = 0,
+                       schedule: bool = True) -> None:
     """Put this rank's shards of `state` into the engine (`eng`: recipes.train.engine.Engine). `state` reads tensors by
-    canonical name (`keys()`, `get_tensor(name)`: safetensors handles, or recipes.checkpoint.init_from's sources).
+    canonical name (`keys()`, `get_tensor(name)`: safetensors handles, or recipes.checkpoint.init_from's sources);
+    `ep_rank`: this rank's expert shard (megatron-core's expert-model-parallel rank) when the model has experts.
     With moments, the saved lr schedule too unless `schedule` is False (a run started from another keeps its own)."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     m = recipe.model
-    tp, swiglu, padded = eng.layout.tp, m.activation == "swiglu", m.padded_vocab_size(eng.layout.tp)
+    tp, ep, swiglu = eng.layout.tp, eng.layout.ep, m.activation == "swiglu"
+    padded = m.padded_vocab_size(tp)
     zero = deepspeed_private.zero_optimizer(eng.engine.optimizer)
     step = state.meta.get("optimizer_step")
 
     def local(source, name, like):
-        t = split_tp(name, pad_vocab(name, source.get_tensor(name).float(), padded), tp, tp_rank, swiglu)
+        full = pad_vocab(name, source.get_tensor(name).float(), padded)
+        if is_moe_split(name):  # experts split over EP and TP
+            t = split_moe(name, full, tp, tp_rank, ep, ep_rank, swiglu)
+        else:
+            t = split_tp(name, full, tp, tp_rank, swiglu)
         if tuple(t.shape) != tuple(like.shape):
             raise ValueError(f"{name}: shard {tuple(t.shape)} does not fit the model's {tuple(like.shape)}")
         return t.to(like.device)
@@ -69,3 +79,33 @@ def _restore_schedule(eng, meta: dict) -> None:
         sched.last_epoch = saved["last_epoch"]
         sched._step_count = saved.get("_step_count", saved["last_epoch"] + 1)
         sched._last_lr = [g["lr"] for g in eng.optimizer.param_groups]
+
+
+# ------------------------------------------------------------------------------------------------- the way back out
+def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(parts, t.contiguous(), group=group)
+    return parts
+
+
+def gather_full_weights(eng, recipe) -> dict:
+    """Collective over each stage's TP and TP x EP groups: this stage's parameters as full canonical tensors (fp32
+    masters under ZeRO-1/2, the module weights under ZeRO-0), vocabulary unpadded."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    from megatron.core import parallel_state as ps
+
+    m = recipe.model
+    swiglu = m.activation == "swiglu"
+    tp, ep = eng.layout.tp, eng.layout.ep
+    out = {}
+    for raw, p in eng.module.named_parameters():
+        name = canonical_name(raw)
+        value = safe_get_full_fp32_param(p) if eng.layout.zero_stage >= 1 else None
+        value = (p.data if value is None else value).float().cpu()
+        if is_moe_split(name) and tp * ep > 1:  # tp_ep group: ranks ordered EP-major, TP-minor
+            flat = _gather(value, ps.get_expert_tensor_and_model_parallel_group())
+            value = merge_moe(name, [flat[e * tp:(e + 1) * tp] for e in range(ep)], swiglu)
+        elif split_dim(name) is not None and tp > 1:
+            value = merge_tp(name, _gather(value, ps.get_tensor_model_parallel_group()), swiglu)
+        out[name] = strip_vocab(name, value, m.vocab_size).contiguous()
+    return out

@@ -1,0 +1,84 @@
+"""Expert parallelism between megatron-core and DeepSpeed: one set of expert groups, DeepSpeed's MoE machinery on
+our experts, the aux-loss scale and the routing statistics of a training run.
+
+- Groups: megatron-core makes the expert-parallel (EP) and expert-data-parallel (EDP) groups
+  (`initialize_model_parallel(expert_model_parallel_size=ep)`, rank order tp-cp-ep-dp-pp: inside DP, EP is fastest);
+  they are registered in DeepSpeed's group registry under DeepSpeed's name for them ("ep_size_<ep>"), so ZeRO
+  partitions and reduces the experts over exactly the ranks megatron-core dispatches tokens over. DeepSpeed's own
+  rule for these groups (`deepspeed.utils.groups._get_expert_parallel_ranks`) gives the same ranks (tested).
+- ZeRO: expert weights carry `allreduce=False` and `group_name`; `build_param_groups` puts them in DeepSpeed's MoE
+  param groups; `recipes.model.moe.deepspeed_moe_marker` makes the engine build ZeRO with `has_moe_layers`: MoE
+  groups are partitioned over the EDP group, their gradients averaged over all of DP (sum over EDP / dp).
+- Checkpoints: after the engine is built `has_moe_layers` is switched off again, so DeepSpeed saves and loads the
+  files of a dense model (its MoE checkpoint layout expects its own MoE module names, and its pipeline engine's
+  MoE load path reads the wrong dict). Every DP rank's ZeRO file holds its fp32 masters, experts included; the
+  module weights written by DP rank 0 hold only its experts, so after a load the module weights are rebuilt from
+  the masters (`refresh_after_load`): a resumed run continues bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def expert_group_name(ep: int) -> str:
+    return f"ep_size_{ep}"  # DeepSpeed's name for the groups of expert-parallel size ep
+
+
+def register_expert_groups(ep: int) -> None:
+    """Hand megatron-core's EP / EDP groups of this rank to DeepSpeed's group registry (before deepspeed.initialize)."""
+    from deepspeed.utils import groups
+    from megatron.core import parallel_state as ps
+
+    name = expert_group_name(ep)
+    ep_group, edp_group = ps.get_expert_model_parallel_group(), ps.get_expert_data_parallel_group()
+    groups._EXPERT_PARALLEL_GROUP[name] = ep_group
+    groups._EXPERT_PARALLEL_GROUP_RANKS[name] = torch.distributed.get_process_group_ranks(ep_group)
+    groups._EXPERT_DATA_PARALLEL_GROUP[name] = edp_group
+    groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = torch.distributed.get_process_group_ranks(edp_group)
+
+
+def build_param_groups(groups: list[dict]) -> list[dict]:
+    """Our decay / no-decay groups, expert weights moved into DeepSpeed's MoE groups (`moe: True`, `name` = their
+    group name) when the model has expert-parallel parameters; unchanged otherwise."""
+    from deepspeed.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
+
+    if not any(is_moe_param(p) for g in groups for p in g["params"]):
+        return groups
+    named = [{**g, "name": name} for g, name in zip(groups, ("decay", "no_decay"))]
+    return [g for g in split_params_into_different_moe_groups_for_optimizer(named) if g["params"]]
+
+
+def after_initialize(engine, layout) -> None:
+    """Once `deepspeed.initialize` built ZeRO with the expert groups: dense-model checkpoint files, module weights
+    rebuilt from the masters after every load, and the aux-loss gradient scaled like the main loss."""
+    from recipes.model.moe import set_aux_loss_scale
+
+    set_aux_loss_scale(lambda: _main_loss_scale(engine) / engine.gradient_accumulation_steps())
+    if layout.ep == 1:
+        return
+    engine.has_moe_layers = False
+    load = engine.load_checkpoint
+
+    def load_and_refresh(*args, **kwargs):
+        result = load(*args, **kwargs)
+        refresh_after_load(engine)
+        return result
+
+    engine.load_checkpoint = load_and_refresh
+
+
+def refresh_after_load(engine) -> None:
+    """Module weights <- this rank's fp32 masters, gathered over each param group's own DP group (EDP for experts)."""
+    opt = engine.optimizer
+    if hasattr(opt, "update_lp_params"):
+        opt.update_lp_params()
+
+
+def _main_loss_scale(engine) -> float:
+    opt = engine.optimizer
+    for name in ("cur_scale", "loss_scale"):
+        v = getattr(opt, name, None)
+        if isinstance(v, (int, float, torch.Tensor)):
+            return float(v)
+    return 1.0
+

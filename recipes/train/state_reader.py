@@ -1,0 +1,111 @@
+"""Read a training checkpoint into the canonical full state through engines built at the checkpoint's own layout:
+DeepSpeed loads its own files (any ZeRO stage, pipeline and expert partitioning it wrote reads back as it resumes),
+then every rank's parameters are gathered over TP (and EP for the experts) into full tensors, one file per pipeline
+stage, joined by the caller. The mirror image of `recipes.train.state_writer`.
+
+Export uses it for MoE checkpoints: `recipes.checkpoint.format.read` reads DeepSpeed's files offline but knows
+neither the experts' split (TP x EP, recipes.checkpoint.format.expert_shards) nor where expert parallelism put them
+(each EP rank's experts live only in its own ZeRO partitions). Weights are the fp32 masters (exact, whatever the
+training precision); the gather is recipes.checkpoint.format.engine_state.gather_full_weights. A context-parallel run
+is read as DP x CP data ranks at cp = 1 (its files are those of that layout: DeepSpeed's data axis is DP x CP, and
+the expert shard of data rank x is x % ep either way, recipes.parallel.layout).
+
+    python -m recipes.train.state_reader --recipe RECIPE.yaml --checkpoint DIR --tag TAG --out PARTS_DIR  (each rank)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from recipes.checkpoint.format.read import FullState, detect_layout, resolve_tag
+from recipes.checkpoint.format.tags import client_state
+from recipes.checkpoint.recipe_file import RECIPE_FILE, write_recipe
+
+
+def read_full_weights(ckpt_dir: str | Path, recipe, tag: str | None = None, timeout: int = 1800) -> FullState:
+    """The checkpoint's full weights (canonical names, fp32, vocabulary unpadded) and its meta, like
+    recipes.checkpoint.format.read.read_full_state, read by one local CPU process per rank of the checkpoint's
+    layout."""
+    tag_dir = resolve_tag(ckpt_dir, tag)
+    lay = detect_layout(tag_dir)
+    at_layout = recipe.model_copy(deep=True)
+    for key, value in (("tp", lay.tp), ("pp", lay.pp), ("dp", lay.dp), ("cp", 1), ("zero_stage", lay.zero_stage)):
+        setattr(at_layout.parallel, key, value)
+    world = lay.tp * lay.pp * lay.dp
+    with tempfile.TemporaryDirectory(prefix="state-reader-") as tmp:
+        write_recipe(at_layout, Path(tmp))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="",
+                   PYTHONWARNINGS="ignore")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               "-m", "recipes.train.state_reader", "--recipe", str(Path(tmp) / RECIPE_FILE), "--checkpoint",
+               str(ckpt_dir), "--tag", tag_dir.name, "--out", tmp]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                              cwd=Path(__file__).resolve().parents[2])
+        if proc.returncode != 0:
+            raise RuntimeError(f"checkpoint reader failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                               f"{proc.stderr[-4000:]}")
+        weights = _join_parts(Path(tmp), lay.pp)
+    meta = {"tag": tag_dir.name, "source_layout": {**lay.__dict__, "ep": recipe.parallel.ep},
+            "client_state": client_state(tag_dir)}
+    return FullState(weights=weights, meta=meta)
+
+
+def _join_parts(parts_dir: Path, stages: int) -> OrderedDict:
+    from safetensors.torch import load_file
+
+    joined: dict = {}
+    for stage in range(stages):
+        for name, t in load_file(str(parts_dir / f"part-{stage}.safetensors")).items():
+            joined.setdefault(name, t)  # a tied embedding's copy on the last stage: the first stage's is in use
+    names = sorted(joined, key=lambda n: (int(n.split(".", 1)[0]), n))
+    return OrderedDict((n, joined[n]) for n in names)
+
+
+# ------------------------------------------------------------------------------------------------- in each rank
+def _rank_main(recipe_path: Path, ckpt_dir: str, tag: str, out_dir: Path) -> int:
+    from megatron.core import parallel_state as ps
+    from safetensors.torch import save_file
+
+    from recipes.checkpoint.format.engine_state import gather_full_weights
+    from recipes.config.loading import load_recipe
+    from recipes.config.logs import setup_logging
+    from recipes.parallel.layout import Layout
+    from recipes.train.engine import init_distributed, init_parallel_state, initialize
+
+    setup_logging(quiet=True)
+    recipe = load_recipe(str(recipe_path), ["cluster.device=cpu", "cluster.backend=gloo"])
+    device = init_distributed(recipe)
+    layout = Layout.from_recipe(recipe, torch.distributed.get_world_size())
+    init_parallel_state(layout)
+    eng = initialize(recipe, layout, device, recipe.training.steps(recipe.model.seq_length))
+    eng.engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
+    weights = gather_full_weights(eng, recipe)
+    if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+        stage = ps.get_pipeline_model_parallel_rank()
+        save_file(dict(weights), str(out_dir / f"part-{stage}.safetensors"))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recipes.train.state_reader", description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", required=True, type=Path)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--out", required=True, type=Path)
+    ns = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    return _rank_main(ns.recipe, ns.checkpoint, ns.tag, ns.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
