@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes.planner.split_checks import empty_split_message, manifest_documents
+
 MANIFEST = "manifest.json"
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -132,6 +134,14 @@ def check_manifest(field: str, entry: str) -> tuple[_Tokenizer | None, list[Prob
     return tok, _shard_problems(field, path, [str(path.parent / s["prefix"]) for s in shards])
 
 
+def _split_problems(field: str, entry: str, split: str) -> list[Problem]:
+    """A train or validation split with no document of this manifest (recipes.planner.split_checks)."""
+    path = _manifest_file(entry)
+    documents = manifest_documents(path)
+    found = empty_split_message(field, path, split, documents) if documents else None
+    return [Problem("data.split", *found)] if found else []
+
+
 def _sources(data) -> list[tuple[str, list[str], list]]:
     """(field prefix, manifests, blend) for the run and each data stage."""
     out = [("data", list(data.manifests), list(data.blend))]
@@ -152,7 +162,7 @@ def data_problems(recipe) -> list[Problem]:
     for prefix, manifests, blend in sources:
         for i, entry in enumerate(manifests):
             tok, found = check_manifest(f"{prefix}.manifests[{i}]", entry)
-            problems += found
+            problems += found or _split_problems(f"{prefix}.manifests[{i}]", entry, recipe.data.split)
             tokenizers += [tok] if tok else []
         if blend:
             problems += _shard_problems(f"{prefix}.blend", Path("data.blend"), [str(p) for _, p in blend])

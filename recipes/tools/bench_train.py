@@ -137,32 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", help="after timing, profile 2 more steps with torch.profiler; summary to this file")
     ap.add_argument("overrides", nargs="*")
     ns = ap.parse_args(argv)
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    from recipes.train.engine import init_distributed, init_parallel_state
-    from recipes.parallel.layout import Layout
-    from recipes.config.loading import load_recipe
     from recipes.model.shape import model_flops_per_step
-    from recipes.train.cli import validate_recipe
 
-    overrides = list(ns.overrides)
-    if not ns.gpu:
-        overrides += ["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", "cluster.device=cpu"]
-    recipe = load_recipe(ns.config, overrides)
-    world = int(os.environ["WORLD_SIZE"])
-    validate_recipe(recipe, world)
-    device = init_distributed(recipe)
-    layout = Layout.from_recipe(recipe, world)
-    init_parallel_state(layout)
-    torch.manual_seed(recipe.training.seed)
-    if device.type == "cuda":
-        from megatron.core import tensor_parallel
-
-        tensor_parallel.model_parallel_cuda_manual_seed(recipe.training.seed)
+    recipe, layout, device, world = _setup(ns)
     rank0 = torch.distributed.get_rank() == 0
 
     total = ns.steps + ns.warmup
@@ -189,13 +166,47 @@ def main(argv=None) -> int:
         plain = statistics.median(times["plain"])
         result.update({"plain_pytorch_step_time_s": plain, "overhead_ratio": step / plain})
     if rank0:
-        for k, v in result.items():
-            print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
-        if ns.json:
-            with open(ns.json, "w") as f:
-                json.dump(result, f, indent=1)
+        _print_result(result, ns.json)
     torch.distributed.destroy_process_group()
     return 0
+
+
+def _print_result(result: dict, json_path: str | None) -> None:
+    for k, v in result.items():
+        print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _setup(ns):
+    """One process group and megatron-core's parallel state for the recipe (one CPU rank unless --gpu); the recipe,
+    its layout, the device and the world size."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    from recipes.train.engine import init_distributed, init_parallel_state
+    from recipes.parallel.layout import Layout
+    from recipes.config.loading import load_recipe
+    from recipes.train.cli import validate_recipe
+
+    overrides = list(ns.overrides)
+    if not ns.gpu:
+        overrides += ["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", "cluster.device=cpu"]
+    recipe = load_recipe(ns.config, overrides)
+    world = int(os.environ["WORLD_SIZE"])
+    validate_recipe(recipe, world)
+    device = init_distributed(recipe)
+    layout = Layout.from_recipe(recipe, world)
+    init_parallel_state(layout)
+    torch.manual_seed(recipe.training.seed)
+    if device.type == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(recipe.training.seed)
+    return recipe, layout, device, world
 
 
 if __name__ == "__main__":

@@ -193,6 +193,18 @@ def log_scores(scores: dict[str, float], step: int, metrics_file: str | None, tb
                 tb.add_scalar(f"eval/{k}", v, step)
 
 
+def _quiet_libraries(quiet: bool) -> None:
+    """Logging as the other commands; with --quiet, lm-eval, datasets and transformers say nothing (they speak through
+    logging and tqdm bars); offline: nothing is downloaded."""
+    setup_logging(quiet=quiet)
+    if quiet:
+        os.environ["TQDM_DISABLE"] = "1"
+        for name in ("lm_eval", "lm-eval", "datasets", "transformers"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+    go_offline()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = command_parser("python -m recipes evaluate", __doc__)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -220,13 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if (ns.log_metrics or ns.tensorboard) and ns.step is None:
         ap.error("--log-metrics / --tensorboard need --step N (the training step of the checkpoint)")
-    setup_logging(quiet=ns.quiet)
-    if ns.quiet:  # lm-eval and datasets speak through logging and tqdm bars
-        os.environ["TQDM_DISABLE"] = "1"
-        for name in ("lm_eval", "lm-eval", "datasets", "transformers"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-    go_offline()
+    _quiet_libraries(ns.quiet)
     tasks = [t.strip() for t in ns.tasks.split(",") if t.strip()]
     kw = dict(device=ns.device, batch_size=ns.batch_size, limit=ns.limit, text_file=ns.text,
               include_path=ns.include_path, dtype=ns.dtype)

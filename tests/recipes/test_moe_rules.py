@@ -5,6 +5,7 @@ import pytest
 from recipes.config.loading import RecipeError, load_raw, deep_merge, recipe_from_dict
 from recipes.model.shape import count_parameters
 from recipes.planner.validation import validate
+from tests.recipes.test_validation_rules import with_sections
 
 pytestmark = pytest.mark.unit
 
@@ -18,13 +19,7 @@ def make(moe: dict | None = None, **sections):
         "training": {"global_batch": 8},
         "cluster": {"nodes": 1, "gpus_per_node": 8, "device": "cpu", "backend": "gloo", "gpu_memory_gb": 16},
     }
-    for key, value in sections.items():
-        node = data
-        parts = key.split("__")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return recipe_from_dict(data)
+    return recipe_from_dict(with_sections(data, sections))
 
 
 @pytest.mark.parametrize("moe,model,expect", [

@@ -18,13 +18,18 @@ def make(**sections):
         "training": {"global_batch": 16, "schedule": {"warmup_steps": 10}},
         "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gb": 80, "device": "cuda"},
     }
+    return recipe_from_dict(with_sections(data, sections))
+
+
+def with_sections(data: dict, sections: dict) -> dict:
+    """`data` with each `a__b=value` of `sections` set at data[a][b] (nested keys as keyword names)."""
     for key, value in sections.items():
         node = data
         parts = key.split("__")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
-    return recipe_from_dict(data)
+    return data
 
 
 def errors_of(recipe, world_size=None) -> str:
