@@ -44,7 +44,7 @@ def prepare_data(tmp: Path, s3, env) -> Path:
     from data_prep.tools.sample_corpus import build
 
     raw = tmp / "raw"
-    build(str(raw), 400_000)
+    build(str(raw), 2_000_000)  # enough documents for the default 98,2,0 split
     c = s3.client()
     c.create_bucket(Bucket="corpus")
     c.create_bucket(Bucket="shards")
