@@ -139,16 +139,19 @@ def test_the_documented_cluster_path_end_to_end(ssh_cluster, tmp_path):
     metrics_before = metrics(ckpt)
     assert stopped_at == max(first)  # the stop saved the step it reached
 
-    # One node left: the launcher checks the checkpoint's recorded layout before any rank starts. The plan chose
-    # ZeRO-0 for this CPU cluster, which partitions nothing over DP: DP 4 -> 2 loads the same files, so the run
-    # continues as it is (at ZeRO-1/2 the launch is refused with the `recipes reshape` command to run:
-    # tests/training/test_init_from.py runs that path with the command as printed).
+    # One node left. Before any rank starts, the launcher refuses the recipe's pinned DP=4 on 2 ranks, naming the fix;
+    # with it, the checkpoint's recorded layout is checked: the plan chose ZeRO-0 for this CPU cluster, which
+    # partitions nothing over DP, so DP 4 -> 2 loads the same files and the run resumes (at ZeRO-1/2 the launch is
+    # refused with the `recipes reshape` command to run: tests/training/test_init_from.py runs that path as printed).
     assert "zero_stage: 0" in recipe.read_text()
     one = tmp_path / "hosts1"
     one.write_text("node1 slots=2\n")
-    cont = run(["bash", REPO / "launch" / "train.sh", recipe, "--hostfile", one, "--log-dir", tmp_path / "l2",
-                "--quiet"], env, timeout=900)
-    assert "DP 4 -> 2" in cont.stderr + cont.stdout, cont.stderr[-3000:]  # the plan says the world changed
+    relaunch = ["bash", REPO / "launch" / "train.sh", recipe, "--hostfile", one, "--log-dir", tmp_path / "l2", "--quiet"]
+    refused = run(relaunch, env, check=False)
+    assert refused.returncode == 3 and "Fix: set parallel.dp=2" in refused.stderr, refused.stderr
+    assert not (tmp_path / "l2" / "attempt-1").exists()  # nothing started
+    cont = run([*relaunch, "--", "parallel.dp=2"], env, timeout=900)
+    assert "finished: all 2 ranks exited 0" in cont.stderr, cont.stderr[-3000:]
     second = {m["step"]: m["loss"] for m in metrics(ckpt)[len(metrics_before):] if "loss" in m}
     assert min(second) == stopped_at + 1 and max(second) == STEPS, sorted(second)
     assert second[STEPS] < first[1]  # it trained
@@ -161,4 +164,5 @@ def test_the_documented_cluster_path_end_to_end(ssh_cluster, tmp_path):
               "--limit", 20, "--out", tmp_path / "eval.json"], env, timeout=900)
     result = json.loads((tmp_path / "eval.json").read_text())
     print(f"\nplan:\n{plan.stdout[-1500:]}\neval: {str(result)[:600]}")
-    assert ev.returncode == 0 and result
+    assert ev.returncode == 0
+    assert 0 < result["scores"]["recipes_ppl/bits_per_byte"] < 8  # a language model of this text, whatever its size
