@@ -5,7 +5,9 @@
 Loadable as it is, by DeepSpeed's own load_checkpoint at the new layout:
 the same TP, PP, EP, ZeRO stage, padded vocabulary and DP x CP. DP x CP is DeepSpeed's data axis, over which ZeRO
 partitions the optimizer state; CP holds no parameters, so CP=2 x DP=1 files are those of CP=1 x DP=2 and a trade
-between the two loads as it is (tests/training/test_context_parallel_resume.py). ZeRO-1 <-> ZeRO-2 writes the same
+between the two loads as it is (tests/training/test_context_parallel_resume.py). At ZeRO-0 nothing is partitioned
+over that axis (the optimizer state is in the model-parallel files every data-parallel rank loads), so DP may change
+freely (tests/launch/test_documented_path.py relaunches a ZeRO-0 DP=4 run at DP=2). ZeRO-1 <-> ZeRO-2 writes the same
 files, but no test here resumes one as the other, so it is refused too (the reshape is cheap: the streaming writer).
 Anything else is refused, naming both layouts, with the `recipes reshape` command that writes the checkpoint at the
 new layout and how to resume there. A different model.seq_length is refused on its own: a resumed run keeps its
@@ -70,7 +72,10 @@ def layout_changes(saved: SavedLayout, wanted: SavedLayout, model_cfg) -> list[s
     for name, a, b in (("TP", saved.tp, wanted.tp), ("PP", saved.pp, wanted.pp), ("EP", saved.ep, wanted.ep)):
         if a != b:
             out.append(f"{name}={b} (saved {name}={a})")
-    if saved.data_axis != wanted.data_axis:
+    # ZeRO-0 partitions nothing: the optimizer state is in the model-parallel ranks' files, which every data-parallel
+    # rank loads, so DP x CP may change (fewer or more nodes) without a reshape
+    partitioned = saved.zero_stage > 0 or wanted.zero_stage > 0
+    if saved.data_axis != wanted.data_axis and partitioned:
         out.append(f"DP x CP={wanted.data_axis} (saved {saved.data_axis}; ZeRO partitions the optimizer over it)")
     if saved.zero_stage != wanted.zero_stage:
         out.append(f"ZeRO-{wanted.zero_stage} (saved ZeRO-{saved.zero_stage})")

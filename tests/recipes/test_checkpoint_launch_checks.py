@@ -30,6 +30,12 @@ def test_a_relaunch_at_the_saved_layout_is_accepted(tmp_path):
     # CP holds no parameters and DeepSpeed's data axis is DP x CP: CP=2 x DP=1 files are CP=1 x DP=2 files
     recorded_tag(tmp_path / "cp", TINY, "parallel.cp=2", world=2)
     assert found(tmp_path, tmp_path / "cp", world=2) == []
+    # ZeRO-0 partitions nothing over DP: fewer (or more) data-parallel ranks load the same files
+    recorded_tag(tmp_path / "z0", TINY, "parallel.zero_stage=0", world=4)
+    assert found(tmp_path, tmp_path / "z0", "parallel.zero_stage=0", world=2) == []
+    assert found(tmp_path, tmp_path / "z0", "parallel.zero_stage=0", world=8) == []
+    [p] = found(tmp_path, tmp_path / "z0", world=2)  # but not into ZeRO-1, which partitions the optimizer over DP
+    assert "ZeRO-1 (saved ZeRO-0)" in p.message
 
 
 def test_a_relaunch_at_another_layout_is_refused_with_the_reshape_command(tmp_path):
