@@ -17,16 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
-
-GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
-TERMINAL_PUNCTUATION = (".", "!", "?", '"', "'", "\u201d", "\u2019", ":", ";", ")", "\u3002", "\uff01", "\uff1f")
-# Gopher: the most frequent n-gram may cover at most this share of the characters (n = 2, 3, 4) ...
-TOP_NGRAMS = {2: 0.20, 3: 0.18, 4: 0.16}
-# ... and n-grams that occur more than once at most this share (n = 5..10).
-DUP_NGRAMS = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
-
-
-from data_prep.steps.filters import QualityConfig  # noqa: E402,F401
+# The thresholds and word lists are the product's (the rules' code below is what is compared, not their constants).
+from data_prep.steps.filters import (DUP_NGRAMS, GOPHER_STOP_WORDS, TERMINAL_PUNCTUATION,  # noqa: F401
+                                     TOP_NGRAMS, QualityConfig)
 
 
 # The reason names (manifest counts and removal log), in the order the rules are checked: cheap ones first.
