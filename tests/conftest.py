@@ -2,6 +2,8 @@
 `pytest -m unit` and of every tier, so collection refuses it."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 TIERS = ("unit", "multiproc", "ssh", "gpu", "network")
@@ -31,3 +33,20 @@ def slurm(tmp_path_factory):
         pytest.skip(f"no Slurm on this machine and it cannot be installed here (needs root and apt-get): {why}")
     with slurm_cluster(str(tmp_path_factory.mktemp("slurm"))) as cluster:
         yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _process_file_mode_restored():
+    """A test that runs a launcher or a CLI in this process may apply a file mode (data_prep.file_modes.apply sets
+    the umask and RECIPES_FILE_MODE); left behind, it would reach every later test's subprocesses."""
+    from data_prep import file_modes
+
+    umask, mode, env = os.umask(0o022), file_modes._mode, os.environ.get(file_modes.ENV)
+    os.umask(umask)
+    yield
+    os.umask(umask)
+    file_modes._mode = mode
+    if env is None:
+        os.environ.pop(file_modes.ENV, None)
+    else:
+        os.environ[file_modes.ENV] = env

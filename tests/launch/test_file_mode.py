@@ -5,15 +5,19 @@ import stat
 
 import pytest
 
+from data_prep import file_modes
 from tests.support.launch import TOY
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
-def launch_keeping_umask(launch_here):
-    """The launcher in this process (a dry run starts nothing); it sets the process umask from the recipe's mode, so
-    the test process gets its own back afterwards."""
+def launch_keeping_umask(launch_here, monkeypatch):
+    """The launcher in this process (a dry run starts nothing); it sets the process umask and the mode's environment
+    variable from the recipe's mode, so the test process gets its own back afterwards (a mode left in os.environ
+    would reach every later test's subprocesses)."""
+    monkeypatch.setattr(file_modes, "_mode", None)
+    monkeypatch.delenv(file_modes.ENV, raising=False)
     old = os.umask(0o022)
     try:
         yield launch_here

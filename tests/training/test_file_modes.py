@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from data_prep import file_modes
 from tests.support.runs import REPO, on_corpus, pretrain, worker_env
 
 pytestmark = pytest.mark.multiproc
@@ -38,7 +39,8 @@ def _off(modes: dict[str, int], file_mode: int, dir_mode: int) -> dict[str, str]
 
 
 @pytest.fixture
-def umask_022():
+def umask_022(monkeypatch):
+    monkeypatch.delenv(file_modes.ENV, raising=False)  # a mode inherited from the environment would apply
     old = os.umask(0o022)  # the usual umask: the default run's reference modes depend on it
     yield
     os.umask(old)
