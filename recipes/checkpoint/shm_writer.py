@@ -5,10 +5,13 @@ after the first save no page is newly faulted in), pickles only the small struct
 references into the arena), and hands that to `BackgroundWriter`'s process, which rebuilds the state dict over the
 arena (no copy), torch.saves and fsyncs it. Only a few KiB cross the pipe.
 
-Why a spawned process and not the forked one per save this replaced: after fork() every page the training process
-writes (parameters, gradients, Adam moments, reused activations) is copied on write while the child lives, which
-slowed the steps after an async save by more than the sync save cost (docs/cluster.md). A spawned process shares
-nothing but the arena. Why not a thread: torch.save holds the GIL while it checksums and writes records.
+Why not a process forked per save (what this replaced): after fork() every page the training process writes
+(parameters, gradients, Adam moments, reused activations) is copied on write while the child lives, which slowed
+the steps after an async save by more than the sync save cost (docs/cluster.md). The writer is instead either
+forked once at the rank's start (`prefork`), before any model, optimizer or thread exists, so that the only pages
+it shares are the imported libraries' (it needs torch: importing it again in a spawned process cost ~5 s of CPU per
+rank per run), or, where that moment has passed or is unsafe (threads running, CUDA initialised), spawned. Why not
+a thread: torch.save holds the GIL while it checksums and writes records.
 
 The writer dies with its rank (PR_SET_PDEATHSIG, and it leaves when its pipe closes), is a daemon process (ended at
 the rank's exit), ignores the pre-emption signals its rank handles (stop.sh and scancel signal every process of
@@ -127,27 +130,64 @@ def unpack(data: bytes, segments: dict[int, mmap.mmap]):
     return _ArenaUnpickler(data, segments).load()
 
 
+_preforked: tuple | None = None  # (process, connection, full-speed flag) from prefork(), until a writer adopts it
+
+
+def _fork_is_safe() -> bool:
+    """One thread (a lock held by another thread at the fork stays locked in the child) and no CUDA context."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return False
+    return threads == 1 and not torch.cuda.is_initialized()
+
+
+def prefork() -> bool:
+    """Fork this rank's writer now, if this process is still single-threaded and without CUDA: call it at the rank's
+    start, before the model exists. The next BackgroundWriter adopts it. False: it will be spawned instead."""
+    global _preforked
+    if _preforked is not None or not hasattr(os, "fork") or not _fork_is_safe():
+        return False
+    from recipes.checkpoint import writer  # noqa: F401  (what _serve imports: the child has it already)
+
+    ctx = multiprocessing.get_context("fork")
+    full_speed = ctx.Value("b", 0, lock=False)
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child, os.getpid(), full_speed, conn), daemon=True,
+                       name="checkpoint-writer")
+    proc.start()
+    child.close()
+    _preforked = (proc, conn, full_speed)
+    return True
+
+
 class BackgroundWriter:
-    """This rank's writer process (started at once, with `spawn`) and its arena. One write at a time."""
+    """This rank's writer process (the one `prefork` made, else spawned now) and its arena. One write at a time."""
 
     def __init__(self, cpus: set[int] | None = None):
+        global _preforked
         self.arena, self.cpus = Arena(), cpus
         self._proc = self._conn = None
         self._sent = 0  # arena segments the current process has
-        # set while the rank waits for the write (result(wait=True)): the throttle stops holding it back
-        self._full_speed = multiprocessing.get_context("spawn").Value("b", 0, lock=False)
-        self._start()
+        if _preforked is not None and _preforked[0].is_alive():
+            self._proc, self._conn, self._full_speed = _preforked
+            _preforked = None
+            self._conn.send(("cpus", self.cpus))
+        else:
+            self._start()
 
     def _start(self) -> None:
         if self._conn is not None:
             self._conn.close()
         ctx = multiprocessing.get_context("spawn")
+        # set while the rank waits for the write (result(wait=True)): the throttle stops holding it back
+        self._full_speed = ctx.Value("b", 0, lock=False)
         self._conn, child = ctx.Pipe()  # a socket pair: segments' file descriptors travel over it
-        self._proc = ctx.Process(target=_serve, args=(child, os.getpid(), self.cpus, self._full_speed),
-                                 daemon=True,
+        self._proc = ctx.Process(target=_serve, args=(child, os.getpid(), self._full_speed), daemon=True,
                                  name="checkpoint-writer")
         self._proc.start()
         child.close()
+        self._conn.send(("cpus", self.cpus))
         self._sent = 0
 
     def submit(self, jobs: list[tuple[str, bytes]], foreground: list[str], tag_dir: str,
@@ -205,20 +245,19 @@ class BackgroundWriter:
         self._proc = self._conn = None
 
 
-def _serve(conn, parent: int, cpus: set[int] | None, full_speed) -> None:
+def _serve(conn, parent: int, full_speed, rank_end=None) -> None:
     """The writer process: map the arena segments it is sent, write what it is asked to, report, until told to stop
-    or its rank is gone."""
+    or its rank is gone. `rank_end`: the rank's end of the pipe, inherited by a forked writer and closed here (else
+    the writer would never see the pipe close when its rank is gone)."""
     # A pre-emption signals every process of the run; the rank turns it into a stop save that this process writes.
     # It still ends with its rank (PDEATHSIG, pipe closed) or by SIGKILL.
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    if rank_end is not None:
+        rank_end.close()
     from recipes.checkpoint.writer import die_with_parent, write_tag
 
     die_with_parent(parent)
-    if cpus:
-        os.sched_setaffinity(0, cpus)  # a core of its own: the training's cores stay the training's
-    else:
-        os.nice(19)  # sharing the training's cores: the steps go first, the write waits
     torch.set_num_threads(1)
     segments: dict[int, mmap.mmap] = {}
     while True:
@@ -226,7 +265,12 @@ def _serve(conn, parent: int, cpus: set[int] | None, full_speed) -> None:
             msg = conn.recv()
         except (EOFError, OSError):
             return  # the rank closed its end
-        if msg[0] == "segment":
+        if msg[0] == "cpus":  # sent once, first, by the writer's owner
+            if msg[1]:
+                os.sched_setaffinity(0, msg[1])  # a core of its own: the training's cores stay the training's
+            else:
+                os.nice(19)  # sharing the training's cores: the steps go first, the write waits
+        elif msg[0] == "segment":
             fd = reduction.recv_handle(conn)
             segments[msg[1]] = mmap.mmap(fd, msg[2])
             os.close(fd)

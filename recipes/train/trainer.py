@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from recipes.checkpoint import shm_writer
 from recipes.checkpoint.lease import Lease
 from recipes.checkpoint.recipe_file import write_recipe
 from recipes.config.stages import stage_at
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 def run(recipe, quiet: bool = False) -> int:
     """Train `recipe` on this rank. Returns the exit code (0 done or stopped cleanly)."""
+    if recipe.checkpoint.dir and recipe.checkpoint.async_save:
+        shm_writer.prefork()  # first: before any thread (the heartbeat's) or the model exists
     heartbeat = Heartbeat.from_env()  # before the rendezvous: a rank stuck there shows as phase "start"
     COMM_CLOCK.install()  # before DeepSpeed binds torch.distributed's calls (recipes.train.stragglers)
     device = init_distributed(recipe)

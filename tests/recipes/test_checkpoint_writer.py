@@ -1,5 +1,6 @@
 """The shared-memory copy an async save writes: the same file as a save of the live state, untouched by later updates,
-written by a long-lived spawned writer process that reports failures and does not outlive its rank."""
+written by a long-lived writer process (forked at the rank's start, else spawned) that reports failures and does
+not outlive its rank."""
 from __future__ import annotations
 
 import errno
@@ -189,3 +190,69 @@ def test_the_writer_process_dies_with_its_rank(tmp_path):
         time.sleep(0.1)
     os.kill(writer, signal.SIGKILL)
     pytest.fail(f"the writer process {writer} outlived its killed rank")
+
+
+def _ended(pid: int) -> bool:
+    """Exited: gone, or a zombie its (sleeping) parent has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+PREFORK = r'''
+import os, sys, threading, time, torch
+from recipes.checkpoint import shm_writer
+from recipes.checkpoint.writer import FileEngine, TagWrite, write_durably
+out = sys.argv[1]
+if sys.argv[2] == "thread":  # a thread running: forking now would be unsafe, the writer is spawned later
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+print("preforked", shm_writer.prefork(), flush=True)
+state = {"w": torch.arange(6.0)}  # made after the fork: the writer gets it through the arena only
+bw = shm_writer.BackgroundWriter()
+print("start", bw._proc._start_method, flush=True)
+files = FileEngine()
+files.collect(bw.arena)
+files.save(state, os.path.join(out, "w.pt"))
+write = TagWrite(files.take()[0], [], out, background=bw)
+state["w"].add_(100.0)  # the next step, while the copy is written
+write.wait()
+print("error", write.error, flush=True)
+print("writer", bw._proc.pid, flush=True)
+bw._conn.close()  # the rank's end of the pipe gone (as when the rank dies), no "stop" message
+time.sleep(600)
+'''
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("when", ["single-threaded", "thread"])
+def test_a_writer_forked_at_the_ranks_start_writes_and_leaves_with_the_pipe(tmp_path, when):
+    """prefork() at a single-threaded start forks the writer (torch already imported: no second import); with a
+    thread running it declines and the writer is spawned. Either writes the step's copy, and leaves once its rank's
+    end of the pipe is closed (a forked writer must not hold the rank's end open itself)."""
+    rank = subprocess.Popen([sys.executable, "-c", PREFORK, str(tmp_path), when], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO, env=worker_env())
+    said = {}
+    try:
+        for line in rank.stdout:
+            key, value = line.split(" ", 1)
+            said[key] = value.strip()
+            if key == "writer":
+                break
+        assert said.get("preforked") == str(when == "single-threaded"), said
+        assert said.get("start") == ("fork" if when == "single-threaded" else "spawn"), said
+        assert said.get("error") == "None", said
+        assert torch.equal(torch.load(tmp_path / "w.pt")["w"], torch.arange(6.0))
+        writer, deadline = int(said["writer"]), time.monotonic() + 60
+        while time.monotonic() < deadline:  # the rank still lives (asleep): only the closed pipe can end the writer
+            if _ended(writer):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(writer, signal.SIGKILL)
+            pytest.fail(f"the writer {writer} kept running after its rank closed the pipe")
+        assert rank.poll() is None
+    finally:
+        rank.kill()
+        rank.wait()
