@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import forkserver
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/runs/tiny-cpu.yaml")
 
@@ -24,11 +26,21 @@ def pretrain_cmd(n: int, *overrides: str, config: str = RECIPE) -> list[str]:
     return [sys.executable, "-m", "recipes", "train", "--config", config, "--local", str(n), "--quiet", *overrides]
 
 
+def recipes_cli(argv: list[str], env: dict | None = None, timeout: float = 300,
+                fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python -m recipes ARGV` in the repository, output captured: forked from the tests' pre-imported template
+    (tests/support/forkserver.py), or `fresh`: a new interpreter (for what only a real start shows)."""
+    env = worker_env() if env is None else env
+    if fresh:
+        return subprocess.run([sys.executable, "-m", "recipes", *argv], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    return forkserver.run(argv, env, REPO, timeout)
+
+
 def pretrain(n: int, *overrides: str, config: str = RECIPE, timeout: int = 300,
-             check: bool = True) -> subprocess.CompletedProcess:
+             check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess:
     """Run `python -m recipes train --local n` (default: the tiny recipe); output captured."""
-    proc = subprocess.run(pretrain_cmd(n, *overrides, config=config), cwd=REPO, env=worker_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = recipes_cli(pretrain_cmd(n, *overrides, config=config)[3:], timeout=timeout, fresh=fresh)
     if check and proc.returncode != 0:
         raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

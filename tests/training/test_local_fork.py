@@ -34,7 +34,7 @@ def test_template_imports_everything_and_stays_single_threaded():
 def test_forked_ranks_train_bitwise_like_fresh_interpreters(corpus, tmp_path):
     """TP=2 x DP=2 with a pre-emption-free run: same losses, step by step, exactly."""
     args = ["parallel.tp=2", "training.train_steps=4"]
-    pretrain(4, *on_corpus(tmp_path / "fork", corpus), *args)
+    pretrain(4, *on_corpus(tmp_path / "fork", corpus), *args, fresh=True)  # the launcher's own template
     exec_env = dict(worker_env(), RECIPES_LOCAL_START="exec")
     out = subprocess.run([sys.executable, "-m", "recipes", "train", "--config", str(REPO / "configs/runs/tiny-cpu.yaml"),
                           "--local", "4", "--quiet", *on_corpus(tmp_path / "exec", corpus), *args],

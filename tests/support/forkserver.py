@@ -1,0 +1,156 @@
+"""`python -m recipes ...` (or another module) for the tests, forked from one pre-imported template process per pytest process.
+
+Each `python -m recipes train --local N` (or reshape, export-hf, ...) imports torch, DeepSpeed and megatron-core
+(~8 s of one core here) before a few seconds of work, and the tests run such commands over a hundred times. The
+template imports them once, the way the --local launcher's own template does for its ranks
+(recipes.train.local_ranks.prepare_template), and each command is a fork of it that becomes the command: its argv,
+its environment (replaced whole), working directory, umask, stdin /dev/null, stdout and stderr the caller's files,
+fresh random seeds, the module run as `__main__` (runpy, as `-m` does), and it leaves with its exit code after the
+exit handlers, as the interpreter would. The template is single-threaded (no library it imports starts a thread: test_local_fork checks
+it), so each fork may in turn fork its ranks.
+
+What only a fresh interpreter shows stays on `subprocess`: import-time output (test_library_noise), the launcher's
+own template (test_local_fork), and every test that signals or kills a launcher it started with Popen.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_lock = threading.Lock()
+_client: "socket.socket | None" = None
+_server: "subprocess.Popen | None" = None
+
+
+def run(argv: list[str], env: dict, cwd, timeout: float, module: str = "recipes") -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGV` forked from the template; like subprocess.run(..., capture_output=True, text=True,
+    timeout=timeout): TimeoutExpired after killing the command."""
+    with _lock, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        conn = _connect()
+        umask = os.umask(0o022)
+        os.umask(umask)
+        request = {"module": module, "argv": argv, "env": env, "cwd": str(cwd), "umask": umask}
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out.fileno(), err.fileno()])
+        reader = conn.makefile("r")
+        pid = json.loads(reader.readline())["pid"]
+        conn.settimeout(timeout)
+        try:
+            line = reader.readline()
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            conn.settimeout(None)
+            conn.makefile("r").readline()  # reaped (a reader that timed out cannot be read again)
+            raise subprocess.TimeoutExpired([sys.executable, "-m", module, *argv], timeout,
+                                            _read(out), _read(err)) from None
+        finally:
+            conn.settimeout(None)
+        if not line:
+            raise RuntimeError("the test command template process died; see its output above")
+        code = json.loads(line)["code"]
+        return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], code, _read(out), _read(err))
+
+
+def _read(f) -> str:
+    f.seek(0)
+    return f.read().decode(errors="replace")
+
+
+def _connect() -> socket.socket:
+    global _client, _server
+    if _client is None or _server.poll() is not None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+        _server = subprocess.Popen([sys.executable, "-c", "import sys; from tests.support.forkserver import serve; "
+                                    f"serve({theirs.fileno()})"], pass_fds=[theirs.fileno()], cwd=REPO, env=env,
+                                   stdin=subprocess.DEVNULL)
+        theirs.close()
+        _client = ours
+        atexit.register(_stop)
+    return _client
+
+
+def _stop() -> None:
+    if _client is not None:
+        _client.close()  # the template leaves when its socket closes
+    if _server is not None:
+        try:
+            _server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _server.kill()
+
+
+def serve(fd: int) -> None:
+    """The template: import what every command needs, then fork one command per request until the socket closes."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the test process
+    from recipes.train import cli, local_ranks
+
+    problem = local_ranks.prepare_template(cli._before_rank_imports)
+    assert problem is None, f"the test template cannot fork commands: {problem}"
+    conn = socket.socket(fileno=fd)
+    while True:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+        if not msg:
+            return
+        while not msg.endswith(b"\n"):
+            msg += conn.recv(1 << 20)
+        pid = _fork_command(json.loads(msg), fds, conn)
+        for f in fds:
+            os.close(f)
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        _, status = os.waitpid(pid, 0)
+        conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+
+
+def _fork_command(request: dict, fds: list[int], conn: socket.socket) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        conn.close()  # the template's end: only the template may hold it (the tests wait on it)
+        import ctypes
+        import random
+        import runpy
+
+        import numpy
+        import torch
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # the template gone (the tests ended): stop like a pre-emption
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for src, dst in ((devnull, 0), (fds[0], 1), (fds[1], 2)):
+            os.dup2(src, dst)
+        os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        random.seed()  # a fresh interpreter's seeds; torch's default generator starts from the same seed anyway
+        numpy.random.seed()
+        torch.manual_seed(torch.initial_seed())
+        sys.argv = ["-m", *request["argv"]]  # as `python -m MODULE ARGV` sees them (runpy sets argv[0])
+        sys.path.insert(0, request["cwd"])  # `-m` puts the working directory first
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code if isinstance(code, int) else 1)
