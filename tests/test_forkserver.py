@@ -18,7 +18,7 @@ print(json.dumps({"env": os.environ.get("PROBE"), "home": "HOME" in os.environ, 
 if sys.argv[1:] == ["sleep"]:
     open("pid", "w").write(str(os.getpid()))
     time.sleep(600)
-sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else 0)
+sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else sys.argv[1] if sys.argv[1:] else 0)
 """
 
 
@@ -42,6 +42,8 @@ def test_the_command_gets_the_callers_environment_cwd_umask_and_exit_code(tmp_pa
     assert r.returncode == 7, r.stderr
     assert json.loads(r.stdout) == {"env": "seen", "home": False, "cwd": str(tmp_path), "umask": 0o027,
                                     "argv": ["7", "x"], "main": "__main__"}
+    r = forkserver.run(["a message"], env, tmp_path, timeout=60, module="probe_module")
+    assert (r.returncode, r.stderr) == (1, "a message\n")  # sys.exit("a message"), as the interpreter shows it
 
 
 def test_a_command_past_its_timeout_is_killed_and_the_next_one_runs(tmp_path):

@@ -8,18 +8,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from interop_runs import RECIPE, REPO, run_overrides
+from interop_runs import RECIPE, run_overrides
 from recipes.config.loading import load_recipe
 from recipes.hf.export import export
 from recipes.tools.evaluate import TASKS_DIR
 from recipes.tools.report import read_evals, write_report
-from tests.support.runs import pretrain
+from tests.support.runs import pretrain, recipes_cli
 
 pytestmark = pytest.mark.multiproc
 
@@ -107,6 +105,5 @@ def test_evaluation_during_training_scores_match_transformers(corpus, tmp_path):
 
 
 def test_evaluate_refuses_a_directory_without_a_model(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "recipes", "evaluate", "--model", str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    res = recipes_cli(["evaluate", "--model", str(tmp_path)], env=dict(os.environ), timeout=120)
     assert res.returncode == 2 and "config.json missing" in res.stderr and "--checkpoint" in res.stderr

@@ -5,6 +5,7 @@ task named like a known one is refused before any of its code runs, naming the t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.train.evaluation import check_include_path_origin
+from tests.support.runs import recipes_cli
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "runs" / "tiny-cpu.yaml"
@@ -99,9 +101,8 @@ def test_a_folder_task_named_like_a_builtin_is_refused_before_its_code_runs(tmp_
     marker = tmp_path / "payload_ran"
 
     def evaluate(folder: Path, task: str):
-        return subprocess.run([sys.executable, "-m", "recipes", "evaluate", "--model", str(model), "--include-path",
-                               str(folder), "--tasks", task, "--limit", "1", "--batch-size", "1"], cwd=REPO,
-                              capture_output=True, text=True, timeout=900)
+        return recipes_cli(["evaluate", "--model", str(model), "--include-path", str(folder), "--tasks", task,
+                            "--limit", "1", "--batch-size", "1"], env=dict(os.environ), timeout=900)
 
     shadow = task_folder(tmp_path / "shadow", "arc_easy", marker)
     r = evaluate(shadow, "arc_easy")

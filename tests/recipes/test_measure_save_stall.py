@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.support.runs import REPO, worker_env
+from tests.support.runs import recipes_cli
 
 pytestmark = pytest.mark.multiproc
 
@@ -30,9 +29,7 @@ def _check(s: dict, placements: tuple[str, ...], ranks: int) -> None:
 
 
 def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recipes", "measure-save-stall", "--saves", "2", "--dir",
-                           str(tmp_path), *args, *TINY], cwd=REPO, env=worker_env(), capture_output=True, text=True,
-                          timeout=300)
+    return recipes_cli(["measure-save-stall", "--saves", "2", "--dir", str(tmp_path), *args, *TINY], timeout=300)
 
 
 def test_measure_save_stall_reports_sync_and_async_per_save(tmp_path):

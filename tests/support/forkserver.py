@@ -141,8 +141,10 @@ def _fork_command(request: dict, fds: list[int], conn: socket.socket) -> int:
         sys.path.insert(0, request["cwd"])  # `-m` puts the working directory first
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
-    except SystemExit as e:
+    except SystemExit as e:  # what the interpreter does with it: an int is the code, anything else is printed
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
     except BaseException:
         import traceback
 

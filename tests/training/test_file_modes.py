@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from data_prep import file_modes
-from tests.support.runs import REPO, on_corpus, pretrain, worker_env
+from tests.support.runs import on_corpus, pretrain, recipes_cli
 
 pytestmark = pytest.mark.multiproc
 
@@ -75,8 +73,7 @@ def test_a_run_its_async_and_sync_saves_and_a_reshape_write_0640(corpus, tmp_pat
 
 
 def _recipes(*args) -> None:
-    proc = subprocess.run([sys.executable, "-m", "recipes", *map(str, args), "--quiet"], cwd=REPO, env=worker_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = recipes_cli([*map(str, args), "--quiet"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
