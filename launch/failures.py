@@ -45,10 +45,23 @@ def parse_record(text: str) -> ExitRecord | None:
     return ExitRecord(int(m[1]), int(m[2]), m[3] == "1", float(m[4]), host)
 
 
+# Killed or crashed by the system: SIGKILL (the OOM killer, a kill -9), SIGSEGV, SIGBUS, SIGILL, SIGFPE. Not SIGABRT,
+# which a rank's runtime also raises on a peer's failure, nor SIGTERM (a stop).
+_KILLED = {128 + s for s in (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)}
+KILLED_WINDOW_S = 5.0
+
+
 def first_failure(records: list[ExitRecord]) -> ExitRecord | None:
-    """The earliest rank that died on its own (the others were stopped because of it)."""
+    """The earliest rank that died on its own (the others were stopped because of it). A rank killed or crashed
+    within KILLED_WINDOW_S of that earliest record is the failure instead: its peers exit with code 1 as soon as their
+    collective breaks, and each record's time is when that rank's wrapper noticed, so on a loaded node a peer's record
+    can come first."""
     failed = [r for r in records if r.failed_on_its_own]
-    return min(failed, key=lambda r: (r.at, r.rank)) if failed else None
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: (r.at, r.rank))
+    killed = [r for r in failed if r.exit_code in _KILLED and r.at - first.at <= KILLED_WINDOW_S]
+    return min(killed, key=lambda r: (r.at, r.rank)) if killed else first
 
 
 class ExitWatch:

@@ -98,6 +98,17 @@ def test_the_first_rank_that_died_on_its_own_is_the_failure():
     assert failures.first_failure(recs[:1] + recs[-1:]) is None
 
 
+def test_a_killed_rank_is_the_cause_of_its_peers_exits_recorded_just_before_it():
+    """A peer's exit 1 (its collective broke) recorded before the killed rank's own record: the killed rank is named;
+    seconds apart, or an abort (a runtime's reaction to a peer), the earliest record is."""
+    recs = lambda *texts: [failures.parse_record(t) for t in texts]  # noqa: E731
+    peer, killed = "rank=2 exit=1 stopped=0 at=100.0 host=n2", "rank=1 exit=137 stopped=0 at=100.4 host=n1"
+    assert failures.first_failure(recs(peer, killed)).rank == 1
+    assert failures.first_failure(recs(peer, "rank=1 exit=139 stopped=0 at=104.9 host=n1")).rank == 1  # a segfault
+    assert failures.first_failure(recs(peer, "rank=1 exit=137 stopped=0 at=105.1 host=n1")).rank == 2  # too late
+    assert failures.first_failure(recs(peer, "rank=1 exit=134 stopped=0 at=100.4 host=n1")).rank == 2  # an abort
+
+
 @pytest.mark.parametrize("text", [
     "LAUNCH-FAIL rank=0 host=n1 exit=1 at=1.0 cmd=x",             # the old log line: not a record
     "[n1 rank 0] rank=0 exit=1 stopped=0 at=1.0 host=n1",          # a rank's output, prefixed
