@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch, run_pids
+from tests.support.runs import losses, on_corpus, pretrain
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(200)]
 
@@ -45,7 +46,9 @@ def corpus(tmp_path_factory):
 @pytest.mark.timeout(600)
 def test_real_training_two_nodes_deepspeed_matches_local(ssh_cluster, corpus, tmp_path):
     _, hostfile = ssh_cluster
-    local = real_training(tmp_path / "local", corpus, "--backend", "local", "--num-gpus", 4, env=launch_env())
+    # the reference: the same 4 ranks on this machine (`recipes train --local 4`)
+    pretrain(4, *on_corpus(tmp_path / "local", corpus), "parallel.tp=2", "training.train_steps=4")
+    local = losses(tmp_path / "local")
     multi = real_training(tmp_path / "multi", corpus, "--hostfile", hostfile, "--backend", "deepspeed",
                           env=cluster_env(ssh_cluster))
     assert sorted(local) == [1, 2, 3, 4]

@@ -10,9 +10,10 @@ import pytest
 from recipes.tools.evaluate import TASKS_DIR, scores_of, task_configs
 from recipes.tools.report import read_evals, stage_starts, write_report
 
-pytestmark = pytest.mark.unit
 
 
+
+@pytest.mark.multiproc  # not the fast tier: lm-eval's TaskManager indexes every task it ships (~14 s of CPU)
 def test_shipped_tasks_build_offline_from_another_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative data_files would resolve here and fail
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -30,6 +31,7 @@ def test_shipped_tasks_build_offline_from_another_directory(tmp_path, monkeypatc
     assert [ppl.doc_to_target(d) for d in ppl.test_docs()] == texts
 
 
+@pytest.mark.unit
 def test_text_file_replaces_the_perplexity_text(tmp_path):
     txt = tmp_path / "mine.txt"
     txt.write_text("first line\n\nsecond paragraph\n")
@@ -40,6 +42,7 @@ def test_text_file_replaces_the_perplexity_text(tmp_path):
         task_configs(["recipes_ppl"], str(tmp_path / "missing.txt"), tmp_path)
 
 
+@pytest.mark.unit
 def test_scores_of_keeps_metrics_drops_stderr():
     res = {"results": {"recipes_mc": {"alias": "recipes_mc", "acc,none": 0.5, "acc_stderr,none": "N/A",
                                       "sample_len,none": 20},
@@ -47,6 +50,7 @@ def test_scores_of_keeps_metrics_drops_stderr():
     assert scores_of(res) == {"recipes_mc/acc": 0.5, "recipes_ppl/bits_per_byte": 3.5}
 
 
+@pytest.mark.unit
 def test_report_shows_stage_boundaries_and_scores(tmp_path):
     recs = [{"step": s, "loss": 5.0 - s / 10, "lr": 1e-3, "tokens_per_s": 100.0, "tflops_per_gpu": 1e-3, "mfu": 0.01,
              "step_time_s": 0.1, "stage": "main" if s <= 4 else "anneal"} for s in range(1, 7)]
@@ -62,6 +66,7 @@ def test_report_shows_stage_boundaries_and_scores(tmp_path):
     assert (tmp_path / "out" / "evals.png").is_file()
 
 
+@pytest.mark.unit
 def test_training_hook_command_and_refusal(tmp_path):
     from recipes.config.loading import RecipeError, load_recipe
     from recipes.train.cli import validate_recipe
