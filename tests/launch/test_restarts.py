@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch, run_pids
-from tests.support.runs import losses
+from tests.support.runs import losses, pretrain
 
 REAL_RECIPE = REPO / "configs" / "runs" / "tiny-cpu.yaml"
 FAST_BACKOFF = "supervision.restart_backoff_seconds=0.5"
@@ -58,7 +58,9 @@ def real_launch(run_dir: Path, corpus, *args, fault=""):
 @pytest.mark.timeout(900)
 def test_killed_rank_is_restarted_and_resumes_bit_exactly(corpus, tmp_path):
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "restarted"
-    real_launch(ref_dir, corpus)
+    # the reference: the same recipe on 2 local ranks, uninterrupted
+    pretrain(2, f"data.manifests=[{corpus}]", f"checkpoint.dir={ref_dir}", "checkpoint.save_interval=2",
+             "training.train_steps=6", "training.log_interval=1", config=str(REAL_RECIPE))
     t0 = time.time()
     r = real_launch(run_dir, corpus, "--max-restarts", 2, fault="kill rank=1 step=5 attempt=1")
     elapsed = time.time() - t0

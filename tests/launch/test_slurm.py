@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.launch import REPO, TOY, TOY_DATA, TOY_ENTRY, launch_env
+from tests.support.runs import pretrain
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(300)]
 
@@ -153,7 +154,7 @@ def test_requeued_training_job_resumes_from_its_newest_checkpoint(slurm, corpus,
     stops every process: the ranks save on SIGTERM), then with the USR1 that `--signal=B:USR1@grace` sends before the
     time limit (the job script stops the ranks and requeues itself). Each attempt resumes from the newest complete
     checkpoint; the losses equal those of one uninterrupted local run, bit for bit."""
-    steps = 120
+    steps = 60  # the first two attempts stop after ~10 and ~20 steps; the third trains to the end
     common = [f"data.manifests=[{corpus}]", f"training.train_steps={steps}", "checkpoint.save_interval=50"]
     ckpt = tmp_path / "ckpt"
     job_id, logs = submit(slurm, tmp_path, REAL_RECIPE, "--", *common, f"checkpoint.dir={ckpt}")
@@ -180,13 +181,9 @@ def test_requeued_training_job_resumes_from_its_newest_checkpoint(slurm, corpus,
     resumed = re.findall(r"resumed from \S+/global_step(\d+) at step (\d+)", log)
     assert len(stopped) == 2 and resumed == [(s, s) for s in stopped], log[-3000:]  # from the checkpoint just saved
 
-    # the same training, uninterrupted, in one local launch
+    # the same training, uninterrupted, on 2 local ranks
     ref = tmp_path / "ref"
-    r = subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(REAL_RECIPE), "--backend", "local",
-                        "--num-gpus", "2", "--log-dir", str(ref / "logs"), "--quiet", "--", *common,
-                        f"checkpoint.dir={ref / 'ckpt'}"], cwd=REPO, env=launch_env(), capture_output=True,
-                       text=True, timeout=200)
-    assert r.returncode == 0, r.stderr[-3000:]
+    pretrain(2, *common, f"checkpoint.dir={ref / 'ckpt'}", config=str(REAL_RECIPE), timeout=300)
     want = dict(_losses(ref / "ckpt"))
     assert sorted(want) == list(range(1, steps + 1))
     for s, loss in _losses(ckpt):  # a step trained again after a resume must repeat its loss exactly
