@@ -24,7 +24,7 @@ from recipes.checkpoint.format.tags import client_state, resolve_tag
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "FullState", "read_full_state", "resolve_tag", "detect_layout"]
+__all__ = ["CheckpointError", "FullState", "checkpoint_meta", "read_full_state", "resolve_tag", "detect_layout"]
 
 
 @dataclass
@@ -138,10 +138,17 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
     else:
         state.weights = _merge(_local_weights_from_module_files(tag_dir, lay), swiglu, vocab)
     _check_names(state.weights, model_cfg, tag_dir)
-    state.meta = _meta(tag_dir, lay)
-    if with_moments:
-        state.meta.update(_optimizer_meta(tag_dir))
+    state.meta = checkpoint_meta(tag_dir, lay, optimizer=with_moments)
     return state
+
+
+def checkpoint_meta(tag_dir: Path, lay: SourceLayout, optimizer: bool = False) -> dict:
+    """What a tag records besides its tensors: client state, lr schedule, step counters; with `optimizer` also the
+    optimizer's step count and lrs (what a re-layout with moments carries)."""
+    meta = _meta(tag_dir, lay)
+    if optimizer:
+        meta.update(_optimizer_meta(tag_dir))
+    return meta
 
 
 def _meta(tag_dir: Path, lay: SourceLayout) -> dict:

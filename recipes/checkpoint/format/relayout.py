@@ -19,8 +19,9 @@ optimizer partition (x3) while its file is built, and one layer's TP shard for t
 targets keep DeepSpeed's single module file per TP rank (the whole TP shard of the model): that is the format, not
 this writer. Files are read with recipes.checkpoint.safe_load (weights_only + allow-list, memory-mapped).
 
-Supported: sources ZeRO-1/2 (any TP x PP x DP), targets ZeRO-1/2; the rest goes through the engine writer
-(recipes.train.state_writer; `python -m recipes reshape` picks).
+Supported: sources ZeRO-1/2 (any TP x PP x DP) of dense models, targets ZeRO-1/2; the rest (mixture-of-experts
+models included: their experts sit in DeepSpeed's MoE param groups, partitioned over the expert-data-parallel group)
+goes through the engine writer (recipes.train.state_writer; `python -m recipes reshape` picks).
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ _KINDS = ("fp32", "exp_avg", "exp_avg_sq")
 
 def unsupported(source: SourceLayout, recipe, target_zero: int) -> str | None:
     """Why the streaming writer cannot do this re-layout (None: it can)."""
+    if recipe.model.moe is not None:
+        return ("the model has experts (the streaming writer does not lay out DeepSpeed's expert-data-parallel "
+                "param groups)")
     if source.zero_stage not in (1, 2):
         return f"the source is ZeRO-{source.zero_stage} (streaming reads ZeRO-1/2 partitions)"
     if target_zero not in (1, 2):
