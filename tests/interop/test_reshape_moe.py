@@ -110,3 +110,37 @@ def test_stream_writer_refused_for_experts(moe_ep2, tmp_path):
     with pytest.raises(RecipeError, match="experts.*--writer engine"):
         reshape(str(moe_ep2.path), str(tmp_path / "never"), moe_ep2.recipe(), parse_target("tp=1,pp=1,dp=2,ep=1"),
                 tag=SAVED, quiet=True, writer="stream")
+
+
+def test_init_from_an_ep1_tp2_source_into_an_ep2_run(moe_ep2, ep1, tmp_path):
+    """checkpoint.init_from of a MoE source saved at EP=1 (here TP=2: a reshape of the EP1 checkpoint, so the
+    experts' TP shards are joined by the offline reader the ranks use) into a run at EP=2 x DP=4: the new run's step-0
+    checkpoint (read by engines) holds the EP1 checkpoint's weights and moments (read offline) bit for bit."""
+    from recipes.train.state_reader import read_via_engines
+
+    tp2 = tmp_path / "tp2_ep1"
+    reshape(str(ep1), str(tp2), load_checkpoint_recipe(str(ep1), None, []), parse_target("tp=2,pp=1,dp=1,ep=1"),
+            tag=SAVED, quiet=True)
+    stage = tmp_path / "stage_ep2"
+    pretrain(4, *moe_ep2.overrides, f"checkpoint.dir={stage}", f"checkpoint.init_from.dir={tp2}",
+             "checkpoint.init_from.optimizer=true", "training.train_steps=1", timeout=400)
+    recipe = moe_ep2.recipe()
+    ref = read_full_state(ep1, recipe.model, with_moments=True)
+    got = read_via_engines(stage, recipe, tag="global_step0", with_moments=True)
+    assert got.meta["source_layout"]["ep"] == 2 and sorted(losses(stage)) == [1]
+    for part in ("weights", "exp_avg", "exp_avg_sq"):
+        a, b = getattr(ref, part), getattr(got, part)
+        bad = [n for n in a if not torch.equal(a[n], b[n])]
+        assert list(b) == list(a) and not bad, f"{part} differ: {bad[:4]}"
+    assert got.meta["optimizer_step"] == ref.meta["optimizer_step"] == 3
+
+
+def test_init_from_an_ep2_source_refused_with_the_reshape_to_run(moe_ep2, tmp_path):
+    from recipes.checkpoint.init_from import init_from_refusals
+    from recipes.config.loading import load_recipe
+
+    recipe = load_recipe(RECIPE, [*moe_ep2.overrides, f"checkpoint.dir={tmp_path / 'new'}",
+                                  f"checkpoint.init_from.dir={moe_ep2.path}"])
+    refusals = [r for r in init_from_refusals(recipe) if r.field == "checkpoint.init_from"]
+    assert len(refusals) == 1 and "parallel.ep=2" in refusals[0].message
+    assert f"--checkpoint {moe_ep2.path} --tag global_step5" in refusals[0].fix and ",ep=1" in refusals[0].fix

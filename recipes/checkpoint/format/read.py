@@ -19,6 +19,7 @@ from recipes.checkpoint.format import deepspeed_private
 from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.layout import (LAYER_FILE, SourceLayout, detect_layout, load, model_states_name,
                                               optim_name, zero3_model_states_name)
+from recipes.checkpoint.format.layout_record import check_offline_readable
 from recipes.checkpoint.format.shards import canonical_name, merge_tp, strip_vocab
 from recipes.checkpoint.format.tags import client_state, resolve_tag
 
@@ -120,6 +121,7 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
     """Canonical full state of a checkpoint. `model_cfg` is the recipe's model section (for the vocabulary size and
     the fc1 layout); with_moments also reads Adam's exp_avg / exp_avg_sq (ZeRO >= 1 checkpoints)."""
     tag_dir = resolve_tag(ckpt_dir, tag)
+    check_offline_readable(tag_dir)
     lay = detect_layout(tag_dir)
     log.info(f"reading {tag_dir} ({lay.describe()})")
     if with_moments and lay.zero_stage == 0:

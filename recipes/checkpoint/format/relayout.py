@@ -42,6 +42,7 @@ from data_prep.io import fsync_dir
 from recipes.checkpoint import safe_load
 from recipes.checkpoint.format import deepspeed_private, layout_record
 from recipes.checkpoint.format.errors import CheckpointError
+from recipes.checkpoint.format.expert_shards import is_moe_split, tp_dim as expert_tp_dim
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, layer_name, model_states_name,
                                               optim_file_name, optim_name)
 from recipes.checkpoint.format.shards import (canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp,
@@ -73,6 +74,7 @@ class Source:
     """Full canonical tensors of a ZeRO-1/2 checkpoint, read slice by slice from memory-mapped files."""
 
     def __init__(self, tag_dir: Path, model_cfg):
+        layout_record.check_offline_readable(tag_dir)
         self.dir, self.cfg = tag_dir, model_cfg
         self.lay = detect_layout(tag_dir)
         self.swiglu = model_cfg.activation == "swiglu"
@@ -164,7 +166,7 @@ class Source:
 
     def full_shape(self, name: str) -> list[int]:
         shape = list(self.index[name][3])
-        dim = split_dim(name)
+        dim = expert_tp_dim(name) if is_moe_split(name) else split_dim(name)
         if dim is not None:
             shape[dim] *= self.lay.tp
         if is_vocab(name):
