@@ -17,8 +17,6 @@ the expert shard of data rank x is x % ep either way, recipes.parallel.layout).
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -76,15 +74,9 @@ def source_recipe(recipe, tag_dir: Path, lay):
 
 
 def _run_ranks(world: int, args: list[str], timeout: int) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="",
-               PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "recipes.train.state_reader", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=Path(__file__).resolve().parents[2])
-    if proc.returncode != 0:
-        raise RuntimeError(f"checkpoint reader failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-4000:]}")
+    from recipes.train.local_workers import run_ranks
+
+    run_ranks(world, "recipes.train.state_reader", main, args, timeout)
 
 
 def _join_parts(parts_dir: Path, stages: int, kind: str) -> OrderedDict:

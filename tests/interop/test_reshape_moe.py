@@ -11,8 +11,8 @@ two, before the all-reduce; observed 8e-8 at EP1 x DP2 and 0.0 at EP4 x DP4). A 
 expert's moments handed to another expert), a reset Adam step, a wrong lr position or a re-read data position moves
 the loss by far more.
 
-The moments are also compared bit for bit with an independent reader: the EP1 x TP1 target is read offline from its
-DeepSpeed files (recipes.checkpoint.format.read), the EP2 source by engines at its layout.
+The moments are also compared bit for bit across readers: the EP1 x TP1 target is read offline from its DeepSpeed
+files (recipes.checkpoint.format.read), the EP2 source by engines at its layout (recipes.train.state_reader).
 """
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ import pytest
 import torch
 
 from interop_runs import RECIPE, Run, run_overrides
+from recipes.checkpoint.format.layout_record import saved_layout
 from recipes.checkpoint.format.read import read_full_state
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.config.loading import RecipeError
 from recipes.tools.reshape import main as reshape_main, parse_target, reshape
-from tests.support.runs import losses, pretrain
+from tests.support.engine_read import read_by_engines
+from tests.support.runs import losses, pretrain, recipes_cli
 
 pytestmark = pytest.mark.multiproc
 
@@ -46,11 +48,18 @@ def moe_ep2(tmp_path_factory, corpus) -> Run:
     return Run(run_dir, RECIPE, overrides)
 
 
+def _reshape(source, out, target: str, tag: str = SAVED) -> None:
+    """`python -m recipes reshape` (the source's stored recipe; its engine reader and writer ranks forked from the
+    command's pre-imported process: recipes.train.local_workers)."""
+    proc = recipes_cli(["reshape", "--checkpoint", str(source), "--tag", tag, "--out", str(out), "--to", target,
+                        "--quiet"], timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.fixture(scope="module")
 def ep1(moe_ep2, tmp_path_factory):
     out = tmp_path_factory.mktemp("moe_reshape") / "ep1_dp2"
-    reshape(str(moe_ep2.path), str(out), moe_ep2.recipe(), parse_target("tp=1,pp=1,dp=2,ep=1"), tag=SAVED,
-            quiet=True)
+    _reshape(moe_ep2.path, out, "tp=1,pp=1,dp=2,ep=1")
     return out
 
 
@@ -68,21 +77,18 @@ def _assert_continues(got: dict, ref: dict, name: str) -> None:
     assert worst <= REL_TOL, f"{name}: losses after reshape {got} vs uninterrupted {ref} (worst rel. {worst:.2e})"
 
 
-def test_ep2_to_ep1_carries_the_optimizer_state(moe_ep2, ep1):
-    from recipes.train.state_reader import read_via_engines
-
-    recipe = moe_ep2.recipe()
-    before = read_via_engines(moe_ep2.path, recipe, tag=SAVED, with_moments=True)
-    after = read_full_state(ep1, recipe.model, with_moments=True)  # EP1 x TP1: the offline reader knows every name
-    assert list(after.weights) == list(before.weights)
-    experts = [n for n in before.weights if n.endswith("mlp.experts.linear_fc1.weight")]
-    assert experts and before.exp_avg_sq[experts[0]].abs().sum() > 0  # real moments of every expert, not zeros
+def test_ep2_to_ep1_carries_the_optimizer_state(moe_ep2, ep1, tmp_path):
+    before = read_by_engines(moe_ep2.path, SAVED, tmp_path / "source_state")
+    after = read_full_state(ep1, moe_ep2.recipe().model, with_moments=True)  # EP1 x TP1: offline, every name known
+    assert sorted(after.weights) == sorted(before["weights"])
+    experts = [n for n in before["weights"] if n.endswith("mlp.experts.linear_fc1.weight")]
+    assert experts and all(before["exp_avg_sq"][n][e].abs().sum() > 0 for n in experts for e in range(4))  # real
     for part in ("weights", "exp_avg", "exp_avg_sq"):
-        a, b = getattr(before, part), getattr(after, part)
+        a, b = before[part], getattr(after, part)
         bad = [n for n in a if not torch.equal(a[n], b[n])]
         assert not bad, f"{part} differ after reshape: {bad[:4]}"
-    assert after.meta["optimizer_step"] == before.meta["optimizer_step"] == 3
-    assert after.meta["client_state"]["consumed_samples"] == before.meta["client_state"]["consumed_samples"]
+    assert after.meta["optimizer_step"] == before["meta"]["optimizer_step"] == 3
+    assert after.meta["client_state"]["consumed_samples"] == before["meta"]["client_state"]["consumed_samples"] == 24
 
 
 def test_ep2_to_ep1_continues_with_the_same_losses(moe_ep2, ep1, tmp_path):
@@ -90,10 +96,9 @@ def test_ep2_to_ep1_continues_with_the_same_losses(moe_ep2, ep1, tmp_path):
 
 
 def test_ep1_to_ep4_continues_with_the_same_losses(moe_ep2, ep1, tmp_path):
-    recipe = load_checkpoint_recipe(str(ep1), None, [])  # the EP1 checkpoint's recipe (written by the reshape)
-    assert recipe.parallel.ep == 1
+    assert load_checkpoint_recipe(str(ep1), None, []).parallel.ep == 1  # the recipe the reshape stored
     ep4 = tmp_path / "ep4_dp4"
-    reshape(str(ep1), str(ep4), recipe, parse_target("tp=1,pp=1,dp=4,ep=4"), tag=SAVED, quiet=True)
+    _reshape(ep1, ep4, "tp=1,pp=1,dp=4,ep=4")
     _assert_continues(_resume(4, moe_ep2, ep4, 4, tmp_path), losses(moe_ep2.path), "EP2 (DP4) -> EP1 x DP2 -> EP4 x DP4")
 
 
@@ -117,19 +122,18 @@ def test_stream_writer_refused_for_experts(moe_ep2, tmp_path):
 def test_init_from_an_ep1_tp2_source_into_an_ep2_run(moe_ep2, ep1, tmp_path):
     """checkpoint.init_from of a MoE source saved at EP=1 (here TP=2: a reshape of the EP1 checkpoint, so the
     experts' TP shards are joined by the offline reader the ranks use) into a run at EP=2 x DP=4: the new run's step-0
-    checkpoint (read by engines) holds the EP1 checkpoint's weights and moments (read offline) bit for bit."""
-    from recipes.train.state_reader import read_via_engines
-
+    checkpoint holds the EP1 checkpoint's weights and moments bit for bit (both read offline, the step-0 checkpoint
+    after a reshape back to EP1: the reader of the first test)."""
     tp2 = tmp_path / "tp2_ep1"
-    reshape(str(ep1), str(tp2), load_checkpoint_recipe(str(ep1), None, []), parse_target("tp=2,pp=1,dp=1,ep=1"),
-            tag=SAVED, quiet=True)
+    _reshape(ep1, tp2, "tp=2,pp=1,dp=1,ep=1")
     stage = tmp_path / "stage_ep2"
     pretrain(4, *moe_ep2.overrides, f"checkpoint.dir={stage}", f"checkpoint.init_from.dir={tp2}",
              "checkpoint.init_from.optimizer=true", "training.train_steps=1", timeout=400)
-    recipe = moe_ep2.recipe()
-    ref = read_full_state(ep1, recipe.model, with_moments=True)
-    got = read_via_engines(stage, recipe, tag="global_step0", with_moments=True)
-    assert got.meta["source_layout"]["ep"] == 2 and sorted(losses(stage)) == [1]
+    assert sorted(losses(stage)) == [1] and saved_layout(stage / "global_step0").ep == 2
+    _reshape(stage, tmp_path / "stage_ep1", "tp=1,pp=1,dp=2,ep=1", tag="global_step0")
+    model = moe_ep2.recipe().model
+    ref = read_full_state(ep1, model, with_moments=True)
+    got = read_full_state(tmp_path / "stage_ep1", model, with_moments=True)
     for part in ("weights", "exp_avg", "exp_avg_sq"):
         a, b = getattr(ref, part), getattr(got, part)
         bad = [n for n in a if not torch.equal(a[n], b[n])]
