@@ -118,7 +118,7 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
         raise RecipeError(f"--writer stream cannot re-lay this checkpoint: {why_not}; use --writer engine")
     streaming = writer != "engine" and not why_not
     log.info(f"reshape: {source.describe()} -> TP={target['tp']} x CP={new.parallel.cp} x PP={target['pp']} x "
-             f"DP={target['dp']}{ep_of(new)}, "
+             f"DP={target['dp']}{_ep_of(new)}, "
         f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer" if streaming else
                                               f"engine writer, {world} processes" + (f" ({why_not})" if why_not else "")))
     if streaming:
@@ -143,7 +143,7 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     return out
 
 
-def ep_of(recipe) -> str:
+def _ep_of(recipe) -> str:
     return f" x EP={recipe.parallel.ep}" if recipe.model.moe is not None else ""
 
 
