@@ -1,7 +1,7 @@
-"""Re-shard a training checkpoint to another TP x PP x DP layout (weights, fp32 masters, Adam moments and step,
+"""Re-shard a training checkpoint to another TP x PP x DP (x EP) layout (weights, fp32 masters, Adam moments and step,
 lr schedule, consumed samples), so that the run resumes under the new layout with `recipes.train.cli`.
 
-    python -m recipes reshape --checkpoint OLD_DIR [--tag global_stepN] --out NEW_DIR --to tp=1,pp=4,dp=2[,zero=1] \
+    python -m recipes reshape --checkpoint OLD_DIR [--tag global_stepN] --out NEW_DIR --to tp=1,pp=4,dp=2[,ep=2] \
         --config RECIPE [section.key=value ...]
     python -m recipes train --config RECIPE --local 8 ... checkpoint.dir=NEW_DIR parallel.tp=1 parallel.pp=4
 
@@ -14,6 +14,10 @@ full state directory (recipes.checkpoint.format.full_state) and written at the t
 run at (heads or query groups not divisible by tp, pp > layers, ZeRO-2/3 with pp > 1, batch not divisible by
 micro_batch x dp) are refused with the validator's reason before anything is written.
 Sources: ZeRO-1/2/3 (ZeRO-0 keeps unnamed optimizer state). Targets: ZeRO-0/1/2.
+Mixture-of-experts models (any EP to any EP, `ep=N`, default the source's): the source is read by engines at its own
+layout (recipes.train.state_reader: DeepSpeed loads its files, weights and Adam's moments are gathered over TP x EP),
+the target written by the engine writer; the experts' split is recipes.checkpoint.format.expert_shards. A target
+whose ep does not divide num_experts or DP x CP is refused with the validator's reason.
 Context parallelism holds no parameters and DeepSpeed's data axis is DP x CP, so a CP run's files are those of a run
 at DP x CP: a CP source is read as one, and a target `cp=N` (default 1) is written as DP x CP data ranks, its recipe
 stored with its cp.
@@ -35,13 +39,14 @@ log = logging.getLogger(__name__)
 
 
 def parse_target(spec: str) -> dict:
-    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1} (and 'cp': N when given; default 1)."""
+    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1} (and 'cp' / 'ep': N when given; cp
+    defaults to 1, ep to the source run's)."""
     out = {}
     for part in filter(None, spec.split(",")):
         key, _, value = part.partition("=")
         key = {"zero": "zero_stage"}.get(key.strip(), key.strip())
-        if key not in ("tp", "pp", "dp", "cp", "zero_stage") or not value.strip().isdigit():
-            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,cp=N][,zero=N], got '{part}'")
+        if key not in ("tp", "pp", "dp", "cp", "ep", "zero_stage") or not value.strip().isdigit():
+            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,cp=N][,ep=N][,zero=N], got '{part}'")
         out[key] = int(value)
     for key in ("tp", "pp", "dp"):
         if key not in out:
@@ -59,15 +64,24 @@ def target_recipe(recipe, target: dict, source_zero: int):
                           "from a ZeRO-1/2 reshape only through export/import of the weights)")
     data = recipe.model_dump(mode="json")
     data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero,
-                            cp=target.get("cp", 1))
+                            cp=target.get("cp", 1), ep=target.get("ep", recipe.parallel.ep))
     new = type(recipe).model_validate(data)
     world = target["tp"] * new.parallel.cp * target["pp"] * target["dp"]
+    ep = f", ep={new.parallel.ep}" if recipe.model.moe is not None else ""
     try:
         validate_recipe(new, world)
     except (RecipeError, ValueError) as e:
         raise RecipeError(f"cannot reshape to tp={target['tp']}, pp={target['pp']}, dp={target['dp']}, "
-                          f"cp={new.parallel.cp}, ZeRO-{zero}: {e}") from e
+                          f"cp={new.parallel.cp}{ep}, ZeRO-{zero}: {_one_line(str(e))}") from e
     return new, world
+
+
+def _one_line(text: str) -> str:
+    """The validator's list of errors ("recipe 'x' has N error(s):" then "  - ..." lines) as one line."""
+    lines = text.splitlines()
+    if len(lines) > 1 and lines[0].endswith("error(s):"):
+        return "; ".join(line.strip().removeprefix("- ") for line in lines[1:])
+    return text
 
 
 def as_data_parallel(recipe):
@@ -89,10 +103,6 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     (stream where it applies). workers: the streaming writer's processes (None: one per core, at most one per item)."""
     from recipes.checkpoint.format.tags import resolve_tag
 
-    if recipe.model.moe is not None:
-        raise RecipeError("reshape does not re-lay mixture-of-experts checkpoints yet (the experts' EP x TP split is "
-                          "not in its readers); resume at the layout the checkpoint was saved at, or export-hf and "
-                          "import-hf at the new layout (weights only)")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
@@ -108,16 +118,15 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
         raise RecipeError(f"--writer stream cannot re-lay this checkpoint: {why_not}; use --writer engine")
     streaming = writer != "engine" and not why_not
     log.info(f"reshape: {source.describe()} -> TP={target['tp']} x CP={new.parallel.cp} x PP={target['pp']} x "
-             f"DP={target['dp']}, "
+             f"DP={target['dp']}{_ep_of(new)}, "
         f"ZeRO-{new.parallel.zero_stage}; " + ("streaming writer" if streaming else
                                               f"engine writer, {world} processes" + (f" ({why_not})" if why_not else "")))
     if streaming:
         _stream(tag_dir, out, written, world, quiet, workers)
     else:
-        from recipes.checkpoint.format.read import read_full_state
         from recipes.train.state_writer import publish_checkpoint
 
-        state = read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
+        state = _read_with_moments(ckpt_dir, recipe, tag)
         publish_checkpoint(out, world, state.weights, state.meta, written, state.exp_avg, state.exp_avg_sq,
                            quiet=quiet)
     _record_target(out, new, world)
@@ -128,9 +137,26 @@ def reshape(ckpt_dir: str, out_dir: str, recipe, target: dict, tag: str | None =
     file_mode.fix_tree(out, file_mode.recipe_mode(new))  # checkpoint.file_mode (the partial dir was mkdtemp's 0700)
     log.info(f"reshape: wrote {out}; resume with python -m recipes train ... checkpoint.dir={out} "
         f"parallel.tp={target['tp']} parallel.pp={target['pp']} parallel.cp={new.parallel.cp} "
+        + (f"parallel.ep={new.parallel.ep} " if recipe.model.moe is not None else "") +
         f"parallel.zero_stage={new.parallel.zero_stage} "
         f"(world size {world})")
     return out
+
+
+def _ep_of(recipe) -> str:
+    return f" x EP={recipe.parallel.ep}" if recipe.model.moe is not None else ""
+
+
+def _read_with_moments(ckpt_dir: str, recipe, tag: str | None):
+    """The source's full state with Adam's moments: offline from its files, or for a mixture-of-experts model by
+    engines at its own layout (where its experts are: recipes.train.state_reader)."""
+    if recipe.model.moe is not None:
+        from recipes.train.state_reader import read_via_engines
+
+        return read_via_engines(ckpt_dir, recipe, tag=tag, with_moments=True)
+    from recipes.checkpoint.format.read import read_full_state
+
+    return read_full_state(ckpt_dir, recipe.model, tag=tag, with_moments=True)
 
 
 def _record_target(out: Path, new, world: int) -> None:
@@ -189,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", required=True, help="source training checkpoint directory")
     ap.add_argument("--tag", help="global_stepN (default: the `latest` file)")
     ap.add_argument("--out", required=True, help="new checkpoint directory (becomes checkpoint.dir of the resumed run)")
-    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,cp=2][,zero=1] (cp default 1)")
+    ap.add_argument("--to", required=True, help="target layout, e.g. tp=1,pp=4,dp=2[,cp=2][,ep=2][,zero=1] (cp "
+                    "default 1, ep default the source's)")
     ap.add_argument("--config", help="the run's recipe (default: CHECKPOINT/recipe.yaml)")
     ap.add_argument("--writer", choices=("auto", "stream", "engine"), default="auto",
                     help="stream: tensor by tensor, no engine (ZeRO-1/2 to ZeRO-1/2); engine: one process per target "

@@ -52,7 +52,8 @@ def resume(eng, recipe) -> TrainState:
         return TrainState()
     from megatron.core import parallel_state
 
-    source = init_from.initialise(eng, recipe, parallel_state.get_tensor_model_parallel_rank())
+    source = init_from.initialise(eng, recipe, parallel_state.get_tensor_model_parallel_rank(),
+                                  parallel_state.get_expert_model_parallel_rank())
     what = "weights and optimizer state" if source["optimizer"] else "weights"
     logger.info(f"initialised from {source['dir']}/{source['tag']} (step {source['step']} of "
                 f"{(source['recipe'] or {}).get('name', 'an unnamed recipe')}): its {what} at this run's layout; "

@@ -1,5 +1,5 @@
 """Write a training checkpoint at any layout from a full state directory (recipes.checkpoint.format.full_state): the
-engine is built at the target layout (one process per rank, torchrun on this machine, CPU/gloo), every rank puts
+engine is built at the target layout (one process per rank on this machine, CPU/gloo: recipes.train.local_workers), every rank puts
 its shards of the full state into it (recipes.checkpoint.format.engine_state), and `recipes.checkpoint.store.save`
 writes the DeepSpeed files + complete.json. `python -m recipes train` at that layout then resumes from it as from
 its own. Here, not in recipes.checkpoint, because it builds the training engine."""
@@ -9,7 +9,6 @@ import argparse
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -25,18 +24,14 @@ log = logging.getLogger(__name__)
 
 
 def write_checkpoint(state_dir: Path, out_dir: Path, world_size: int, quiet: bool = False, timeout: int = 1800) -> None:
-    """Run the writer on `world_size` local processes (torchrun); raises with the ranks' output on failure."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="",
-               PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-           "-m", "recipes.train.state_writer", "--state", str(state_dir), "--out", str(out_dir)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=Path(__file__).resolve().parents[2])
-    if proc.returncode != 0:
-        raise RuntimeError(f"checkpoint writer failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-4000:]}")
+    """Run the writer on `world_size` local processes (recipes.train.local_workers); raises with the ranks' output on
+    failure."""
+    from recipes.train.local_workers import run_ranks
+
+    stderr = run_ranks(world_size, "recipes.train.state_writer", main, ["--state", str(state_dir), "--out",
+                                                                         str(out_dir)], timeout)
     if not quiet:  # the ranks' own log lines about the save, once (rank 0 logs them)
-        for line in proc.stderr.splitlines():
+        for line in stderr.splitlines():
             if line.startswith("checkpoint:"):
                 log.info(line)
 

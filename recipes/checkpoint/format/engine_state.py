@@ -1,8 +1,9 @@
 """Put a full state (recipes.checkpoint.format.full_state) into a live DeepSpeed engine at any layout: every rank
 cuts its TP shard (and for the experts its EP x TP shard, recipes.checkpoint.format.expert_shards) out of the full
 tensors and puts weights, fp32 masters and Adam moments where DeepSpeed keeps them, so that the engine's own save then
-writes DeepSpeed's files (recipes.train.state_writer runs it). `gather_full_weights` is the way back out: a live
-engine's parameters as full tensors (recipes.train.state_reader runs it on an engine that loaded a checkpoint)."""
+writes DeepSpeed's files (recipes.train.state_writer runs it). `gather_full_state` is the way back out: a live
+engine's parameters (and Adam's moments) as full tensors (recipes.train.state_reader runs it on an engine that loaded
+a checkpoint)."""
 from __future__ import annotations
 
 import torch
@@ -38,12 +39,7 @@ def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, ep_rank:
         return t.to(like.device)
 
     if state.moments is not None and zero is not None:
-        # ZeRO-1/2 create Adam's state lazily at the first step; create it here (zeros, the saved step count) and
-        # let DeepSpeed link each parameter's fragment of it, then fill the fragments.
-        for flat in zero.single_partition_of_fp32_groups:
-            zero.optimizer.state[flat] = {"step": torch.tensor(float(step or 0)),
-                                          "exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)}
-        deepspeed_private.link_optimizer_state(zero)
+        _create_moments(zero, step)  # then filled fragment by fragment below
     names = set(state.weights.keys())
     for raw, p in eng.module.named_parameters():
         name = canonical_name(raw)
@@ -67,6 +63,28 @@ def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, ep_rank:
         _restore_schedule(eng, state.meta)
 
 
+def _create_moments(zero, step: float | None) -> None:
+    """ZeRO-1/2 create Adam's state lazily at the first step; create it here (zeros, the given step count) and let
+    DeepSpeed link each parameter's fragment of it."""
+    for flat in zero.single_partition_of_fp32_groups:
+        zero.optimizer.state[flat] = {"step": torch.tensor(float(step or 0)),
+                                      "exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)}
+    deepspeed_private.link_optimizer_state(zero)
+
+
+def link_loaded_moments(eng) -> None:
+    """After `load_checkpoint`: link every parameter's fragment to the loaded Adam state (DeepSpeed links them only
+    at the next step), so that `gather_full_state` can read the moments; zeros with step 0 where the checkpoint was
+    saved before the first step (an import)."""
+    zero = deepspeed_private.zero_optimizer(eng.engine.optimizer)
+    if zero is None:
+        return
+    if not zero.optimizer.state:
+        _create_moments(zero, 0.0)
+    else:
+        deepspeed_private.link_optimizer_state(zero)
+
+
 def _restore_schedule(eng, meta: dict) -> None:
     # One lr for all groups (recipes.train.engine gives decay / no-decay groups the same schedule); the number of
     # groups per stage depends on the layout (a stage with only matrices has one), so take the first.
@@ -88,24 +106,40 @@ def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     return parts
 
 
-def gather_full_weights(eng, recipe) -> dict:
-    """Collective over each stage's TP and TP x EP groups: this stage's parameters as full canonical tensors (fp32
-    masters under ZeRO-1/2, the module weights under ZeRO-0), vocabulary unpadded."""
-    from deepspeed.utils import safe_get_full_fp32_param
+KINDS = ("weights", "exp_avg", "exp_avg_sq")  # fp32 masters (module weights under ZeRO-0) and Adam's moments
+
+
+def _local_value(p, kind: str, zero_stage: int) -> torch.Tensor:
+    """This rank's `kind` of parameter `p` over its DP group (the expert-data-parallel group for experts): ZeRO's
+    partitions gathered by DeepSpeed (a collective)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    if kind == "weights":
+        value = safe_get_full_fp32_param(p) if zero_stage >= 1 else None
+        return (p.data if value is None else value).float().cpu()
+    value = safe_get_full_optimizer_state(p, kind) if zero_stage >= 1 else None
+    if value is None:  # no ZeRO-1/2 mapping, or saved before the first step (Adam's state is created lazily)
+        raise ValueError(f"no '{kind}' optimizer state for this parameter (reshape with moments needs ZeRO-1/2)")
+    return value.float().cpu()
+
+
+def gather_full_state(eng, recipe, kinds: tuple[str, ...] = ("weights",)) -> dict[str, dict]:
+    """Collective over each stage's TP and TP x EP groups: {kind: this stage's parameters as full canonical tensors}
+    for each of `kinds` (KINDS), vocabulary unpadded."""
     from megatron.core import parallel_state as ps
 
-    m = recipe.model
-    swiglu = m.activation == "swiglu"
+    swiglu = recipe.model.activation == "swiglu"
     tp, ep = eng.layout.tp, eng.layout.ep
-    out = {}
+    out: dict[str, dict] = {k: {} for k in kinds}
     for raw, p in eng.module.named_parameters():
         name = canonical_name(raw)
-        value = safe_get_full_fp32_param(p) if eng.layout.zero_stage >= 1 else None
-        value = (p.data if value is None else value).float().cpu()
-        if is_moe_split(name) and tp * ep > 1:  # tp_ep group: ranks ordered EP-major, TP-minor
-            flat = _gather(value, ps.get_expert_tensor_and_model_parallel_group())
-            value = merge_moe(name, [flat[e * tp:(e + 1) * tp] for e in range(ep)], swiglu)
-        elif split_dim(name) is not None and tp > 1:
-            value = merge_tp(name, _gather(value, ps.get_tensor_model_parallel_group()), swiglu)
-        out[name] = strip_vocab(name, value, m.vocab_size).contiguous()
+        for kind in kinds:
+            value = _local_value(p, kind, eng.layout.zero_stage)
+            if is_moe_split(name) and tp * ep > 1:  # tp_ep group: ranks ordered EP-major, TP-minor
+                flat = _gather(value, ps.get_expert_tensor_and_model_parallel_group())
+                value = merge_moe(name, [flat[e * tp:(e + 1) * tp] for e in range(ep)], swiglu)
+            elif split_dim(name) is not None and tp > 1:
+                value = merge_tp(name, _gather(value, ps.get_tensor_model_parallel_group()), swiglu)
+            out[kind][name] = strip_vocab(name, value, recipe.model.vocab_size).contiguous()
     return out
+

@@ -21,6 +21,19 @@ def is_moe_split(name: str) -> bool:
     return name.endswith((_EXPERT_FC1, _EXPERT_FC2, _SHARED_FC1, _SHARED_FC2))
 
 
+def tp_dim(name: str) -> int:
+    """The dimension an expert tensor splits over TP (the EP split is dim 0 of the routed experts)."""
+    if name.endswith(_EXPERT_FC1):
+        return 1
+    if name.endswith(_EXPERT_FC2):
+        return 2
+    if name.endswith(_SHARED_FC1):
+        return 0
+    if name.endswith(_SHARED_FC2):
+        return 1
+    raise ValueError(f"{name} is not an expert tensor")
+
+
 def _rows(full: torch.Tensor, dim: int, tp: int, rank: int, swiglu: bool) -> torch.Tensor:
     if not swiglu:
         return full.chunk(tp, dim=dim)[rank]

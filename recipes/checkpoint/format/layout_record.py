@@ -95,6 +95,19 @@ def saved_layout(tag_dir: Path) -> SavedLayout:
     return SavedLayout(tp=found.tp, cp=1, pp=found.pp, dp=found.dp, zero_stage=found.zero_stage, recorded=False)
 
 
+def check_offline_readable(tag_dir: Path) -> None:
+    """The offline readers (recipes.checkpoint.format.read, relayout.Source) know where DeepSpeed put every tensor
+    except the experts of an expert-parallel run (in MoE param groups over the expert-data-parallel group): refuse
+    those with the way that reads them."""
+    from recipes.checkpoint.format.errors import CheckpointError
+
+    ep = (marker(tag_dir).get("layout") or {}).get("ep", 1)
+    if ep > 1:
+        raise CheckpointError(f"{tag_dir} was saved at parallel.ep={ep} (experts split over EP ranks), which the "
+                              "offline reader does not read; reshape it to ep=1 (python -m recipes reshape ... "
+                              "--to ...,ep=1) or read it by engines (recipes.train.state_reader)")
+
+
 def restamp(tag_dir: Path, entries: dict) -> None:
     """Replace record entries of a complete tag (atomically: the marker stays whole). For `recipes reshape`, whose
     writers lay a CP target out as DP x CP data ranks: the record then names the CP layout the run resumes at."""

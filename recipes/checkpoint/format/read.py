@@ -19,12 +19,13 @@ from recipes.checkpoint.format import deepspeed_private
 from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.layout import (LAYER_FILE, SourceLayout, detect_layout, load, model_states_name,
                                               optim_name, zero3_model_states_name)
+from recipes.checkpoint.format.layout_record import check_offline_readable
 from recipes.checkpoint.format.shards import canonical_name, merge_tp, strip_vocab
 from recipes.checkpoint.format.tags import client_state, resolve_tag
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "FullState", "read_full_state", "resolve_tag", "detect_layout"]
+__all__ = ["CheckpointError", "FullState", "checkpoint_meta", "read_full_state", "resolve_tag", "detect_layout"]
 
 
 @dataclass
@@ -120,6 +121,7 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
     """Canonical full state of a checkpoint. `model_cfg` is the recipe's model section (for the vocabulary size and
     the fc1 layout); with_moments also reads Adam's exp_avg / exp_avg_sq (ZeRO >= 1 checkpoints)."""
     tag_dir = resolve_tag(ckpt_dir, tag)
+    check_offline_readable(tag_dir)
     lay = detect_layout(tag_dir)
     log.info(f"reading {tag_dir} ({lay.describe()})")
     if with_moments and lay.zero_stage == 0:
@@ -138,10 +140,17 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
     else:
         state.weights = _merge(_local_weights_from_module_files(tag_dir, lay), swiglu, vocab)
     _check_names(state.weights, model_cfg, tag_dir)
-    state.meta = _meta(tag_dir, lay)
-    if with_moments:
-        state.meta.update(_optimizer_meta(tag_dir))
+    state.meta = checkpoint_meta(tag_dir, lay, optimizer=with_moments)
     return state
+
+
+def checkpoint_meta(tag_dir: Path, lay: SourceLayout, optimizer: bool = False) -> dict:
+    """What a tag records besides its tensors: client state, lr schedule, step counters; with `optimizer` also the
+    optimizer's step count and lrs (what a re-layout with moments carries)."""
+    meta = _meta(tag_dir, lay)
+    if optimizer:
+        meta.update(_optimizer_meta(tag_dir))
+    return meta
 
 
 def _meta(tag_dir: Path, lay: SourceLayout) -> dict:

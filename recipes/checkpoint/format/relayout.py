@@ -19,8 +19,9 @@ optimizer partition (x3) while its file is built, and one layer's TP shard for t
 targets keep DeepSpeed's single module file per TP rank (the whole TP shard of the model): that is the format, not
 this writer. Files are read with recipes.checkpoint.safe_load (weights_only + allow-list, memory-mapped).
 
-Supported: sources ZeRO-1/2 (any TP x PP x DP), targets ZeRO-1/2; the rest goes through the engine writer
-(recipes.train.state_writer; `python -m recipes reshape` picks).
+Supported: sources ZeRO-1/2 (any TP x PP x DP) of dense models, targets ZeRO-1/2; the rest (mixture-of-experts
+models included: their experts sit in DeepSpeed's MoE param groups, partitioned over the expert-data-parallel group)
+goes through the engine writer (recipes.train.state_writer; `python -m recipes reshape` picks).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from data_prep.io import fsync_dir
 from recipes.checkpoint import safe_load
 from recipes.checkpoint.format import deepspeed_private, layout_record
 from recipes.checkpoint.format.errors import CheckpointError
+from recipes.checkpoint.format.expert_shards import is_moe_split, tp_dim as expert_tp_dim
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, layer_name, model_states_name,
                                               optim_file_name, optim_name)
 from recipes.checkpoint.format.shards import (canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp,
@@ -57,6 +59,9 @@ _KINDS = ("fp32", "exp_avg", "exp_avg_sq")
 
 def unsupported(source: SourceLayout, recipe, target_zero: int) -> str | None:
     """Why the streaming writer cannot do this re-layout (None: it can)."""
+    if recipe.model.moe is not None:
+        return ("the model has experts (the streaming writer does not lay out DeepSpeed's expert-data-parallel "
+                "param groups)")
     if source.zero_stage not in (1, 2):
         return f"the source is ZeRO-{source.zero_stage} (streaming reads ZeRO-1/2 partitions)"
     if target_zero not in (1, 2):
@@ -69,6 +74,7 @@ class Source:
     """Full canonical tensors of a ZeRO-1/2 checkpoint, read slice by slice from memory-mapped files."""
 
     def __init__(self, tag_dir: Path, model_cfg):
+        layout_record.check_offline_readable(tag_dir)
         self.dir, self.cfg = tag_dir, model_cfg
         self.lay = detect_layout(tag_dir)
         self.swiglu = model_cfg.activation == "swiglu"
@@ -160,7 +166,7 @@ class Source:
 
     def full_shape(self, name: str) -> list[int]:
         shape = list(self.index[name][3])
-        dim = split_dim(name)
+        dim = expert_tp_dim(name) if is_moe_split(name) else split_dim(name)
         if dim is not None:
             shape[dim] *= self.lay.tp
         if is_vocab(name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from recipes.checkpoint.format.expert_shards import is_moe_split, merge_moe
 from recipes.model.layers import swiglu_fc1_full_order
 
 # name suffix -> TP split dimension (names not listed are replicated over TP ranks)
@@ -42,7 +43,10 @@ def _is_swiglu_fc1(name: str, swiglu: bool) -> bool:
 
 
 def merge_tp(name: str, shards: list[torch.Tensor], swiglu: bool) -> torch.Tensor:
-    """Full tensor from its TP shards (rank order)."""
+    """Full tensor from its TP shards (rank order); expert tensors of an EP = 1 checkpoint too (their TP split is
+    recipes.checkpoint.format.expert_shards's; experts split over EP ranks are joined there)."""
+    if is_moe_split(name):
+        return merge_moe(name, [shards], swiglu)
     dim = split_dim(name)
     if dim is None or len(shards) == 1:
         return shards[0]

@@ -1,0 +1,111 @@
+"""Local CPU ranks of a checkpoint worker (the engine reader and writer: recipes.train.state_reader,
+recipes.train.state_writer) for reshape, import-hf and export-hf.
+
+The ranks are forked from this process once it has imported torch, DeepSpeed and megatron-core (the --local
+launcher's template, recipes.train.local_ranks: each fresh rank would pay ~8 s of CPU on imports first), each with
+torch.distributed's environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE) as torchrun would set it and its output in a
+file of its own. Where forking is unsafe (threads running here, GPUs visible, RECIPES_LOCAL_START=exec) they are
+fresh interpreters under torchrun, as before. Either way a failure raises RuntimeError with the ranks' output, and
+no rank outlives the call (killed on failure or timeout; a forked rank also dies with this process).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_ranks(world: int, module: str, worker_main, argv: list[str], timeout: float) -> str:
+    """`python -m MODULE ARGV` on `world` local CPU ranks (`worker_main(argv)` is that module's main); returns the
+    ranks' stderr."""
+    from recipes.train import local_ranks
+
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="",
+               PYTHONWARNINGS="ignore")
+    if _can_fork() and local_ranks.prepare_template(_quiet_imports) is None:
+        return _forked(world, worker_main, argv, env, timeout)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m", module,
+           *argv]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc.stderr
+
+
+def _can_fork() -> bool:
+    """No GPU visible (CUDA cannot be used after a fork) and no process group here (a rank would inherit it)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+        return False
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    return not (dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _quiet_imports() -> None:
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+
+
+def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float) -> str:
+    from recipes.parallel.rendezvous import free_port
+    from recipes.train import local_ranks
+
+    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+               LOCAL_WORLD_SIZE=str(world))
+    with tempfile.TemporaryDirectory(prefix="ranks-") as logs:
+        outputs = [Path(logs) / f"rank{r}.log" for r in range(world)]
+        procs = [local_ranks.fork_rank(dict(env, RANK=str(r), LOCAL_RANK=str(r)), argv,
+                                       _logged(worker_main, outputs[r])) for r in range(world)]
+        failed = _wait(procs, timeout)
+        text = "".join(p.read_text(errors="replace") for p in outputs)
+    if failed:
+        raise RuntimeError(f"{failed}:\n{text[-6000:]}")
+    return text
+
+
+def _logged(worker_main, path: Path):
+    def run(argv: list[str]) -> int:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        _die_with_parent()
+        return worker_main(argv)
+    return run
+
+
+def _die_with_parent() -> None:
+    """A forked rank gets SIGKILL when this process dies (Linux PR_SET_PDEATHSIG), never lingering as an orphan."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux
+
+
+def _wait(procs: list, timeout: float) -> str | None:
+    """None when every rank exited 0; else why not (the other ranks are then killed and reaped)."""
+    deadline = time.monotonic() + timeout
+    why = None
+    while why is None:
+        codes = [p.poll() for p in procs]
+        bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            why = f"rank {bad[0][0]} exited with code {bad[0][1]}"
+        elif all(c == 0 for c in codes):
+            return None
+        elif time.monotonic() > deadline:
+            why = f"the ranks did not finish within {timeout:.0f} s"
+        else:
+            time.sleep(0.1)
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+    return why
