@@ -16,15 +16,20 @@ import torch
 from interop_runs import RECIPE, VOCAB
 from recipes.checkpoint.format.read import read_full_state
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
-from recipes.hf.export import main as export_main
-from recipes.hf.importer import main as import_main
-from tests.support.runs import pretrain
+from tests.support.engine_read import read_by_engines
+from tests.support.runs import pretrain, recipes_cli
 
 pytestmark = pytest.mark.multiproc
 
 TOL = 1e-4
 EP2_TP2 = ["parallel.tp=2", "parallel.ep=2", "parallel.pp=1", "parallel.dp=2"]
 ARCH = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
+def _cli(*argv: str) -> None:
+    """A recipes command as users run it, forked from the tests' template: its engine ranks are forked too."""
+    r = recipes_cli(list(argv), timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
 
 
 def _tokens(seed=0):
@@ -43,12 +48,12 @@ def test_import_at_ep2_tp2_then_export_gives_the_transformers_logits(kind, corpu
 
     hf = hf_moe_model(kind, tmp_path / "hf", seed=2, vocab_size=VOCAB, max_position_embeddings=256)
     ckpt, out = tmp_path / "ckpt", tmp_path / "export"
-    assert import_main(["--hf", str(tmp_path / "hf"), "--out", str(ckpt), "--config", RECIPE, "--quiet",
-                        f"data.manifests=[{corpus['manifest']}]", *EP2_TP2]) == 0
+    _cli("import-hf", "--hf", str(tmp_path / "hf"), "--out", str(ckpt), "--config", RECIPE, "--quiet",
+         f"data.manifests=[{corpus['manifest']}]", *EP2_TP2)
     recipe = load_checkpoint_recipe(str(ckpt), None, [])
     experts = 4 if kind == "mixtral" else 6
     assert (recipe.parallel.tp, recipe.parallel.ep, recipe.model.moe.num_experts) == (2, 2, experts)
-    assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--quiet"]) == 0
+    _cli("export-hf", "--checkpoint", str(ckpt), "--out", str(out), "--quiet")
     back = _load_hf(out)
     assert type(back).__name__ == ARCH[kind]
     x = _tokens()
@@ -68,14 +73,12 @@ def test_trained_ep2_tp2_checkpoint_exports_the_same_model_as_single_process(cor
     pretrain(4, f"data.manifests=[{corpus['manifest']}]", f"checkpoint.dir={ep_tp}", *MOE, "parallel.tp=2",
              "parallel.ep=2", timeout=600)
     recipe = load_checkpoint_recipe(str(single), None, [])
-    from recipes.train.state_reader import read_full_weights
-
-    via_engines = read_full_weights(single, recipe).weights
+    via_engines = read_by_engines(single, (single / "latest").read_text().strip(), tmp_path / "engines")["weights"]
     offline = read_full_state(single, recipe.model).weights  # ep = tp = 1: the offline reader knows every name
     assert list(via_engines) == list(offline)
     assert all(torch.equal(via_engines[k], offline[k]) for k in offline)
     for run in (single, ep_tp):
-        assert export_main(["--checkpoint", str(run), "--out", str(tmp_path / f"hf_{run.name}"), "--quiet"]) == 0
+        _cli("export-hf", "--checkpoint", str(run), "--out", str(tmp_path / f"hf_{run.name}"), "--quiet")
     a, b = _load_hf(tmp_path / "hf_single"), _load_hf(tmp_path / "hf_ep2tp2")
     assert type(a).__name__ == type(b).__name__ == "MixtralForCausalLM"
     x = _tokens(1)

@@ -18,7 +18,7 @@ import torch
 from recipes.checkpoint import safe_load
 from recipes.checkpoint.format.read import read_full_state
 from recipes.tools.reshape import parse_target, reshape
-from tests.support.runs import losses, pretrain
+from tests.support.runs import losses, pretrain, recipes_cli
 
 pytestmark = pytest.mark.multiproc
 
@@ -27,6 +27,11 @@ REL_TOL = 2e-5
 
 def _reshape(run, tmp_path_factory, target: str, writer: str = "stream", workers: int | None = None):
     out = tmp_path_factory.mktemp("reshape_stream") / target.replace(",", "_").replace("=", "")
+    if writer == "engine":  # the command as users run it, forked from the tests' template: its engine ranks too
+        r = recipes_cli(["reshape", "--checkpoint", str(run.path), "--out", str(out), "--to", target, "--tag",
+                         "global_step3", "--writer", "engine", "--quiet"], timeout=900)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return out
     reshape(str(run.path), str(out), run.recipe(), parse_target(target), tag="global_step3", quiet=True, writer=writer,
             workers=workers)
     return out
