@@ -102,8 +102,11 @@ def test_a_killed_run_resumes_the_same_wandb_run(corpus, tmp_path):
                WANDB_X_TRANSACTION_LOG_FLUSH_INTERVAL="1")
     env.pop("WANDB_API_KEY", None)
     run = tmp_path / "run"
+    # rank 0 slowed (~1.6 s a step, numerics unchanged): on a loaded machine W&B's flush could otherwise trail the
+    # last step, and the run would end before it could be killed
+    slow = dict(env, RECIPES_TEST_FAULT="slow rank=0 step=1 seconds=0.4")
     _kill_when(pretrain_cmd(2, *on_corpus(run, corpus), *ARGS), lambda: _logged_through_a_checkpoint(run, wandb_root),
-               env)
+               slow)
     resumed_from = json.loads((run / (run / "latest").read_text().strip() / "complete.json").read_text())
     assert resumed_from["client_state"]["wandb_run_id"]  # the id travels in the checkpoint
     k = resumed_from["step"]
