@@ -864,7 +864,8 @@ def what_would_fit(model_cfg, cluster, global_batch: int, *, precision: str = "b
                 f"({model_cfg.num_layers}); and global batch {global_batch} must be a multiple of micro-batch x dp "
                 f"with tp x pp x dp = {cluster.world_size}: pick a global batch that is a multiple of the GPU count")
     smallest = min(ests, key=lambda e: e.memory_gib["total"])
-    tried = "ZeRO-3, full recompute, micro-batch 1" + (
+    # the stages actually searched: a MoE model never gets ZeRO-3 (refused with experts), a pipeline never ZeRO-2/3
+    tried = f"ZeRO-{max(e.layout.zero_stage for e in ests)}, full recompute, micro-batch 1" + (
         f" and CP up to {max(e.layout.cp for e in ests)}" if model_cfg.seq_length >= CP_SEARCH_FROM else "")
     msg = (f"the leanest layout searched ({smallest.layout.describe()}; {tried} were all tried) needs "
            f"{smallest.memory_gib['total']:.1f} GiB per GPU "

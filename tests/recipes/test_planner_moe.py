@@ -94,3 +94,14 @@ def test_ep_kept_inside_a_node_when_it_fits_there():
     text = ex.expert_parallel(p)
     assert "inside a node, on NVLink" in text and "load imbalance is an assumption" in text.lower()
     assert "EP=16 runs at" in text and "all-to-alls" in text.split("EP=16 runs at")[1]
+
+
+def test_no_fit_names_the_zero_stage_actually_searched_for_experts():
+    """ZeRO-3 is refused with experts, so the search stops at ZeRO-2: the no-fit sentence says so, not ZeRO-3."""
+    from recipes.planner.cost import what_would_fit
+
+    tiny = cluster(1, memory_gb=1)
+    ests = plan_layouts(MODEL, tiny, 64)
+    assert ests and not any(e.fits for e in ests) and max(e.layout.zero_stage for e in ests) == 2
+    msg = what_would_fit(MODEL, tiny, 64, max_nodes=2)
+    assert "ZeRO-2, full recompute" in msg and "ZeRO-3" not in msg
