@@ -4,7 +4,8 @@ rank_exec.sh (around every rank) writes one line when its command ends, into the
 (LAUNCH_EXIT_DIR), under a fresh name renamed to `rank-R.exit`:
     rank=R exit=CODE stopped=0|1 at=EPOCH host=HOST
 `stopped=1`: the rank was signalled by us (a stop, a peer's failure); exit 143 is a SIGTERM from torchrun or Slurm
-stopping it. The first record in time of a rank that died on its own is the failure. A rank printing a line that
+stopping it. The first record in time of a rank that died on its own is the failure (or a rank killed or crashed
+within KILLED_WINDOW_S of it: `first_failure`). A rank printing a line that
 looks like a record (or like the old `LAUNCH-FAIL rank=` line) changes nothing: its output is only ever copied."""
 from __future__ import annotations
 

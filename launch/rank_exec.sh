@@ -57,10 +57,11 @@ wait "$child"; rc=$?
 ended=$EPOCHREALTIME  # when the command ended, before anything else: the launcher orders failures by this
 # `wait` returns early when a trapped signal arrives: keep waiting for the command itself.
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+was_stopped=$stopped  # as the command died: a stop arriving while sed flushes does not make a death a stop
 wait 2>/dev/null  # let the prefixing sed flush the last lines
-record "$rc" "$stopped" "$ended"
+record "$rc" "$was_stopped" "$ended"
 # rc 143 = SIGTERM: a stop that came from the launcher or a peer's failure, never the root cause.
-if [ "$rc" -ne 0 ] && [ "$stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
+if [ "$rc" -ne 0 ] && [ "$was_stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
   echo "$tag exited on its own: exit=$rc" >&2
 fi
 exit "$rc"

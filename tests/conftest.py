@@ -36,17 +36,21 @@ def slurm(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _process_file_mode_restored():
-    """A test that runs a launcher or a CLI in this process may apply a file mode (data_prep.file_modes.apply sets
-    the umask and RECIPES_FILE_MODE); left behind, it would reach every later test's subprocesses."""
+def _process_state_restored():
+    """A test that runs a launcher or a CLI in this process may change process-wide state: a file mode
+    (data_prep.file_modes.apply sets the umask and RECIPES_FILE_MODE), no visible GPU (reshape / export-hf /
+    import-hf default CUDA_VISIBLE_DEVICES to ""). Left behind, it would reach every later test and its subprocesses
+    (on a GPU machine the GPU tier would see no GPU)."""
     from data_prep import file_modes
 
-    umask, mode, env = os.umask(0o022), file_modes._mode, os.environ.get(file_modes.ENV)
+    umask, mode = os.umask(0o022), file_modes._mode
     os.umask(umask)
+    env = {k: os.environ.get(k) for k in (file_modes.ENV, "CUDA_VISIBLE_DEVICES")}
     yield
     os.umask(umask)
     file_modes._mode = mode
-    if env is None:
-        os.environ.pop(file_modes.ENV, None)
-    else:
-        os.environ[file_modes.ENV] = env
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

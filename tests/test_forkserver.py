@@ -1,7 +1,9 @@
 """The tests' command template (tests/support/forkserver.py) runs `python -m MODULE ...` as a fresh interpreter
 would: the same output and exit code, the caller's environment (replaced whole), working directory and umask, and a
 timeout that kills the command; the template then serves the next one."""
+import json
 import os
+import signal
 import subprocess
 import time
 
@@ -30,8 +32,6 @@ def test_output_and_exit_codes_are_a_fresh_interpreters():
 
 
 def test_the_command_gets_the_callers_environment_cwd_umask_and_exit_code(tmp_path):
-    import json
-
     (tmp_path / "probe_module.py").write_text(PROBE)
     env = {k: v for k, v in worker_env().items() if k != "HOME"} | {"PROBE": "seen"}
     old = os.umask(0o027)
@@ -55,3 +55,28 @@ def test_a_command_past_its_timeout_is_killed_and_the_next_one_runs(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped
     assert recipes_cli(["--version"]).returncode == 0
+
+
+def test_an_interrupted_command_is_killed_and_the_next_one_gets_its_own_answer(tmp_path):
+    """pytest-timeout's alarm (or Ctrl-C) raising while a command runs: the command is killed and the next command
+    reads its own exit code and output, not the abandoned one's (a fresh template answers it)."""
+    (tmp_path / "probe_module.py").write_text(PROBE)
+    assert forkserver.run(["0"], worker_env(), tmp_path, timeout=120, module="probe_module").returncode == 0  # warm
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            forkserver.run(["sleep"], worker_env(), tmp_path, timeout=60, module="probe_module")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    pid = int((tmp_path / "pid").read_text())
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    r = forkserver.run(["5"], worker_env(), tmp_path, timeout=120, module="probe_module")
+    assert r.returncode == 5 and json.loads(r.stdout)["argv"] == ["5"]

@@ -169,10 +169,14 @@ class BackgroundWriter:
         self.arena, self.cpus = Arena(), cpus
         self._proc = self._conn = None
         self._sent = 0  # arena segments the current process has
-        if _preforked is not None and _preforked[0].is_alive():
-            self._proc, self._conn, self._full_speed = _preforked
-            _preforked = None
-            self._conn.send(("cpus", self.cpus))
+        adopted, _preforked = _preforked, None
+        if adopted is not None:
+            self._proc, self._conn, self._full_speed = adopted
+            try:
+                self._conn.send(("cpus", self.cpus))  # from now on it ignores the pre-emption signals
+            except OSError:  # it died before it was needed (e.g. a stop during start-up): spawn one
+                self._proc.join(timeout=5)
+                self._start()
         else:
             self._start()
 
@@ -249,10 +253,12 @@ def _serve(conn, parent: int, full_speed, rank_end=None) -> None:
     """The writer process: map the arena segments it is sent, write what it is asked to, report, until told to stop
     or its rank is gone. `rank_end`: the rank's end of the pipe, inherited by a forked writer and closed here (else
     the writer would never see the pipe close when its rank is gone)."""
-    # A pre-emption signals every process of the run; the rank turns it into a stop save that this process writes.
-    # It still ends with its rank (PDEATHSIG, pipe closed) or by SIGKILL.
+    # A pre-emption signals every process of the run; the rank turns it into a stop save that this process writes, so
+    # once its rank owns it (the "cpus" message) it ignores those signals; it still ends with its rank (PDEATHSIG,
+    # pipe closed) or by SIGKILL. Until then (a writer forked at the rank's start) they end it: a rank that stops
+    # during start-up must not wait at its exit for a writer that ignores them (multiprocessing joins its daemons).
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, signal.SIG_DFL if rank_end is not None else signal.SIG_IGN)
     if rank_end is not None:
         rank_end.close()
     from recipes.checkpoint.writer import die_with_parent, write_tag
@@ -266,6 +272,8 @@ def _serve(conn, parent: int, full_speed, rank_end=None) -> None:
         except (EOFError, OSError):
             return  # the rank closed its end
         if msg[0] == "cpus":  # sent once, first, by the writer's owner
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
             if msg[1]:
                 os.sched_setaffinity(0, msg[1])  # a core of its own: the training's cores stay the training's
             else:

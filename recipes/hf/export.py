@@ -25,6 +25,7 @@ from recipes.config import file_mode
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
 from recipes.config.cli_help import command_parser
+from recipes.train.local_workers import cpu_only_workers
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides the run used")
     ns = ap.parse_args(argv)
+    cpu_only_workers()  # its engine ranks run on CPU: forked from here when no GPU is visible (local_workers)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.checkpoint.format.errors import CheckpointError
     from recipes.hf.convert import UnsupportedModel

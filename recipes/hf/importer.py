@@ -20,6 +20,7 @@ from pathlib import Path
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.cli_help import command_parser
+from recipes.train.local_workers import cpu_only_workers
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.key=value, e.g. parallel.tp=2 parallel.pp=2 parallel.dp=1")
     ns = ap.parse_args(argv)
+    cpu_only_workers()  # its engine ranks run on CPU: forked from here when no GPU is visible (local_workers)
     setup_logging(quiet=ns.quiet)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.hf.convert import UnsupportedModel

@@ -39,6 +39,12 @@ def run_ranks(world: int, module: str, worker_main, argv: list[str], timeout: fl
     return proc.stderr
 
 
+def cpu_only_workers() -> None:
+    """For the commands whose engine ranks always run on CPU (reshape, export-hf, import-hf): no GPU visible to this
+    process unless the caller chose devices (CUDA_VISIBLE_DEVICES already set), so that the ranks can be forked."""
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+
 def _can_fork() -> bool:
     """No GPU visible (CUDA cannot be used after a fork) and no process group here (a rank would inherit it)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") != "":

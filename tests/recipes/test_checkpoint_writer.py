@@ -256,3 +256,16 @@ def test_a_writer_forked_at_the_ranks_start_writes_and_leaves_with_the_pipe(tmp_
     finally:
         rank.kill()
         rank.wait()
+
+
+@pytest.mark.multiproc
+def test_a_rank_that_exits_during_start_up_is_not_held_by_its_preforked_writer(tmp_path):
+    """A writer forked at the rank's start and not yet adopted ends on the SIGTERM multiprocessing sends its daemon
+    children at exit: the rank (a normal interpreter exit, e.g. Ctrl-C during the rendezvous) leaves at once."""
+    script = ("import sys\nfrom recipes.checkpoint import shm_writer\nassert shm_writer.prefork()\n"
+              "print('writer', shm_writer._preforked[0].pid, flush=True)\nsys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=worker_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 3, r.stderr[-3000:]
+    writer = int(r.stdout.split()[1])
+    assert _ended(writer)

@@ -34,29 +34,55 @@ _server: "subprocess.Popen | None" = None
 def run(argv: list[str], env: dict, cwd, timeout: float, module: str = "recipes") -> subprocess.CompletedProcess:
     """`python -m MODULE ARGV` forked from the template; like subprocess.run(..., capture_output=True, text=True,
     timeout=timeout): TimeoutExpired after killing the command."""
+    args = [sys.executable, "-m", module, *argv]
     with _lock, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         conn = _connect()
         umask = os.umask(0o022)
         os.umask(umask)
         request = {"module": module, "argv": argv, "env": env, "cwd": str(cwd), "umask": umask}
-        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out.fileno(), err.fileno()])
-        reader = conn.makefile("r")
-        pid = json.loads(reader.readline())["pid"]
-        conn.settimeout(timeout)
+        pid = None
         try:
+            conn.settimeout(timeout)  # a template just started answers after its imports
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [out.fileno(), err.fileno()])
+            reader = conn.makefile("r")
+            pid = json.loads(reader.readline())["pid"]
             line = reader.readline()
         except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            conn.settimeout(None)
-            conn.makefile("r").readline()  # reaped (a reader that timed out cannot be read again)
-            raise subprocess.TimeoutExpired([sys.executable, "-m", module, *argv], timeout,
-                                            _read(out), _read(err)) from None
-        finally:
-            conn.settimeout(None)
+            _reset(pid)
+            raise subprocess.TimeoutExpired(args, timeout, _read(out), _read(err)) from None
+        except BaseException:  # pytest-timeout's alarm, Ctrl-C, a broken template: never leave it mid-request
+            _reset(pid)
+            raise
+        conn.settimeout(None)
         if not line:
-            raise RuntimeError("the test command template process died; see its output above")
-        code = json.loads(line)["code"]
-        return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], code, _read(out), _read(err))
+            _reset(pid)
+            raise RuntimeError("the test command template process died; see the test output")
+        return subprocess.CompletedProcess(args, json.loads(line)["code"], _read(out), _read(err))
+
+
+def _reset(pid: int | None) -> None:
+    """Kill the command; the template reaps it and answers with its exit code, which is read and dropped here. If it
+    does not answer (or the command never got a pid), the template is killed too and the next command starts a fresh
+    one: the protocol is one request, one pid line, one exit-code line, and must never be left out of step."""
+    global _client, _server
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            _client.settimeout(30)
+            if _client.makefile("r").readline():  # (a reader that timed out cannot be read again: a new one)
+                _client.settimeout(None)
+                return
+        except OSError:
+            pass
+    if _server is not None:
+        _server.kill()
+        _server.wait()
+    if _client is not None:
+        _client.close()
+    _client = _server = None
 
 
 def _read(f) -> str:
@@ -66,7 +92,9 @@ def _read(f) -> str:
 
 def _connect() -> socket.socket:
     global _client, _server
-    if _client is None or _server.poll() is not None:
+    if _client is not None and _server.poll() is not None:
+        _reset(None)  # the template died: a fresh one
+    if _client is None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
         _server = subprocess.Popen([sys.executable, "-c", "import sys; from tests.support.forkserver import serve; "
@@ -74,10 +102,10 @@ def _connect() -> socket.socket:
                                    stdin=subprocess.DEVNULL)
         theirs.close()
         _client = ours
-        atexit.register(_stop)
     return _client
 
 
+@atexit.register
 def _stop() -> None:
     if _client is not None:
         _client.close()  # the template leaves when its socket closes
@@ -104,6 +132,8 @@ def serve(fd: int) -> None:
             return
         while not msg.endswith(b"\n"):
             msg += conn.recv(1 << 20)
+        sys.stdout.flush()
+        sys.stderr.flush()  # nothing buffered here may be written again by the command
         pid = _fork_command(json.loads(msg), fds, conn)
         for f in fds:
             os.close(f)
@@ -130,6 +160,8 @@ def _fork_command(request: dict, fds: list[int], conn: socket.socket) -> int:
         devnull = os.open(os.devnull, os.O_RDONLY)
         for src, dst in ((devnull, 0), (fds[0], 1), (fds[1], 2)):
             os.dup2(src, dst)
+        for fd in (devnull, *fds):
+            os.close(fd)
         os.chdir(request["cwd"])
         os.umask(request["umask"])
         os.environ.clear()
