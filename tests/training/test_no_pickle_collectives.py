@@ -31,7 +31,14 @@ class _Refused:
 
 c10d._object_to_tensor = c10d._tensor_to_object = _refuse
 c10d._pickler = c10d._unpickler = _Refused
-pathlib.Path(os.environ["NO_PICKLE_MARKS"], str(os.getpid())).touch()
+
+
+def _mark():  # this process runs with the hook: a fresh interpreter, or a fork of one that did (it inherits it)
+    pathlib.Path(os.environ["NO_PICKLE_MARKS"], str(os.getpid())).touch()
+
+
+_mark()
+os.register_at_fork(after_in_child=_mark)
 '''
 LAYOUT = ["parallel.pp=2", "parallel.zero_stage=1", "checkpoint.save_interval=2", "training.global_batch=8"]
 
@@ -51,7 +58,7 @@ def test_training_save_and_resume_without_pickled_collectives(corpus, tmp_path):
     first = _run(tmp_path, corpus, 4, env)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "NO-PICKLE" not in first.stdout + first.stderr
-    assert len(list(marks.iterdir())) >= 5  # the launcher and its 4 ranks ran with the hook
+    assert len(list(marks.iterdir())) >= 5  # the launcher and its 4 ranks (forked from it, or fresh) had the hook
     assert (tmp_path / "run" / "global_step4" / "complete.json").is_file()
 
     second = _run(tmp_path, corpus, 6, env)  # resumes: every rank agrees on the tag to load
