@@ -11,7 +11,6 @@ no rank outlives the call (killed on failure or timeout; a forked rank also dies
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -75,24 +74,18 @@ def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float)
 
 
 def _logged(worker_main, path: Path):
+    parent = os.getpid()  # taken before the fork: the rank checks it is still its parent's child
+
     def run(argv: list[str]) -> int:
+        from recipes.checkpoint.writer import die_with_parent
+
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        _die_with_parent()
+        die_with_parent(parent)  # SIGKILL when this process dies; never an orphan rank
         return worker_main(argv)
     return run
-
-
-def _die_with_parent() -> None:
-    """A forked rank gets SIGKILL when this process dies (Linux PR_SET_PDEATHSIG), never lingering as an orphan."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux
 
 
 def _wait(procs: list, timeout: float) -> str | None:
