@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support import forkserver
@@ -44,6 +46,32 @@ def pretrain(n: int, *overrides: str, config: str = RECIPE, timeout: int = 300,
     if check and proc.returncode != 0:
         raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def kill_group(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGKILL a run started with start_new_session (its launcher, every rank, every writer), then wait until none
+    of them is still exiting: a process killed on a loaded machine can take a moment to go, and until it has, the
+    checkpoint lease rightly names it as alive (a resume started at once would be refused)."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + timeout
+    while _live_members(proc.pid) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes of group `pgid` that are not yet zombies (from /proc/PID/stat: state, ppid, pgrp)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                live.append(int(entry))
+    return live
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -13,9 +13,7 @@ Tolerance for the runs at another layout: 1e-5 relative, as in test_sequence_con
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 
 import pytest
@@ -24,7 +22,7 @@ import torch
 from recipes.checkpoint.format.read import read_full_state
 from recipes.config.loading import load_recipe
 from recipes.tools.reshape import parse_target, reshape
-from tests.support.runs import RECIPE, REPO, losses, pretrain, pretrain_cmd, worker_env
+from tests.support.runs import RECIPE, REPO, losses, pretrain, pretrain_cmd, worker_env, kill_group
 from tests.training.test_training_resume import _wait_for_step
 
 pytestmark = pytest.mark.multiproc
@@ -58,8 +56,7 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, short_
     try:
         _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 5, proc, timeout=600)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # launcher and every rank, no chance to save
-        proc.wait()
+        kill_group(proc)  # launcher and every rank, no chance to save
     assert max(losses(tmp_path)) < STEPS
     assert (tmp_path / "latest").read_text().strip() == "global_step4"
 

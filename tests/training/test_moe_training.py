@@ -11,14 +11,12 @@ far more from the first steps on.
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 
 import pytest
 
-from tests.support.runs import REPO, losses, on_corpus, pretrain, pretrain_cmd, train_records, worker_env
+from tests.support.runs import REPO, losses, on_corpus, pretrain, pretrain_cmd, train_records, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
 
@@ -114,8 +112,7 @@ def test_killed_expert_parallel_run_resumes_bitwise(corpus, tmp_path):
     try:
         _wait_for_step(run_dir / "logs" / "metrics.jsonl", 5, proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_group(proc)
     assert max(losses(run_dir)) < STEPS
     resumed = pretrain(4, *on_corpus(run_dir, corpus), *MOE, *RESUME)
     assert "resumed from" in resumed.stdout + resumed.stderr

@@ -3,14 +3,12 @@ cross the boundary exactly as the uninterrupted run does (bitwise equal losses);
 stage and the anneal stage's lr follows its segment; the report marks the boundary."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 
 import pytest
 
 from tests.support.corpus import write_digit_corpus
-from tests.support.runs import REPO, losses, pretrain, pretrain_cmd, train_records, worker_env
+from tests.support.runs import REPO, losses, pretrain, pretrain_cmd, train_records, worker_env, kill_group
 from tests.training.test_training_resume import _wait_for_step
 
 pytestmark = pytest.mark.multiproc
@@ -52,8 +50,7 @@ def test_stages_switch_at_the_boundary_and_resume_bitwise(uninterrupted, corpus,
     try:
         _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 4, proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_group(proc)
     # the resume starts before the boundary (the step-3 save), so it crosses it itself
     assert (tmp_path / "latest").read_text().strip() == "global_step3"
     out = pretrain(N, *_staged(tmp_path, corpus, digits))

@@ -4,14 +4,13 @@ recipe default, checkpoint.async_save) unless a test says otherwise; a crash or 
 written is tested with the background write slowed down (checkpoint.async_max_mib_per_s) so it is surely in flight."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
 
 import pytest
 
-from tests.support.runs import on_corpus, REPO, losses, pretrain, pretrain_cmd, worker_env
+from tests.support.runs import on_corpus, REPO, losses, pretrain, pretrain_cmd, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
 
@@ -49,8 +48,7 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_pa
     try:
         _wait_for_step(tmp_path / "logs" / "metrics.jsonl", kill_after, proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # launcher and every rank, no chance to save
-        proc.wait()
+        kill_group(proc)  # launcher and every rank, no chance to save
     killed_at = max(losses(tmp_path))
     assert killed_at < STEPS
     latest = (tmp_path / "latest").read_text().strip()  # never names a partial save
@@ -108,8 +106,7 @@ def test_sigkill_during_an_async_save_resumes_from_the_previous_complete_one(uni
                   and any(step4.glob("*.pt")), proc, "the step-4 save start")
         _wait_for(lambda: '"step": 5,' in (tmp_path / "logs" / "metrics.jsonl").read_text(), proc, "step 5")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # launcher, every rank and their writer threads
-        proc.wait()
+        kill_group(proc)  # launcher, every rank and their writer threads
     assert not (step4 / "complete.json").exists(), "the step-4 save finished before the kill: nothing was tested"
     assert (tmp_path / "latest").read_text().strip() == "global_step2"
     assert max(losses(tmp_path)) >= 5  # training went on while step 4 was being written

@@ -6,8 +6,6 @@ reader of W&B's record log (wandb 0.31 ships no Python reader) into wandb's own 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import struct
 import subprocess
 import sys
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import REPO, losses, on_corpus, pretrain_cmd, worker_env
+from tests.support.runs import REPO, losses, on_corpus, pretrain_cmd, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
 
@@ -90,8 +88,7 @@ def _kill_when(cmd, ready, env) -> None:
             assert time.time() < deadline, "no checkpoint logged to W&B in time"
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # launcher, every rank and wandb-core: no save, no W&B finish
-        proc.wait()
+        kill_group(proc)  # launcher, every rank and wandb-core: no save, no W&B finish
 
 
 def test_a_killed_run_resumes_the_same_wandb_run(corpus, tmp_path):
