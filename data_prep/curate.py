@@ -124,6 +124,9 @@ def prepare(ctx: cu.CurateContext, units: List[Unit], settings, stage: str = "al
         from data_prep.steps import kernels
 
         kernels.warm_up()  # once here, inherited by the forked workers (instead of numba's start-up in each)
+    for s in ctx.steps.steps:
+        if s.kind == "minhash_dedup":
+            s.cfg.band_layout()  # datasketch's optimisation (scipy): once per process, here before the fork too
     if not ctx.steps.dedup_steps:
         return True
     os.makedirs(ctx.dedup_dir, exist_ok=True)

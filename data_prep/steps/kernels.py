@@ -256,3 +256,187 @@ def warm_up() -> None:
     count_stop_words(cps, starts, ends, stop, offsets)
     first_failed_ngram_rule(ids, vocab, ends - starts, int((ends - starts).sum()), np.array([2, 3], np.int64),
                             np.array([0.5, 0.5]), np.array([True, False]))
+    wh, _ = word_hashes(cps, starts, ends, XXH3_SECRET)
+    one = np.ones(4, dtype=np.uint64)
+    min_hashes(shingle_hashes(wh, one[:2], 2), one, one)
+
+
+# --- MinHash (dedup.MinHasher) ------------------------------------------------------------------------------------
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, nogil=True)
+def shingle_hashes(wh, weights, n):
+    """The n-word shingles' 64-bit hashes from the words' (``wh``): sum of word hash x position weight, plus n, then
+    splitmix64's finalizer; arithmetic mod 2**64, as dedup.MinHasher defines it."""
+    m = len(wh) - n + 1
+    out = np.empty(m, dtype=np.uint64)
+    for i in range(m):
+        acc = np.uint64(n)
+        for k in range(n):
+            acc += wh[i + k] * weights[k]
+        x = acc ^ (acc >> np.uint64(30))
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        out[i] = x ^ (x >> np.uint64(31))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def min_hashes(x, a, b):
+    """For each permutation j, the least (a[j] * x + b[j]) mod 2**64 over the shingle hashes x, shifted right 32
+    (the shift is monotonic: min then shift), as uint32: the MinHash signature."""
+    low = np.full(len(a), np.uint64(0xFFFFFFFFFFFFFFFF), dtype=np.uint64)
+    for i in range(len(x)):
+        xi = x[i]
+        for j in range(len(a)):
+            v = a[j] * xi + b[j]
+            if v < low[j]:
+                low[j] = v
+    out = np.empty(len(a), dtype=np.uint32)
+    for j in range(len(a)):
+        out[j] = np.uint32(low[j] >> np.uint64(32))
+    return out
+
+
+# xxh3-64 (seed 0) of words up to 128 bytes, as xxhash's xxh3_64_intdigest computes it (XXH3 0.8: the 0-16 and
+# 17-128 byte paths, portable 64x64->128 multiply); longer words are hashed by the xxhash library (the caller).
+XXH3_SECRET = np.array([
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+], dtype=np.uint8)
+_P64_1, _P64_2, _P64_3 = np.uint64(0x9E3779B185EBCA87), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+_AVALANCHE, _RRMXMX = np.uint64(0x165667919E3779F9), np.uint64(0x9FB21C651E98DF25)
+_LOW32 = np.uint64(0xFFFFFFFF)
+XXH3_MAX = 128  # longest word (bytes) hashed here
+
+
+@njit(cache=True, nogil=True)
+def _r64(p, i):
+    v = np.uint64(0)
+    for k in range(8):
+        v |= np.uint64(p[i + k]) << np.uint64(8 * k)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _r32(p, i):
+    v = np.uint64(0)
+    for k in range(4):
+        v |= np.uint64(p[i + k]) << np.uint64(8 * k)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _fold128(a, b):
+    """The 128-bit product of a and b, its low and high halves xor-ed."""
+    a_lo, a_hi, b_lo, b_hi = a & _LOW32, a >> np.uint64(32), b & _LOW32, b >> np.uint64(32)
+    lo_lo, hi_lo, lo_hi, hi_hi = a_lo * b_lo, a_hi * b_lo, a_lo * b_hi, a_hi * b_hi
+    cross = (lo_lo >> np.uint64(32)) + (hi_lo & _LOW32) + lo_hi
+    upper = (hi_lo >> np.uint64(32)) + (cross >> np.uint64(32)) + hi_hi
+    lower = (cross << np.uint64(32)) | (lo_lo & _LOW32)
+    return lower ^ upper
+
+
+@njit(cache=True, nogil=True)
+def _avalanche3(h):
+    h ^= h >> np.uint64(37)
+    h *= _AVALANCHE
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True)
+def _xxh3_short(p, n, s):
+    """xxh3-64 of p[:n], n <= 16."""
+    if n > 8:
+        lo = _r64(p, 0) ^ (_r64(s, 24) ^ _r64(s, 32))
+        hi = _r64(p, n - 8) ^ (_r64(s, 40) ^ _r64(s, 48))
+        swapped = np.uint64(0)
+        for k in range(8):
+            swapped |= ((lo >> np.uint64(8 * k)) & np.uint64(0xFF)) << np.uint64(56 - 8 * k)
+        return _avalanche3(np.uint64(n) + swapped + hi + _fold128(lo, hi))
+    if n >= 4:
+        h = (_r32(p, n - 4) + (_r32(p, 0) << np.uint64(32))) ^ (_r64(s, 8) ^ _r64(s, 16))
+        h ^= ((h << np.uint64(49)) | (h >> np.uint64(15))) ^ ((h << np.uint64(24)) | (h >> np.uint64(40)))
+        h *= _RRMXMX
+        h ^= (h >> np.uint64(35)) + np.uint64(n)
+        h *= _RRMXMX
+        return h ^ (h >> np.uint64(28))
+    if n > 0:
+        combined = (np.uint64(p[0]) << np.uint64(16)) | (np.uint64(p[n >> 1]) << np.uint64(24)) | \
+            np.uint64(p[n - 1]) | (np.uint64(n) << np.uint64(8))
+        h = combined ^ (_r32(s, 0) ^ _r32(s, 4))
+    else:
+        h = _r64(s, 56) ^ _r64(s, 64)
+    h ^= h >> np.uint64(33)
+    h *= _P64_2
+    h ^= h >> np.uint64(29)
+    h *= _P64_3
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True)
+def _mix16(p, i, s, j):
+    return _fold128(_r64(p, i) ^ _r64(s, j), _r64(p, i + 8) ^ _r64(s, j + 8))
+
+
+@njit(cache=True, nogil=True)
+def xxh3_64(p, n, s):
+    """xxh3-64 (seed 0) of p[:n], n <= 128 (XXH3_MAX)."""
+    if n <= 16:
+        return _xxh3_short(p, n, s)
+    acc = np.uint64(n) * _P64_1
+    if n > 32:
+        if n > 64:
+            if n > 96:
+                acc += _mix16(p, 48, s, 96) + _mix16(p, n - 64, s, 112)
+            acc += _mix16(p, 32, s, 64) + _mix16(p, n - 48, s, 80)
+        acc += _mix16(p, 16, s, 32) + _mix16(p, n - 32, s, 48)
+    acc += _mix16(p, 0, s, 0) + _mix16(p, n - 16, s, 16)
+    return _avalanche3(acc)
+
+
+@njit(cache=True, nogil=True)
+def _utf8(c, buf, at):
+    """Code point c as UTF-8 at buf[at:] (a lone surrogate as its 3 bytes: 'surrogatepass'); the new end."""
+    if c < 0x80:
+        buf[at] = c
+        return at + 1
+    if c < 0x800:
+        buf[at], buf[at + 1] = 0xC0 | (c >> 6), 0x80 | (c & 0x3F)
+        return at + 2
+    if c < 0x10000:
+        buf[at], buf[at + 1], buf[at + 2] = 0xE0 | (c >> 12), 0x80 | ((c >> 6) & 0x3F), 0x80 | (c & 0x3F)
+        return at + 3
+    buf[at], buf[at + 1] = 0xF0 | (c >> 18), 0x80 | ((c >> 12) & 0x3F)
+    buf[at + 2], buf[at + 3] = 0x80 | ((c >> 6) & 0x3F), 0x80 | (c & 0x3F)
+    return at + 4
+
+
+@njit(cache=True, nogil=True)
+def word_hashes(cps, starts, ends, secret):
+    """xxh3-64 of each word's UTF-8 bytes; (hashes, indices of the words longer than XXH3_MAX bytes, left 0)."""
+    out = np.zeros(len(starts), dtype=np.uint64)
+    long_words = np.empty(len(starts), dtype=np.int64)
+    n_long = 0
+    buf = np.empty(XXH3_MAX + 4, dtype=np.uint8)
+    for w in range(len(starts)):
+        at = 0
+        for i in range(starts[w], ends[w]):
+            if at > XXH3_MAX:
+                break
+            at = _utf8(np.int64(cps[i]), buf, at)
+        if at > XXH3_MAX:
+            long_words[n_long] = w
+            n_long += 1
+        else:
+            out[w] = xxh3_64(buf, at, secret)
+    return out, long_words[:n_long]
