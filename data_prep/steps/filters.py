@@ -12,9 +12,8 @@ the same way). Every threshold is a field of ``QualityConfig``; ``null`` in the 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from itertools import compress
-from operator import methodcaller, not_
+from operator import not_
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -68,9 +67,10 @@ class QualityFilter:
     """``check(text)`` -> None (keep) or the first failed rule's name (one of RULES).
 
     Counting is compiled (kernels.py, numba): one pass over the text's code points splits the words as str.split()
-    does and counts digits and words with a letter; words are interned and the n-grams numbered with one hash table
-    per size (exact: keys stored whole), up to the sizes the rules need. Only the symbol, stop-word and line rules
-    run in Python (str.count, frozenset, Counter: C). The verdicts equal the plain per-word version's
+    does and counts digits and words with a letter; words and lines are interned and the n-grams numbered with one
+    hash table per size (exact: keys stored or compared whole), up to the sizes the rules need; stop words are
+    compared there too. Python only counts symbols (str.count) and, for the rare text beyond the kernels' tables,
+    digits, letters and non-ASCII stop words. The verdicts equal the plain per-word version's
     (tests/data_prep/quality_reference.py) and the numpy version's this replaced (tests/data_prep/quality_numpy.py),
     compared on real and built text."""
 
@@ -80,6 +80,7 @@ class QualityFilter:
         self.c, self.k, self.tables = cfg, kernels, kernels.char_tables()
         self.stop_words = frozenset(w.lower() for w in cfg.stop_words)
         self.stop_table = kernels.stop_word_table(self.stop_words)
+        self.punct = np.array([ord(p) for p in TERMINAL_PUNCTUATION], dtype=np.uint32)
         rules = ([(n, lim, True) for n, lim in sorted((cfg.top_ngram_char_fraction or {}).items())]
                  + [(n, lim, False) for n, lim in sorted((cfg.dup_ngram_char_fraction or {}).items())])
         self.ngram_sizes = np.array([r[0] for r in rules], dtype=np.int64)
@@ -114,7 +115,7 @@ class QualityFilter:
         # Gopher: "at least two of" the stop words (distinct), case-insensitive
         if c.min_stop_words is not None and self._stop_words(text, cps, starts, ends) < c.min_stop_words:
             return "stop_words"
-        why = self._line_rules(text)
+        why = self._line_rules(cps)
         if why is None and len(self.ngram_sizes):
             ids, vocab = self.k.word_ids(cps, starts, ends)
             r = self.k.first_failed_ngram_rule(ids, vocab, lengths, chars, self.ngram_sizes, self.ngram_limits,
@@ -131,17 +132,21 @@ class QualityFilter:
                 return found
         return len(self.stop_words.intersection(text.lower().split()))
 
-    def _line_rules(self, text: str) -> Optional[str]:
+    def _line_rules(self, cps: np.ndarray) -> Optional[str]:
+        """Lines as ``[ln.strip() for ln in text.splitlines() if ln.strip()]``: the share occurring more than once
+        (exact: lines interned as the words are), the share ending in terminal punctuation."""
         c = self.c
-        lines = [ln for ln in map(str.strip, text.splitlines()) if ln]
+        if c.max_duplicate_line_fraction is None and c.min_punctuation_line_fraction is None:
+            return None
+        starts, ends, punct = self.k.line_spans(cps, self.tables, self.punct)
+        lines = len(starts)
         if c.max_duplicate_line_fraction is not None and lines:
-            counts = Counter(lines)
-            dup = sum(k for k in counts.values() if k > 1)
-            if dup / len(lines) > c.max_duplicate_line_fraction:
+            ids, vocab = self.k.word_ids(cps, starts, ends)
+            dup = int((np.bincount(ids, minlength=vocab)[ids] > 1).sum())
+            if dup / lines > c.max_duplicate_line_fraction:
                 return "duplicate_lines"
         if c.min_punctuation_line_fraction is not None and lines:
-            ends = sum(map(methodcaller("endswith", TERMINAL_PUNCTUATION), lines))
-            if ends / len(lines) < c.min_punctuation_line_fraction:
+            if punct / lines < c.min_punctuation_line_fraction:
                 return "punctuation_lines"
         return None
 

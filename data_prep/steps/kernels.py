@@ -28,12 +28,14 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 @functools.lru_cache(maxsize=None)
 def char_tables() -> np.ndarray:
-    """uint8 per code point below 0x10000: bit 0 whitespace (str.split's), bit 1 str.isalpha, bit 2 str.isdigit."""
+    """uint8 per code point below 0x10000: bit 0 whitespace (str.split's and str.strip's), bit 1 str.isalpha, bit 2
+    str.isdigit, bit 3 a line boundary of str.splitlines (none lies above 0x10000)."""
     chars = [chr(c) for c in range(_TABLE)]
     space = np.fromiter(map(str.isspace, chars), dtype=np.uint8, count=_TABLE)
     alpha = np.fromiter(map(str.isalpha, chars), dtype=np.uint8, count=_TABLE)
     digit = np.fromiter(map(str.isdigit, chars), dtype=np.uint8, count=_TABLE)
-    return space | (alpha << 1) | (digit << 2)
+    line = np.fromiter((len(("a" + c + "b").splitlines()) == 2 for c in chars), dtype=np.uint8, count=_TABLE)
+    return space | (alpha << 1) | (digit << 2) | (line << 3)
 
 
 def code_points(text: str) -> np.ndarray:
@@ -83,6 +85,35 @@ def scan_words(cps, tables):
         words += 1
         alpha_words += has_alpha
     return starts[:words], ends[:words], digits, alpha_words, beyond
+
+
+@njit(cache=True, nogil=True)
+def line_spans(cps, tables, punct):
+    """(starts, ends, how many end in a ``punct`` code point) of the non-empty lines, stripped, as
+    ``[ln.strip() for ln in text.splitlines() if ln.strip()]`` gives them ("\\r\\n" is one boundary)."""
+    n = len(cps)
+    starts = np.empty(n // 2 + 1, dtype=np.int64)
+    ends = np.empty(n // 2 + 1, dtype=np.int64)
+    lines = ends_punct = 0
+    i = 0
+    while i < n:
+        j = i  # the line is cps[i:j], then its boundary
+        while j < n and not (cps[j] < _TABLE and tables[cps[j]] & 8):
+            j += 1
+        a, b = i, j
+        while a < b and cps[a] < _TABLE and tables[cps[a]] & 1:
+            a += 1
+        while b > a and cps[b - 1] < _TABLE and tables[cps[b - 1]] & 1:
+            b -= 1
+        if b > a:
+            starts[lines], ends[lines] = a, b
+            lines += 1
+            for p in punct:
+                if cps[b - 1] == p:
+                    ends_punct += 1
+                    break
+        i = j + 2 if j + 1 < n and cps[j] == 13 and cps[j + 1] == 10 else j + 1
+    return starts[:lines], ends[:lines], ends_punct
 
 
 @njit(cache=True, nogil=True)
@@ -252,6 +283,8 @@ def warm_up() -> None:
     cps = code_points("warm up the kernels, up the kernels")
     starts, ends, *_ = scan_words(cps, char_tables())
     ids, vocab = word_ids(cps, starts, ends)
+    ls, le, _ = line_spans(cps, char_tables(), np.array([46], dtype=np.uint32))
+    word_ids(cps, ls, le)
     stop, offsets = stop_word_table(["the"])
     count_stop_words(cps, starts, ends, stop, offsets)
     first_failed_ngram_rule(ids, vocab, ends - starts, int((ends - starts).sum()), np.array([2, 3], np.int64),

@@ -84,3 +84,19 @@ def test_agreement_estimates_jaccard():
         jaccard = len(a & b) / len(a | b)
         est = float((h.signature(" ".join(base)) == h.signature(" ".join(other))).mean())
         assert abs(est - jaccard) < 0.08, (keep, jaccard, est)
+
+
+def test_compiled_xxh3_equals_the_library_at_every_length():
+    rng = random.Random(2)
+    alphabet = "abcxyz09é漢😀\ud800-."
+    words = ["".join(rng.choice(alphabet) for _ in range(n)) for n in list(range(0, 140)) * 8]
+    from data_prep.steps import kernels
+
+    cps = kernels.code_points("".join(words))
+    ends = np.cumsum([len(w) for w in words]).astype(np.int64)
+    starts = ends - np.array([len(w) for w in words], dtype=np.int64)
+    got, long_words = kernels.word_hashes(cps, starts, ends, kernels.XXH3_SECRET)
+    raw = [w.encode("utf-8", "surrogatepass") for w in words]
+    assert long_words.tolist() == [i for i, b in enumerate(raw) if len(b) > kernels.XXH3_MAX]
+    assert [int(h) for i, h in enumerate(got) if len(raw[i]) <= kernels.XXH3_MAX] == \
+        [xxhash.xxh3_64_intdigest(b) for b in raw if len(b) <= kernels.XXH3_MAX]

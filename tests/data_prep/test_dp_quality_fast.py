@@ -28,6 +28,9 @@ def _variants(texts):
         out.append(" ".join(words[:300]) + " ²³ ① ٣ Ⅻ ß é 漢字 x² ...#… ")
         out.append(" ".join(words[:120]).upper().replace("K", "\u212a"))  # KELVIN SIGN: lower() gives 'k'
         out.append("\u2003".join(words[:90]) + " 𝟘𝟙 𝔸𝔹 😀 \ud800 ")  # beyond 0x10000, a lone surrogate
+        seps = ["\n", "\r\n", "\r", "\n\r", "\x0b", "\x0c", "\x1c", "\x1e", "\x85", "\u2028", "\u2029", "\n \u3000\n"]
+        lines = [" ".join(words[i:i + 6]) + rng.choice([".", "", " !", "\u3002", ")\t"]) for i in range(0, 240, 6)]
+        out.append("".join(ln + rng.choice(seps) for ln in lines + lines[:15]))  # repeated lines, every boundary
     return out
 
 
@@ -59,6 +62,8 @@ def test_kernel_counts_equal_str_methods(texts):
     assert (t & 1).tolist() == [int(c.isspace()) for c in chars]
     assert ((t >> 1) & 1).tolist() == [int(c.isalpha()) for c in chars]
     assert ((t >> 2) & 1).tolist() == [int(c.isdigit()) for c in chars]
+    assert ((t >> 3) & 1).tolist() == [int(len(("a" + c + "b").splitlines()) == 2) for c in chars]
+    assert not any(len(("a" + chr(c) + "b").splitlines()) == 2 or chr(c).isspace() for c in range(0x10000, 0x110000))
     for d in _variants(texts)[::4]:
         cps = kernels.code_points(d)
         starts, ends, digits, alpha, beyond = kernels.scan_words(cps, t)
@@ -71,6 +76,10 @@ def test_kernel_counts_equal_str_methods(texts):
         ids, vocab = kernels.word_ids(cps, starts, ends)
         first = {}
         assert ids.tolist() == [first.setdefault(w, len(first)) for w in words] and vocab == len(first)
+        lines = [ln for ln in map(str.strip, d.splitlines()) if ln]
+        ls, le, punct = kernels.line_spans(cps, t, np.array([ord(p) for p in ".!?)"], dtype=np.uint32))
+        assert [d[a:b] for a, b in zip(ls.tolist(), le.tolist())] == lines
+        assert punct == sum(ln.endswith((".", "!", "?", ")")) for ln in lines)
 
 
 def test_ngram_sizes_below_one_are_refused():
