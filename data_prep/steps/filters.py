@@ -69,8 +69,8 @@ class QualityFilter:
     Counting is compiled (kernels.py, numba): one pass over the text's code points splits the words as str.split()
     does and counts digits and words with a letter; words and lines are interned and the n-grams numbered with one
     hash table per size (exact: keys stored or compared whole), up to the sizes the rules need; stop words are
-    compared there too. Python only counts symbols (str.count) and, for the rare text beyond the kernels' tables,
-    digits, letters and non-ASCII stop words. The verdicts equal the plain per-word version's
+    compared there too. Python only counts, for the rare text beyond the kernels' tables, digits, letters and
+    non-ASCII stop words. The verdicts equal the plain per-word version's
     (tests/data_prep/quality_reference.py) and the numpy version's this replaced (tests/data_prep/quality_numpy.py),
     compared on real and built text."""
 
@@ -90,7 +90,7 @@ class QualityFilter:
     def check(self, text: str) -> Optional[str]:
         c = self.c
         cps = self.k.code_points(text)
-        starts, ends, digits, alpha_words, beyond = self.k.scan_words(cps, self.tables)
+        starts, ends, digits, alpha_words, symbols, beyond = self.k.scan_words(cps, self.tables)
         n = len(starts)
         if (c.min_words is not None and n < c.min_words) or (c.max_words is not None and n > c.max_words):
             return "doc_words"
@@ -102,10 +102,8 @@ class QualityFilter:
         if (c.min_mean_word_length is not None and mean < c.min_mean_word_length) or (
                 c.max_mean_word_length is not None and mean > c.max_mean_word_length):
             return "mean_word_length"
-        if c.max_symbol_word_ratio is not None:
-            symbols = text.count("#") + text.count("...") + text.count("\u2026")
-            if symbols / n > c.max_symbol_word_ratio:
-                return "symbol_word_ratio"
+        if c.max_symbol_word_ratio is not None and symbols / n > c.max_symbol_word_ratio:
+            return "symbol_word_ratio"  # symbols: "#", "...", "\u2026" as str.count counts them
         if beyond:  # a code point above the kernels' tables: these two counts by str methods instead
             digits, alpha_words = count_digits(text), count_alpha_words(text.split())
         if c.max_digit_fraction is not None and digits / chars > c.max_digit_fraction:

@@ -56,16 +56,22 @@ def _pow2_at_least(n):
 
 @njit(cache=True, nogil=True)
 def scan_words(cps, tables):
-    """(word starts, word ends, digits, words with a letter, beyond-table flag) of the text's code points; words
-    split as str.split() does. Counts are of characters below 0x10000 only when the flag is set."""
+    """(word starts, word ends, digits, words with a letter, symbols, beyond-table flag) of the text's code
+    points; words split as str.split() does; symbols as text.count("#") + text.count("...") + text.count("\u2026")
+    (a run of k dots holds k // 3 of "..."). Digits and letters count only characters below 0x10000: exact when
+    the flag is not set."""
     n = len(cps)
     starts = np.empty(n // 2 + 1, dtype=np.int64)
     ends = np.empty(n // 2 + 1, dtype=np.int64)
-    words = digits = alpha_words = 0
-    beyond = False
-    in_word = has_alpha = False
+    words = digits = alpha_words = symbols = dots = 0
+    beyond = in_word = has_alpha = False
     for i in range(n):
         c = np.int64(cps[i])
+        if c == 46:
+            dots += 1
+        else:
+            symbols += dots // 3 + (c == 35) + (c == 0x2026)
+            dots = 0
         t = tables[c] if c < _TABLE else np.uint8(0)
         beyond |= c >= _TABLE
         if t & 1:
@@ -84,7 +90,7 @@ def scan_words(cps, tables):
         ends[words] = n
         words += 1
         alpha_words += has_alpha
-    return starts[:words], ends[:words], digits, alpha_words, beyond
+    return starts[:words], ends[:words], digits, alpha_words, symbols + dots // 3, beyond
 
 
 @njit(cache=True, nogil=True)

@@ -25,7 +25,7 @@ def _variants(texts):
             out.append(" ".join(w + w[: k // 3]))  # repeated spans: n-gram rules
             out.append("\n".join(" ".join(w[i : i + 7]) for i in range(0, len(w), 7)))
         rng.shuffle(words)
-        out.append(" ".join(words[:300]) + " ²³ ① ٣ Ⅻ ß é 漢字 x² ...#… ")
+        out.append(" ".join(words[:300]) + " ²³ ① ٣ Ⅻ ß é 漢字 x² ...#… .... ..... ...... ..##.. .")
         out.append(" ".join(words[:120]).upper().replace("K", "\u212a"))  # KELVIN SIGN: lower() gives 'k'
         out.append("\u2003".join(words[:90]) + " 𝟘𝟙 𝔸𝔹 😀 \ud800 ")  # beyond 0x10000, a lone surrogate
         seps = ["\n", "\r\n", "\r", "\n\r", "\x0b", "\x0c", "\x1c", "\x1e", "\x85", "\u2028", "\u2029", "\n \u3000\n"]
@@ -66,7 +66,8 @@ def test_kernel_counts_equal_str_methods(texts):
     assert not any(len(("a" + chr(c) + "b").splitlines()) == 2 or chr(c).isspace() for c in range(0x10000, 0x110000))
     for d in _variants(texts)[::4]:
         cps = kernels.code_points(d)
-        starts, ends, digits, alpha, beyond = kernels.scan_words(cps, t)
+        starts, ends, digits, alpha, symbols, beyond = kernels.scan_words(cps, t)
+        assert symbols == d.count("#") + d.count("...") + d.count("\u2026")
         words = d.split()
         assert [d[a:b] for a, b in zip(starts.tolist(), ends.tolist())] == words
         assert beyond == any(ord(ch) >= 0x10000 for ch in d)
