@@ -12,14 +12,12 @@ itself (the same verdicts, at the old cost), so a stale, truncated or foreign fi
 from __future__ import annotations
 
 import hashlib
-import logging
-from typing import Dict, Optional
+import io as pyio
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from data_prep.steps.filters import RULES, QualityFilter
-
-log = logging.getLogger(__name__)
 
 # Bump when a rule's definition changes: verdict files written before are then recomputed, not trusted.
 RULES_VERSION = 1
@@ -41,7 +39,7 @@ def marker_entry(file_name: str, codes: np.ndarray, data: bytes) -> Dict:
     return {"file": file_name, "records": int(len(codes)), "sha256": digest(data), "rules": RULES_VERSION}
 
 
-def load(path: str, entry: Optional[Dict]) -> "tuple[Optional[np.ndarray], str]":
+def load(path: str, entry: Optional[Dict]) -> Tuple[Optional[np.ndarray], str]:
     """The verdict codes of ``path`` when they match the marker's ``entry``; else (None, why not)."""
     if not entry:
         return None, "the hash marker lists no verdicts for this step (written by an older version?)"
@@ -54,8 +52,6 @@ def load(path: str, entry: Optional[Dict]) -> "tuple[Optional[np.ndarray], str]"
         return None, f"cannot read {path}: {e.strerror}"
     if digest(data) != entry.get("sha256"):
         return None, f"{path} does not match its hash marker's SHA-256 (changed or truncated)"
-    import io as pyio
-
     codes = np.load(pyio.BytesIO(data), allow_pickle=False)
     if codes.dtype != np.uint8 or codes.ndim != 1 or len(codes) != entry.get("records"):
         return None, f"{path}: not {entry.get('records')} one-byte verdicts"
