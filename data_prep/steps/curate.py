@@ -11,6 +11,7 @@ the later ones. The jsonl output mode (``filter_unit``) and the tokenize step (s
 from __future__ import annotations
 
 import io as pyio
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,10 +25,13 @@ from data_prep.read.formats import InputError, position_kind, read_piece
 from data_prep.read.units import Unit
 from data_prep.settings import DEFAULT_MAX_RECORD
 from data_prep.steps import dedup as dd
+from data_prep.steps import verdicts as vd
 from data_prep.steps.filters import QualityFilter
 from data_prep.steps.step_list import StepList
 from data_prep.write.rejects import RejectLog
 from data_prep.write.removals import RemovalLog
+
+log = logging.getLogger(__name__)
 
 DEDUP_DIR = "dedup"
 REASONS = {"quality": None, "exact_dedup": "duplicate", "minhash_dedup": "near_duplicate"}
@@ -143,57 +147,90 @@ def _failure(unit, e: Exception) -> dict:
 # --- pass 1: hashes -----------------------------------------------------------------------------------------------
 
 
+class _UnitHashes:
+    """What the hash pass gathers over one unit: each dedup step's keys (MinHash: and signatures), and the verdict
+    of each quality step before the last dedup step per record ordinal (carried to the filter pass: verdicts.py)."""
+
+    def __init__(self, steps):
+        self.steps = steps
+        self.last = max(i for i, s in enumerate(steps) if s.is_dedup)
+        self.filters = {i: QualityFilter(s.cfg) for i, s in enumerate(steps[:self.last]) if s.kind == "quality"}
+        self.hashers = {i: (dd.ExactHasher(s.cfg) if s.kind == "exact_dedup" else dd.MinHasher(s.cfg))
+                        for i, s in enumerate(steps) if s.is_dedup}
+        self.keys: Dict[int, list] = {i: [] for i in self.hashers}
+        self.sigs: Dict[int, list] = {i: [] for i in self.hashers if steps[i].kind == "minhash_dedup"}
+        self.sig_refs: Dict[int, list] = {i: [] for i in self.sigs}
+        self.verdicts: Dict[int, bytearray] = {i: bytearray() for i in self.filters}
+
+    def reject(self) -> None:
+        for v in self.verdicts.values():
+            v.append(vd.NOT_EVALUATED)
+
+    def add(self, ref: int, text: str) -> None:
+        # Dedup steps ignore what earlier dedup steps removed: exact copies share every MinHash band, and the
+        # smallest ref of a group is never a copy removed earlier, so the keepers are those of running them in turn
+        reached = True
+        for i in range(self.last + 1):
+            if i in self.filters:
+                why = self.filters[i].check(text) if reached else None
+                self.verdicts[i].append(vd.code(why) if reached else vd.NOT_EVALUATED)
+                reached = reached and why is None
+            elif reached and i in self.sigs:
+                h = self.hashers[i]
+                sig = h.signature(text)
+                self.sigs[i].append(sig)
+                self.sig_refs[i].append(ref)
+                self.keys[i] += [(a, b, ref) for a, b in h.band_keys(sig)]
+            elif reached:
+                self.keys[i] += [(a, b, ref) for a, b in self.hashers[i].keys(text)]
+
+    def files(self, ctx: "CurateContext", unit: int, buckets: int):
+        """([(path, array)], documents per dedup step, {quality step: its verdict file's marker entry})."""
+        files, counts, entries = [], {}, {}
+        for i, k in self.keys.items():
+            name = self.steps[i].name
+            arr, offsets = dd.bucket_sorted(k, buckets)
+            files += [(_path(ctx, name, f"keys_{unit:06d}", "npy"), arr),
+                      (_path(ctx, name, f"offsets_{unit:06d}", "npy"), offsets)]
+            if i in self.sigs:
+                num_perm = self.steps[i].cfg.num_perm
+                sa = np.stack(self.sigs[i]) if self.sigs[i] else np.zeros((0, num_perm), np.uint32)
+                files += [(_path(ctx, name, f"sigs_{unit:06d}", "npy"), sa),
+                          (_path(ctx, name, f"sigrefs_{unit:06d}", "npy"), np.array(self.sig_refs[i], np.uint64))]
+            counts[name] = len(self.sig_refs[i]) if i in self.sigs else len(k)
+        for i, v in self.verdicts.items():
+            path, codes = verdict_path(ctx, self.steps[i].name, unit), np.frombuffer(bytes(v), np.uint8)
+            files.append((path, codes))
+            entries[self.steps[i].name] = vd.marker_entry(os.path.basename(path), codes, _npy_bytes(codes))
+        return files, counts, entries
+
+
+def verdict_path(ctx: CurateContext, step: str, unit: int) -> str:
+    return _path(ctx, step, f"verdicts_{unit:06d}", "npy")
+
+
 def hash_unit(unit: Unit, ctx: CurateContext) -> dict:
-    """Keys of every document that reaches each dedup step (filters before it applied), bucketed; then the marker."""
-    steps = ctx.steps.steps
-    last = max(i for i, s in enumerate(steps) if s.is_dedup)
-    filters = {i: QualityFilter(s.cfg) for i, s in enumerate(steps[:last]) if s.kind == "quality"}
-    hashers = {i: (dd.ExactHasher(s.cfg) if s.kind == "exact_dedup" else dd.MinHasher(s.cfg))
-               for i, s in enumerate(steps) if s.is_dedup}
-    keys: Dict[int, list] = {i: [] for i in hashers}
-    sigs: Dict[int, list] = {i: [] for i in hashers if steps[i].kind == "minhash_dedup"}
-    sig_refs: Dict[int, list] = {i: [] for i in sigs}
+    """Keys of every document that reaches each dedup step (filters before it applied), bucketed, and the quality
+    verdicts on the way; then the marker (which ties the verdict files to this run: verdicts.py)."""
+    acc = _UnitHashes(ctx.steps.steps)
     rep = _Reporter(unit.index)
     try:
         for _, _, ordinal, text, _ in _records(unit, ctx):
             if text is None:
+                acc.reject()
                 continue
-            ref = dd.make_ref(unit.index, ordinal)
-            # Dedup steps ignore what earlier dedup steps removed: exact copies share every MinHash band, and the
-            # smallest ref of a group is never a copy removed earlier, so the keepers are those of running them in turn
-            for i in range(last + 1):
-                if i in filters:
-                    if filters[i].check(text) is not None:
-                        break
-                elif i in hashers:
-                    h = hashers[i]
-                    if i in sigs:
-                        sig = h.signature(text)
-                        sigs[i].append(sig)
-                        sig_refs[i].append(ref)
-                        keys[i] += [(a, b, ref) for a, b in h.band_keys(sig)]
-                    else:
-                        keys[i] += [(a, b, ref) for a, b in h.keys(text)]
+            acc.add(dd.make_ref(unit.index, ordinal), text)
             rep.add(len(text))
     except (InputError, MemoryError) as e:
         return _failure(unit, e)
     rep.flush()
     os.makedirs(ctx.dedup_dir, exist_ok=True)
-    counts, files = {}, []
-    for i, k in keys.items():
-        name = steps[i].name
-        arr, offsets = dd.bucket_sorted(k, ctx.steps.buckets)
-        files += [(_path(ctx, name, f"keys_{unit.index:06d}", "npy"), arr),
-                  (_path(ctx, name, f"offsets_{unit.index:06d}", "npy"), offsets)]
-        if i in sigs:
-            num_perm = steps[i].cfg.num_perm
-            sa = np.stack(sigs[i]) if sigs[i] else np.zeros((0, num_perm), np.uint32)
-            files += [(_path(ctx, name, f"sigs_{unit.index:06d}", "npy"), sa),
-                      (_path(ctx, name, f"sigrefs_{unit.index:06d}", "npy"), np.array(sig_refs[i], dtype=np.uint64))]
-        counts[name] = len(sig_refs[i]) if i in sigs else len(k)
+    files, counts, verdicts = acc.files(ctx, unit.index, ctx.steps.buckets)
     _save_npys(files)
-    io.atomic_write(hash_marker(ctx, unit.index),
-                    orjson.dumps({"fingerprint": ctx.fp, "unit": unit.name, "key": unit.key(), "documents": counts}))
+    marker = {"fingerprint": ctx.fp, "unit": unit.name, "key": unit.key(), "documents": counts}
+    if verdicts:
+        marker["verdicts"] = verdicts
+    io.atomic_write(hash_marker(ctx, unit.index), orjson.dumps(marker))
     return {"ok": True}
 
 
@@ -264,9 +301,10 @@ class DocGate:
 
     def __init__(self, ctx: CurateContext, unit_index: int):
         self.checks: List[Tuple[str, object]] = []
+        carried = _carried_verdicts(ctx, unit_index)
         for step in ctx.steps.steps:
             if step.kind == "quality":
-                self.checks.append((step.name, QualityFilter(step.cfg)))
+                self.checks.append((step.name, vd.CarriedQuality(QualityFilter(step.cfg), carried.get(step.name))))
                 continue
             if step.kind == "exact_dedup":
                 pairs = [dd.unit_slice(_load_npy(_path(ctx, step.name, f"removed_{b:05d}", "npy")), unit_index)
@@ -280,8 +318,8 @@ class DocGate:
 
     def check(self, text: str, ordinal: int) -> Optional[Tuple[str, str, Optional[str]]]:
         for name, how in self.checks:
-            if isinstance(how, QualityFilter):
-                why = how.check(text)
+            if isinstance(how, vd.CarriedQuality):
+                why = how.check(text, ordinal)
                 if why is not None:
                     return name, why, None
             else:
@@ -290,6 +328,25 @@ class DocGate:
                 if keeper is not None:
                     return name, reason, dd.ref_name(keeper)
         return None
+
+
+def _carried_verdicts(ctx: CurateContext, unit_index: int) -> Dict[str, np.ndarray]:
+    """The hash pass's verdicts of this unit's quality steps (those before the last dedup step), each used only
+    when the unit's hash marker carries this run's fingerprint and the file matches the marker's entry for it."""
+    dedup = [i for i, s in enumerate(ctx.steps.steps) if s.is_dedup]
+    names = [s.name for s in ctx.steps.steps[:max(dedup)] if s.kind == "quality"] if dedup else []
+    if not names:
+        return {}
+    marker = marker_ok(hash_marker(ctx, unit_index), ctx.fp) or {}
+    out = {}
+    for name in names:
+        codes, why = vd.load(verdict_path(ctx, name, unit_index), (marker.get("verdicts") or {}).get(name))
+        if codes is None:
+            log.warning("shard_%06d: step %s: evaluating the quality rules again: %s", unit_index, name,
+                        why if marker else "no hash marker of this run")
+        else:
+            out[name] = codes
+    return out
 
 
 def curated_path(out_dir: str, unit_name: str) -> str:

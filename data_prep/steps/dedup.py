@@ -116,27 +116,16 @@ class ExactHasher:
         return [_key128(text.encode("utf-8", "surrogatepass"))]
 
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: every input bit reaches every output bit."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
-
-
 class MinHasher:
-    """Signature and band keys of a document, vectorised with numpy (see the module docstring for the hash family)."""
-
-    CHUNK = 4096  # shingles per permutation matrix (CHUNK x num_perm uint64: 4 MB at 128)
+    """Signature and band keys of a document (see the module docstring for the hash family); the loops over
+    shingles and permutations are compiled (kernels.py)."""
 
     def __init__(self, cfg: MinHashDedupConfig):
         import xxhash
 
-        self.cfg = cfg
+        from data_prep.steps import kernels  # numba: imported only where a MinHash step runs
+
+        self.cfg, self.k = cfg, kernels
         self.bands, self.rows = cfg.band_layout()
         self._word_hash = xxhash.xxh3_64_intdigest
         self._band_hash = xxhash.xxh3_128_digest
@@ -149,32 +138,25 @@ class MinHasher:
                         * np.uint64(2) + np.uint64(1))
 
     def shingle_hashes(self, text: str) -> np.ndarray:
-        """64-bit hash of each shingle (``shingle_words`` consecutive words; all words when fewer), repeats kept."""
-        words = (text.lower() if self.cfg.lowercase else text).split()
-        if not words:
+        """64-bit hash of each shingle (``shingle_words`` consecutive words; all words when fewer), repeats kept:
+        sum of xxh3-64(word's UTF-8) x its position's weight, plus the word count, through splitmix64's finalizer.
+        Words split as str.split() does and hashed by the kernels; words over 128 bytes by the xxhash library."""
+        k = self.k
+        lowered = text.lower() if self.cfg.lowercase else text
+        cps = k.code_points(lowered)
+        starts, ends, *_ = k.scan_words(cps, k.char_tables())
+        if not len(starts):
             return np.zeros(1, dtype=np.uint64)  # the empty text: one (empty) shingle, as before
-        # each word's UTF-8 bytes with two C calls (no word holds a space once split)
-        raw = " ".join(words).encode("utf-8", "surrogatepass").split(b" ")
-        wh = np.fromiter(map(self._word_hash, raw), dtype=np.uint64, count=len(raw))
-        n = min(self.cfg.shingle_words, len(wh))
-        with np.errstate(over="ignore"):
-            acc = np.zeros(len(wh) - n + 1, dtype=np.uint64)
-            for k in range(n):
-                acc += wh[k : len(wh) - n + 1 + k] * self.weights[k]
-            return _mix64(acc + np.uint64(n))
+        wh, long_words = k.word_hashes(cps, starts, ends, k.XXH3_SECRET)
+        if len(long_words):
+            words = lowered.split()
+            for i in long_words.tolist():
+                wh[i] = self._word_hash(words[i].encode("utf-8", "surrogatepass"))
+        return k.shingle_hashes(wh, self.weights, min(self.cfg.shingle_words, len(wh)))
 
     def signature(self, text: str) -> np.ndarray:
         """num_perm values: for each permutation, the least ((a * x + b) mod 2**64) >> 32 over the shingles x."""
-        x = self.shingle_hashes(text)
-        low = np.full(self.cfg.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
-        buf = np.empty((self.cfg.num_perm, min(len(x), self.CHUNK)), dtype=np.uint64)  # rows: reduced contiguously
-        for lo in range(0, len(x), self.CHUNK):
-            xs = x[lo : lo + self.CHUNK]
-            part = buf[:, : len(xs)]
-            np.multiply(self.a[:, None], xs, out=part)  # wraps: arithmetic mod 2**64
-            np.add(part, self.b[:, None], out=part)
-            np.minimum(low, part.min(axis=1), out=low)
-        return (low >> np.uint64(32)).astype(np.uint32)  # the shift is monotonic: min then shift
+        return self.k.min_hashes(self.shingle_hashes(text), self.a, self.b)
 
     def band_keys(self, sig: np.ndarray) -> List[Tuple[int, int]]:
         r, h = self.rows, self._band_hash

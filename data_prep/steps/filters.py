@@ -12,14 +12,13 @@ the same way). Every threshold is a field of ``QualityConfig``; ``null`` in the 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from itertools import compress
-from operator import methodcaller, not_
+from operator import not_
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 TERMINAL_PUNCTUATION = (".", "!", "?", '"', "'", "\u201d", "\u2019", ":", ";", ")", "\u3002", "\uff01", "\uff1f")
@@ -51,6 +50,13 @@ class QualityConfig(BaseModel):
     top_ngram_char_fraction: Optional[Dict[int, float]] = Field(default_factory=lambda: dict(TOP_NGRAMS))
     dup_ngram_char_fraction: Optional[Dict[int, float]] = Field(default_factory=lambda: dict(DUP_NGRAMS))
 
+    @field_validator("top_ngram_char_fraction", "dup_ngram_char_fraction")
+    @classmethod
+    def _sizes(cls, v):
+        if v and min(v) < 1:
+            raise ValueError(f"n-gram sizes are words per n-gram, 1 or more (got {min(v)})")
+        return v
+
 
 # The reason names (manifest counts and removal log), in the order the rules are checked: cheap ones first.
 RULES = ("doc_words", "mean_word_length", "symbol_word_ratio", "digit_fraction", "alpha_words", "stop_words",
@@ -60,69 +66,86 @@ RULES = ("doc_words", "mean_word_length", "symbol_word_ratio", "digit_fraction",
 class QualityFilter:
     """``check(text)`` -> None (keep) or the first failed rule's name (one of RULES).
 
-    Counting runs in C, not a Python loop per character, word or n-gram: ASCII digits and words with an ASCII letter
-    by str.count and regular expressions, only non-ASCII characters and words through str.isdigit / str.isalpha one
-    by one (so the counts are those of the per-character definitions), and n-grams are numbered with numpy (each
-    n-gram's id from the (n-1)-gram's id and the next word's id: exact, no hashing) to count repeats. The results equal the plain per-word version's
-    (tests/data_prep/quality_reference.py; compared on real and built text)."""
+    Counting is compiled (kernels.py, numba): one pass over the text's code points splits the words as str.split()
+    does and counts digits and words with a letter; words and lines are interned and the n-grams numbered with one
+    hash table per size (exact: keys stored or compared whole), up to the sizes the rules need; stop words are
+    compared there too. Python only counts, for the rare text beyond the kernels' tables, digits, letters and
+    non-ASCII stop words. The verdicts equal the plain per-word version's
+    (tests/data_prep/quality_reference.py) and the numpy version's this replaced (tests/data_prep/quality_numpy.py),
+    compared on real and built text."""
 
     def __init__(self, cfg: QualityConfig):
-        self.c = cfg
+        from data_prep.steps import kernels  # numba: imported only where a quality step runs
+
+        self.c, self.k, self.tables = cfg, kernels, kernels.char_tables()
         self.stop_words = frozenset(w.lower() for w in cfg.stop_words)
+        self.stop_table = kernels.stop_word_table(self.stop_words)
+        self.punct = np.array([ord(p) for p in TERMINAL_PUNCTUATION], dtype=np.uint32)
+        rules = ([(n, lim, True) for n, lim in sorted((cfg.top_ngram_char_fraction or {}).items())]
+                 + [(n, lim, False) for n, lim in sorted((cfg.dup_ngram_char_fraction or {}).items())])
+        self.ngram_sizes = np.array([r[0] for r in rules], dtype=np.int64)
+        self.ngram_limits = np.array([r[1] for r in rules], dtype=np.float64)
+        self.ngram_top = np.array([r[2] for r in rules], dtype=np.bool_)
 
     def check(self, text: str) -> Optional[str]:
         c = self.c
-        words = text.split()
-        n = len(words)
+        cps = self.k.code_points(text)
+        starts, ends, digits, alpha_words, symbols, beyond = self.k.scan_words(cps, self.tables)
+        n = len(starts)
         if (c.min_words is not None and n < c.min_words) or (c.max_words is not None and n > c.max_words):
             return "doc_words"
         if n == 0:
             return None  # every other rule is a ratio over words
-        chars = len("".join(words))
+        lengths = ends - starts
+        chars = int(lengths.sum())
         mean = chars / n
         if (c.min_mean_word_length is not None and mean < c.min_mean_word_length) or (
                 c.max_mean_word_length is not None and mean > c.max_mean_word_length):
             return "mean_word_length"
-        if c.max_symbol_word_ratio is not None:
-            symbols = text.count("#") + text.count("...") + text.count("\u2026")
-            if symbols / n > c.max_symbol_word_ratio:
-                return "symbol_word_ratio"
-        if c.max_digit_fraction is not None and count_digits(text) / chars > c.max_digit_fraction:
+        if c.max_symbol_word_ratio is not None and symbols / n > c.max_symbol_word_ratio:
+            return "symbol_word_ratio"  # symbols: "#", "...", "\u2026" as str.count counts them
+        if beyond:  # a code point above the kernels' tables: these two counts by str methods instead
+            digits, alpha_words = count_digits(text), count_alpha_words(text.split())
+        if c.max_digit_fraction is not None and digits / chars > c.max_digit_fraction:
             return "digit_fraction"
-        if c.min_alpha_word_fraction is not None:
-            if count_alpha_words(words) / n < c.min_alpha_word_fraction:
-                return "alpha_words"
+        if c.min_alpha_word_fraction is not None and alpha_words / n < c.min_alpha_word_fraction:
+            return "alpha_words"
         # Gopher: "at least two of" the stop words (distinct), case-insensitive
-        if c.min_stop_words is not None and len(self.stop_words.intersection(text.lower().split())) < c.min_stop_words:
+        if c.min_stop_words is not None and self._stop_words(text, cps, starts, ends) < c.min_stop_words:
             return "stop_words"
-        why = self._line_rules(text)
-        if why is None and (c.top_ngram_char_fraction or c.dup_ngram_char_fraction):
-            why = self._ngram_rules(words, chars)
+        why = self._line_rules(cps)
+        if why is None and len(self.ngram_sizes):
+            ids, vocab = self.k.word_ids(cps, starts, ends)
+            r = self.k.first_failed_ngram_rule(ids, vocab, lengths, chars, self.ngram_sizes, self.ngram_limits,
+                                               self.ngram_top)
+            why = None if r < 0 else ("top_ngram" if self.ngram_top[r] else "dup_ngram")
         return why
 
-    def _line_rules(self, text: str) -> Optional[str]:
+    def _stop_words(self, text: str, cps: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
+        """Distinct stop words in the lower-cased text: counted by the kernel, by str.lower where that may differ
+        (a stop word or, when the kernel's count is short, the text not ASCII)."""
+        if self.stop_table is not None:
+            found = int(self.k.count_stop_words(cps, starts, ends, *self.stop_table))
+            if found >= (self.c.min_stop_words or 0) or text.isascii():
+                return found
+        return len(self.stop_words.intersection(text.lower().split()))
+
+    def _line_rules(self, cps: np.ndarray) -> Optional[str]:
+        """Lines as ``[ln.strip() for ln in text.splitlines() if ln.strip()]``: the share occurring more than once
+        (exact: lines interned as the words are), the share ending in terminal punctuation."""
         c = self.c
-        lines = [ln for ln in map(str.strip, text.splitlines()) if ln]
+        if c.max_duplicate_line_fraction is None and c.min_punctuation_line_fraction is None:
+            return None
+        starts, ends, punct = self.k.line_spans(cps, self.tables, self.punct)
+        lines = len(starts)
         if c.max_duplicate_line_fraction is not None and lines:
-            counts = Counter(lines)
-            dup = sum(k for k in counts.values() if k > 1)
-            if dup / len(lines) > c.max_duplicate_line_fraction:
+            ids, vocab = self.k.word_ids(cps, starts, ends)
+            dup = int((np.bincount(ids, minlength=vocab)[ids] > 1).sum())
+            if dup / lines > c.max_duplicate_line_fraction:
                 return "duplicate_lines"
         if c.min_punctuation_line_fraction is not None and lines:
-            ends = sum(map(methodcaller("endswith", TERMINAL_PUNCTUATION), lines))
-            if ends / len(lines) < c.min_punctuation_line_fraction:
+            if punct / lines < c.min_punctuation_line_fraction:
                 return "punctuation_lines"
-        return None
-
-    def _ngram_rules(self, words: List[str], chars: int) -> Optional[str]:
-        c = self.c
-        grams = NgramIds(words)
-        for size, limit in sorted((c.top_ngram_char_fraction or {}).items()):
-            if grams.top_char_fraction(size, chars) > limit:
-                return "top_ngram"
-        for size, limit in sorted((c.dup_ngram_char_fraction or {}).items()):
-            if grams.dup_char_fraction(size, chars) > limit:
-                return "dup_ngram"
         return None
 
 
@@ -143,51 +166,3 @@ def count_alpha_words(words: List[str]) -> int:
     one, their non-ASCII characters asked one by one."""
     none = list(compress(words, map(not_, map(_ASCII_LETTER.search, words))))
     return len(words) - len(none) + sum(1 for w in none if not w.isascii() and any(map(str.isalpha, w)))
-
-
-class NgramIds:
-    """Words numbered, and n-grams numbered from them: gram_n[i] = the id of (gram_{n-1}[i], word[i + n - 1])."""
-
-    def __init__(self, words: List[str]):
-        ids: Dict[str, int] = {w: i for i, w in enumerate(dict.fromkeys(words))}
-        self.word = np.fromiter(map(ids.__getitem__, words), dtype=np.int64, count=len(words))
-        self.vocab = len(ids)
-        self.lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        self.grams = {1: (self.word, self.vocab)}
-
-    def ids(self, n: int):
-        """(id of each n-gram in order, number of distinct ids)."""
-        if n not in self.grams:
-            prev, count = self.ids(n - 1)
-            pair = prev[:-1] * self.vocab + self.word[n - 1:]
-            uniq, inv = np.unique(pair, return_inverse=True)
-            self.grams[n] = (inv.astype(np.int64), len(uniq))
-        return self.grams[n]
-
-    def top_char_fraction(self, n: int, chars: int) -> float:
-        """As top_ngram_char_fraction: the first-seen of the most frequent n-grams (Counter.most_common's pick)."""
-        if len(self.word) < n or not chars:
-            return 0.0
-        g, k = self.ids(n)
-        counts = np.bincount(g, minlength=k)
-        top = counts.max()
-        if top < 2:
-            return 0.0
-        first = np.full(k, len(g), dtype=np.int64)
-        np.minimum.at(first, g, np.arange(len(g)))
-        at = int(first[counts == top].min())  # where the first of the most frequent n-grams first occurs
-        return int(self.lengths[at : at + n].sum()) * int(top) / chars
-
-    def dup_char_fraction(self, n: int, chars: int) -> float:
-        """As dup_ngram_char_fraction: characters of words covered by an n-gram occurring more than once."""
-        if len(self.word) < n or not chars:
-            return 0.0
-        g, k = self.ids(n)
-        starts = np.flatnonzero(np.bincount(g, minlength=k)[g] > 1)
-        if not len(starts):
-            return 0.0
-        edge = np.zeros(len(self.word) + 1, dtype=np.int64)
-        np.add.at(edge, starts, 1)
-        np.add.at(edge, starts + n, -1)
-        covered = np.cumsum(edge[:-1]) > 0
-        return int(self.lengths[covered].sum()) / chars

@@ -1,0 +1,481 @@
+"""Compiled counting for the quality rules (numba): a document's words, their per-character counts and its n-grams,
+in one pass over its code points and one hash table per n-gram size, with no sort and no Python per word.
+
+Exact, not approximate: words are interned in a hash table that compares their code points on a hash match, and an
+n-gram of size n is the pair (id of its (n-1)-gram, id of its last word), stored whole in the table, so ids are
+exact whatever the hash. Whitespace, ``str.isalpha`` and ``str.isdigit`` come from tables built here from Python's
+own str methods (every code point below 0x10000); a document holding a code point above that (rare: emoji, historic
+scripts) is flagged and its per-character counts are taken by filters.py's Python code instead. The rules' semantics
+stay in filters.py (tested against tests/data_prep/quality_reference.py and against filters.py's numpy version).
+
+Compiled on first use and cached on disk (``cache=True``: numba's cache beside this module, or its user cache
+directory when that is read-only); the first call of a fresh process loads the cache (~0.1-0.3 s) or compiles
+(a few seconds, once per machine and numba version). numba is imported only when a quality step runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import njit
+
+_TABLE = 0x10000
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@functools.lru_cache(maxsize=None)
+def char_tables() -> np.ndarray:
+    """uint8 per code point below 0x10000: bit 0 whitespace (str.split's and str.strip's), bit 1 str.isalpha, bit 2
+    str.isdigit, bit 3 a line boundary of str.splitlines (none lies above 0x10000)."""
+    chars = [chr(c) for c in range(_TABLE)]
+    space = np.fromiter(map(str.isspace, chars), dtype=np.uint8, count=_TABLE)
+    alpha = np.fromiter(map(str.isalpha, chars), dtype=np.uint8, count=_TABLE)
+    digit = np.fromiter(map(str.isdigit, chars), dtype=np.uint8, count=_TABLE)
+    line = np.fromiter((len(("a" + c + "b").splitlines()) == 2 for c in chars), dtype=np.uint8, count=_TABLE)
+    return space | (alpha << 1) | (digit << 2) | (line << 3)
+
+
+def code_points(text: str) -> np.ndarray:
+    """The text's code points as uint32 (lone surrogates kept). One dtype for every text: one compiled version of
+    each kernel (a one-byte version for ASCII text would save ~2 ms per 4 MB and double the compile time)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+@njit(cache=True, nogil=True)
+def _pow2_at_least(n):
+    """(size, log2 size): the table size for n entries, at most half full."""
+    size, bits = 16, 4
+    while size < n:
+        size *= 2
+        bits += 1
+    return size, bits
+
+
+@njit(cache=True, nogil=True)
+def scan_words(cps, tables):
+    """(word starts, word ends, digits, words with a letter, symbols, beyond-table flag) of the text's code
+    points; words split as str.split() does; symbols as text.count("#") + text.count("...") + text.count("\u2026")
+    (a run of k dots holds k // 3 of "..."). Digits and letters count only characters below 0x10000: exact when
+    the flag is not set."""
+    n = len(cps)
+    starts = np.empty(n // 2 + 1, dtype=np.int64)
+    ends = np.empty(n // 2 + 1, dtype=np.int64)
+    words = digits = alpha_words = symbols = dots = 0
+    beyond = in_word = has_alpha = False
+    for i in range(n):
+        c = np.int64(cps[i])
+        if c == 46:
+            dots += 1
+        else:
+            symbols += dots // 3 + (c == 35) + (c == 0x2026)
+            dots = 0
+        t = tables[c] if c < _TABLE else np.uint8(0)
+        beyond |= c >= _TABLE
+        if t & 1:
+            if in_word:
+                ends[words] = i
+                words += 1
+                alpha_words += has_alpha
+                in_word = False
+            continue
+        if not in_word:
+            starts[words] = i
+            in_word, has_alpha = True, False
+        has_alpha |= (t & 2) != 0
+        digits += (t >> 2) & 1
+    if in_word:
+        ends[words] = n
+        words += 1
+        alpha_words += has_alpha
+    return starts[:words], ends[:words], digits, alpha_words, symbols + dots // 3, beyond
+
+
+@njit(cache=True, nogil=True)
+def line_spans(cps, tables, punct):
+    """(starts, ends, how many end in a ``punct`` code point) of the non-empty lines, stripped, as
+    ``[ln.strip() for ln in text.splitlines() if ln.strip()]`` gives them ("\\r\\n" is one boundary)."""
+    n = len(cps)
+    starts = np.empty(n // 2 + 1, dtype=np.int64)
+    ends = np.empty(n // 2 + 1, dtype=np.int64)
+    lines = ends_punct = 0
+    i = 0
+    while i < n:
+        j = i  # the line is cps[i:j], then its boundary
+        while j < n and not (cps[j] < _TABLE and tables[cps[j]] & 8):
+            j += 1
+        a, b = i, j
+        while a < b and cps[a] < _TABLE and tables[cps[a]] & 1:
+            a += 1
+        while b > a and cps[b - 1] < _TABLE and tables[cps[b - 1]] & 1:
+            b -= 1
+        if b > a:
+            starts[lines], ends[lines] = a, b
+            lines += 1
+            for p in punct:
+                if cps[b - 1] == p:
+                    ends_punct += 1
+                    break
+        i = j + 2 if j + 1 < n and cps[j] == 13 and cps[j + 1] == 10 else j + 1
+    return starts[:lines], ends[:lines], ends_punct
+
+
+@njit(cache=True, nogil=True)
+def word_ids(cps, starts, ends):
+    """First-seen ids of the words (equal code points, equal id) and how many distinct words."""
+    n = len(starts)
+    size, _ = _pow2_at_least(2 * n + 2)
+    slot_word = np.full(size, -1, dtype=np.int64)  # index of the word that first took the slot
+    slot_hash = np.zeros(size, dtype=np.uint64)
+    ids = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)  # id -> index of its first word
+    vocab = 0
+    for w in range(n):
+        h = _FNV_OFFSET
+        for i in range(starts[w], ends[w]):
+            h = (h ^ np.uint64(cps[i])) * _FNV_PRIME
+        s = np.int64(h & np.uint64(size - 1))
+        while True:
+            o = slot_word[s]
+            if o < 0:
+                slot_word[s], slot_hash[s] = w, h
+                first[vocab] = w
+                ids[w] = vocab
+                vocab += 1
+                break
+            if slot_hash[s] == h and _same(cps, starts[o], ends[o], starts[w], ends[w]):
+                ids[w] = ids[o]
+                break
+            s = (s + 1) & (size - 1)
+    return ids, vocab
+
+
+@njit(cache=True, nogil=True)
+def _same(cps, a0, a1, b0, b1):
+    if a1 - a0 != b1 - b0:
+        return False
+    for k in range(a1 - a0):
+        if cps[a0 + k] != cps[b0 + k]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def next_level(prev, prev_counts, word, n, vocab):
+    """Ids of the n-grams (first-seen numbering) from the (n-1)-gram ids ``prev`` and the word ids, with the count
+    of each id: the n-gram at i is the pair (prev[i], word[i + n - 1]), stored whole as one int64 key. An n-gram
+    whose (n-1)-gram occurs once occurs once too: it gets a fresh id without a table look-up (most, past n = 3)."""
+    m = len(word) - n + 1
+    repeated = 0
+    for i in range(m):
+        repeated += prev_counts[prev[i]] > 1
+    size, bits = _pow2_at_least(2 * repeated + 2)
+    slot_key = np.full(size, -1, dtype=np.int64)
+    slot_id = np.empty(size, dtype=np.int64)
+    ids = np.empty(m, dtype=np.int64)
+    counts = np.zeros(m, dtype=np.int64)
+    distinct = 0
+    shift = np.uint64(64 - bits)
+    for i in range(m):
+        if prev_counts[prev[i]] == 1:
+            g = distinct
+            distinct += 1
+        else:
+            key = prev[i] * vocab + word[i + n - 1]
+            s = np.int64((np.uint64(key) * _GOLDEN) >> shift)
+            while slot_key[s] >= 0 and slot_key[s] != key:
+                s = (s + 1) & (size - 1)
+            if slot_key[s] < 0:
+                slot_key[s], slot_id[s] = key, distinct
+                distinct += 1
+            g = slot_id[s]
+        ids[i] = g
+        counts[g] += 1
+    return ids, counts[:distinct]
+
+
+@njit(cache=True, nogil=True)
+def top_fraction(ids, counts, lengths, n, chars):
+    """Characters in the most frequent n-gram (the first seen of equals) times its count, over ``chars``."""
+    top = counts.max() if len(counts) else 0
+    if top < 2:
+        return 0.0
+    at = 0
+    while counts[ids[at]] != top:
+        at += 1
+    covered = 0
+    for k in range(at, at + n):
+        covered += lengths[k]
+    return covered * top / chars
+
+
+@njit(cache=True, nogil=True)
+def dup_fraction(ids, counts, lengths, n, chars):
+    """Characters of the words covered by an n-gram occurring more than once, over ``chars``."""
+    until = 0
+    covered = 0
+    for i in range(len(lengths)):
+        if i < len(ids) and counts[ids[i]] > 1:
+            until = i + n
+        if i < until:
+            covered += lengths[i]
+    return covered / chars
+
+
+@njit(cache=True, nogil=True)
+def first_failed_ngram_rule(word, vocab, lengths, chars, sizes, limits, is_top):
+    """Index of the first rule (n-gram size, limit, top or dup) the document fails, or -1; the n-gram levels are
+    built in order of size, as far as the rules need."""
+    ids = word
+    level = 1
+    counts = np.bincount(word, minlength=vocab)
+    for r in range(len(sizes)):
+        n = sizes[r]
+        if n < level:  # a size below the levels built so far (the dup sizes after the top ones): start again
+            ids, counts, level = word, np.bincount(word, minlength=vocab), 1
+        if len(word) < n or chars == 0:
+            frac = 0.0
+        else:
+            while level < n:
+                level += 1
+                ids, counts = next_level(ids, counts, word, level, vocab)
+            frac = top_fraction(ids, counts, lengths, n, chars) if is_top[r] else \
+                dup_fraction(ids, counts, lengths, n, chars)
+        if frac > limits[r]:
+            return r
+    return -1
+
+
+def stop_word_table(stop_words) -> "tuple[np.ndarray, np.ndarray] | None":
+    """The (lower-cased) stop words as code points and offsets, or None when one is not ASCII (count_stop_words
+    compares ASCII only; the caller then asks Python)."""
+    words = sorted(stop_words)
+    if not all(w.isascii() for w in words):
+        return None
+    offsets = np.cumsum([0] + [len(w) for w in words]).astype(np.int64)
+    return np.frombuffer("".join(words).encode("ascii"), dtype=np.uint8).copy(), offsets
+
+
+@njit(cache=True, nogil=True)
+def count_stop_words(cps, starts, ends, stop, offsets):
+    """Distinct stop words among the words lower-cased, ASCII words only: exact for ASCII text; a non-ASCII
+    character may lower-case to ASCII (U+212A KELVIN SIGN to 'k'), so when the count decides against a document
+    that is not ASCII, the caller recounts with str.lower."""
+    k = len(offsets) - 1
+    found = np.zeros(k, dtype=np.bool_)
+    for w in range(len(starts)):
+        length = ends[w] - starts[w]
+        for s in range(k):
+            if found[s] or offsets[s + 1] - offsets[s] != length:
+                continue
+            same = True
+            for j in range(length):
+                c = np.int64(cps[starts[w] + j])
+                if 65 <= c <= 90:
+                    c += 32
+                if c != stop[offsets[s] + j]:
+                    same = False
+                    break
+            if same:
+                found[s] = True
+    return found.sum()
+
+
+def warm_up() -> None:
+    """Load (or compile) every kernel now: called by the driver before it forks its workers, so that they inherit
+    them instead of each paying numba's start-up (~1 s of CPU per process with a warm cache)."""
+    cps = code_points("warm up the kernels, up the kernels")
+    starts, ends, *_ = scan_words(cps, char_tables())
+    ids, vocab = word_ids(cps, starts, ends)
+    ls, le, _ = line_spans(cps, char_tables(), np.array([46], dtype=np.uint32))
+    word_ids(cps, ls, le)
+    stop, offsets = stop_word_table(["the"])
+    count_stop_words(cps, starts, ends, stop, offsets)
+    first_failed_ngram_rule(ids, vocab, ends - starts, int((ends - starts).sum()), np.array([2, 3], np.int64),
+                            np.array([0.5, 0.5]), np.array([True, False]))
+    wh, _ = word_hashes(cps, starts, ends, XXH3_SECRET)
+    one = np.ones(4, dtype=np.uint64)
+    min_hashes(shingle_hashes(wh, one[:2], 2), one, one)
+
+
+# --- MinHash (dedup.MinHasher) ------------------------------------------------------------------------------------
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, nogil=True)
+def shingle_hashes(wh, weights, n):
+    """The n-word shingles' 64-bit hashes from the words' (``wh``): sum of word hash x position weight, plus n, then
+    splitmix64's finalizer; arithmetic mod 2**64, as dedup.MinHasher defines it."""
+    m = len(wh) - n + 1
+    out = np.empty(m, dtype=np.uint64)
+    for i in range(m):
+        acc = np.uint64(n)
+        for k in range(n):
+            acc += wh[i + k] * weights[k]
+        x = acc ^ (acc >> np.uint64(30))
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        out[i] = x ^ (x >> np.uint64(31))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def min_hashes(x, a, b):
+    """For each permutation j, the least (a[j] * x + b[j]) mod 2**64 over the shingle hashes x, shifted right 32
+    (the shift is monotonic: min then shift), as uint32: the MinHash signature."""
+    low = np.full(len(a), np.uint64(0xFFFFFFFFFFFFFFFF), dtype=np.uint64)
+    for i in range(len(x)):
+        xi = x[i]
+        for j in range(len(a)):
+            v = a[j] * xi + b[j]
+            if v < low[j]:
+                low[j] = v
+    out = np.empty(len(a), dtype=np.uint32)
+    for j in range(len(a)):
+        out[j] = np.uint32(low[j] >> np.uint64(32))
+    return out
+
+
+# xxh3-64 (seed 0) of words up to 128 bytes, as xxhash's xxh3_64_intdigest computes it (XXH3 0.8: the 0-16 and
+# 17-128 byte paths, portable 64x64->128 multiply); longer words are hashed by the xxhash library (the caller).
+XXH3_SECRET = np.array([
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+], dtype=np.uint8)
+_P64_1, _P64_2, _P64_3 = np.uint64(0x9E3779B185EBCA87), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+_AVALANCHE, _RRMXMX = np.uint64(0x165667919E3779F9), np.uint64(0x9FB21C651E98DF25)
+_LOW32 = np.uint64(0xFFFFFFFF)
+XXH3_MAX = 128  # longest word (bytes) hashed here
+
+
+@njit(cache=True, nogil=True)
+def _r64(p, i):
+    v = np.uint64(0)
+    for k in range(8):
+        v |= np.uint64(p[i + k]) << np.uint64(8 * k)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _r32(p, i):
+    v = np.uint64(0)
+    for k in range(4):
+        v |= np.uint64(p[i + k]) << np.uint64(8 * k)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _fold128(a, b):
+    """The 128-bit product of a and b, its low and high halves xor-ed."""
+    a_lo, a_hi, b_lo, b_hi = a & _LOW32, a >> np.uint64(32), b & _LOW32, b >> np.uint64(32)
+    lo_lo, hi_lo, lo_hi, hi_hi = a_lo * b_lo, a_hi * b_lo, a_lo * b_hi, a_hi * b_hi
+    cross = (lo_lo >> np.uint64(32)) + (hi_lo & _LOW32) + lo_hi
+    upper = (hi_lo >> np.uint64(32)) + (cross >> np.uint64(32)) + hi_hi
+    lower = (cross << np.uint64(32)) | (lo_lo & _LOW32)
+    return lower ^ upper
+
+
+@njit(cache=True, nogil=True)
+def _avalanche3(h):
+    h ^= h >> np.uint64(37)
+    h *= _AVALANCHE
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True)
+def _xxh3_short(p, n, s):
+    """xxh3-64 of p[:n], n <= 16."""
+    if n > 8:
+        lo = _r64(p, 0) ^ (_r64(s, 24) ^ _r64(s, 32))
+        hi = _r64(p, n - 8) ^ (_r64(s, 40) ^ _r64(s, 48))
+        swapped = np.uint64(0)
+        for k in range(8):
+            swapped |= ((lo >> np.uint64(8 * k)) & np.uint64(0xFF)) << np.uint64(56 - 8 * k)
+        return _avalanche3(np.uint64(n) + swapped + hi + _fold128(lo, hi))
+    if n >= 4:
+        h = (_r32(p, n - 4) + (_r32(p, 0) << np.uint64(32))) ^ (_r64(s, 8) ^ _r64(s, 16))
+        h ^= ((h << np.uint64(49)) | (h >> np.uint64(15))) ^ ((h << np.uint64(24)) | (h >> np.uint64(40)))
+        h *= _RRMXMX
+        h ^= (h >> np.uint64(35)) + np.uint64(n)
+        h *= _RRMXMX
+        return h ^ (h >> np.uint64(28))
+    if n > 0:
+        combined = (np.uint64(p[0]) << np.uint64(16)) | (np.uint64(p[n >> 1]) << np.uint64(24)) | \
+            np.uint64(p[n - 1]) | (np.uint64(n) << np.uint64(8))
+        h = combined ^ (_r32(s, 0) ^ _r32(s, 4))
+    else:
+        h = _r64(s, 56) ^ _r64(s, 64)
+    h ^= h >> np.uint64(33)
+    h *= _P64_2
+    h ^= h >> np.uint64(29)
+    h *= _P64_3
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True)
+def _mix16(p, i, s, j):
+    return _fold128(_r64(p, i) ^ _r64(s, j), _r64(p, i + 8) ^ _r64(s, j + 8))
+
+
+@njit(cache=True, nogil=True)
+def xxh3_64(p, n, s):
+    """xxh3-64 (seed 0) of p[:n], n <= 128 (XXH3_MAX)."""
+    if n <= 16:
+        return _xxh3_short(p, n, s)
+    acc = np.uint64(n) * _P64_1
+    if n > 32:
+        if n > 64:
+            if n > 96:
+                acc += _mix16(p, 48, s, 96) + _mix16(p, n - 64, s, 112)
+            acc += _mix16(p, 32, s, 64) + _mix16(p, n - 48, s, 80)
+        acc += _mix16(p, 16, s, 32) + _mix16(p, n - 32, s, 48)
+    acc += _mix16(p, 0, s, 0) + _mix16(p, n - 16, s, 16)
+    return _avalanche3(acc)
+
+
+@njit(cache=True, nogil=True)
+def _utf8(c, buf, at):
+    """Code point c as UTF-8 at buf[at:] (a lone surrogate as its 3 bytes: 'surrogatepass'); the new end."""
+    if c < 0x80:
+        buf[at] = c
+        return at + 1
+    if c < 0x800:
+        buf[at], buf[at + 1] = 0xC0 | (c >> 6), 0x80 | (c & 0x3F)
+        return at + 2
+    if c < 0x10000:
+        buf[at], buf[at + 1], buf[at + 2] = 0xE0 | (c >> 12), 0x80 | ((c >> 6) & 0x3F), 0x80 | (c & 0x3F)
+        return at + 3
+    buf[at], buf[at + 1] = 0xF0 | (c >> 18), 0x80 | ((c >> 12) & 0x3F)
+    buf[at + 2], buf[at + 3] = 0x80 | ((c >> 6) & 0x3F), 0x80 | (c & 0x3F)
+    return at + 4
+
+
+@njit(cache=True, nogil=True)
+def word_hashes(cps, starts, ends, secret):
+    """xxh3-64 of each word's UTF-8 bytes; (hashes, indices of the words longer than XXH3_MAX bytes, left 0)."""
+    out = np.zeros(len(starts), dtype=np.uint64)
+    long_words = np.empty(len(starts), dtype=np.int64)
+    n_long = 0
+    buf = np.empty(XXH3_MAX + 4, dtype=np.uint8)
+    for w in range(len(starts)):
+        at = 0
+        for i in range(starts[w], ends[w]):
+            if at > XXH3_MAX:
+                break
+            at = _utf8(np.int64(cps[i]), buf, at)
+        if at > XXH3_MAX:
+            long_words[n_long] = w
+            n_long += 1
+        else:
+            out[w] = xxh3_64(buf, at, secret)
+    return out, long_words[:n_long]
