@@ -226,17 +226,26 @@ def collate(items: list[dict], positions: bool):
 
 
 class _StepSampler(torch.utils.data.Sampler):
-    """Micro-batches of sample indices for this DP rank, step after step from `consumed` on (endless)."""
+    """Micro-batches of sample indices for this DP rank, step after step from `consumed` on (endless).
 
-    def __init__(self, batches: "MicroBatches", consumed: int):
-        self.b = batches
-        self.consumed = consumed
+    It holds plain numbers, not its MicroBatches: a reference back would make a cycle (MicroBatches -> iterator ->
+    DataLoader -> sampler -> MicroBatches), so a replaced iterator would keep its worker processes until the cyclic
+    garbage collector ran, and then stop them inside whatever step that happened to be (tens of seconds measured)."""
+
+    def __init__(self, indices, global_batch: int, consumed: int):
+        self.indices, self.global_batch, self.consumed = indices, global_batch, consumed
 
     def __iter__(self):
         consumed = self.consumed
         while True:
-            yield from self.b.indices(consumed)
-            consumed += self.b.global_batch
+            yield from self.indices(consumed)
+            consumed += self.global_batch
+
+
+def step_indices(consumed: int, dp_rank: int, micro_batch: int, grad_accum: int, n: int) -> list[list[int]]:
+    """grad_accum lists of micro_batch sample indices: rank dp_rank's share of the step at `consumed` (of n)."""
+    start = consumed + dp_rank * micro_batch * grad_accum
+    return [[(start + j * micro_batch + i) % n for i in range(micro_batch)] for j in range(grad_accum)]
 
 
 class MicroBatches:
@@ -263,10 +272,7 @@ class MicroBatches:
 
     def indices(self, consumed: int) -> list[list[int]]:
         """grad_accum lists of micro_batch sample indices: this rank's share of the step at `consumed`."""
-        start = consumed + self.dp_rank * self.micro_batch * self.grad_accum
-        n = len(self.dataset)
-        return [[(start + j * self.micro_batch + i) % n for i in range(self.micro_batch)]
-                for j in range(self.grad_accum)]
+        return step_indices(consumed, self.dp_rank, self.micro_batch, self.grad_accum, len(self.dataset))
 
     def _to_device(self, batch):
         (inputs, (labels, mask)) = batch
@@ -282,7 +288,9 @@ class MicroBatches:
         if self._loader is None or self._next != consumed:
             self._loader = None  # let the old workers go before new ones start
             self._loader = iter(torch.utils.data.DataLoader(
-                self.dataset, batch_sampler=_StepSampler(self, consumed), num_workers=self.num_workers,
+                self.dataset, num_workers=self.num_workers, batch_sampler=_StepSampler(
+                    partial(step_indices, dp_rank=self.dp_rank, micro_batch=self.micro_batch,
+                            grad_accum=self.grad_accum, n=len(self.dataset)), self.global_batch, consumed),
                 collate_fn=partial(collate, positions=self.positions), pin_memory=self.device.type == "cuda"))
         self._next = None  # a step abandoned half-way must not be continued
         for _ in range(self.grad_accum):
