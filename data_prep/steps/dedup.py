@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
@@ -39,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 KEY_DTYPE = np.dtype([("h", "<u8"), ("h2", "<u8"), ("ref", "<u8")])
 PAIR_DTYPE = np.dtype([("ref", "<u8"), ("keeper", "<u8")])
 MAX_ORDINAL = (1 << 32) - 1
+_TWO_U64 = struct.Struct("<QQ")  # an xxh3-128 digest as two little-endian 64-bit halves (a band key)
 
 
 def make_ref(unit: int, ordinal: int) -> int:
@@ -129,6 +131,7 @@ class MinHasher:
         self.bands, self.rows = cfg.band_layout()
         self._word_hash = xxhash.xxh3_64_intdigest
         self._band_hash = xxhash.xxh3_128_digest
+        self._band_prefixes = [b.to_bytes(2, "little") for b in range(self.bands)]
         rng = np.random.RandomState(cfg.seed)
         self.a = rng.randint(0, 2**63, size=cfg.num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)  # odd
         self.b = rng.randint(0, 2**63, size=cfg.num_perm, dtype=np.uint64)
@@ -159,12 +162,10 @@ class MinHasher:
         return self.k.min_hashes(self.shingle_hashes(text), self.a, self.b)
 
     def band_keys(self, sig: np.ndarray) -> List[Tuple[int, int]]:
-        r, h = self.rows, self._band_hash
-        out = []
-        for b in range(self.bands):
-            d = h(b.to_bytes(2, "little") + sig[b * r:(b + 1) * r].tobytes())
-            out.append((int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")))
-        return out
+        """Per band b: xxh3-128 of b (2 bytes, little-endian) and the band's rows' bytes, as two 64-bit halves."""
+        raw, h, pair = np.ascontiguousarray(sig).tobytes(), self._band_hash, _TWO_U64.unpack
+        step = self.rows * sig.itemsize
+        return [pair(h(prefix + raw[b * step:(b + 1) * step])) for b, prefix in enumerate(self._band_prefixes)]
 
 
 def bucket_sorted(keys: List[Tuple[int, int, int]], buckets: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -115,9 +115,7 @@ class QualityFilter:
             return "stop_words"
         why = self._line_rules(cps)
         if why is None and len(self.ngram_sizes):
-            ids, vocab = self.k.word_ids(cps, starts, ends)
-            r = self.k.first_failed_ngram_rule(ids, vocab, lengths, chars, self.ngram_sizes, self.ngram_limits,
-                                               self.ngram_top)
+            r = self.k.ngram_rule(cps, starts, ends, self.ngram_sizes, self.ngram_limits, self.ngram_top)
             why = None if r < 0 else ("top_ngram" if self.ngram_top[r] else "dup_ngram")
         return why
 
@@ -136,11 +134,8 @@ class QualityFilter:
         c = self.c
         if c.max_duplicate_line_fraction is None and c.min_punctuation_line_fraction is None:
             return None
-        starts, ends, punct = self.k.line_spans(cps, self.tables, self.punct)
-        lines = len(starts)
+        lines, dup, punct = self.k.line_counts(cps, self.tables, self.punct)
         if c.max_duplicate_line_fraction is not None and lines:
-            ids, vocab = self.k.word_ids(cps, starts, ends)
-            dup = int((np.bincount(ids, minlength=vocab)[ids] > 1).sum())
             if dup / lines > c.max_duplicate_line_fraction:
                 return "duplicate_lines"
         if c.min_punctuation_line_fraction is not None and lines:

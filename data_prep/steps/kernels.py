@@ -29,13 +29,16 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 @functools.lru_cache(maxsize=None)
 def char_tables() -> np.ndarray:
     """uint8 per code point below 0x10000: bit 0 whitespace (str.split's and str.strip's), bit 1 str.isalpha, bit 2
-    str.isdigit, bit 3 a line boundary of str.splitlines (none lies above 0x10000)."""
+    str.isdigit, bit 3 a line boundary of str.splitlines (none lies above 0x10000), bit 4 a character of the
+    symbol rule ("#", ".", "\u2026": scan_words looks at the rest only through bits 0-2)."""
     chars = [chr(c) for c in range(_TABLE)]
     space = np.fromiter(map(str.isspace, chars), dtype=np.uint8, count=_TABLE)
     alpha = np.fromiter(map(str.isalpha, chars), dtype=np.uint8, count=_TABLE)
     digit = np.fromiter(map(str.isdigit, chars), dtype=np.uint8, count=_TABLE)
     line = np.fromiter((len(("a" + c + "b").splitlines()) == 2 for c in chars), dtype=np.uint8, count=_TABLE)
-    return space | (alpha << 1) | (digit << 2) | (line << 3)
+    symbol = np.zeros(_TABLE, dtype=np.uint8)
+    symbol[[ord("#"), ord("."), 0x2026]] = 1
+    return space | (alpha << 1) | (digit << 2) | (line << 3) | (symbol << 4)
 
 
 def code_points(text: str) -> np.ndarray:
@@ -59,21 +62,28 @@ def scan_words(cps, tables):
     """(word starts, word ends, digits, words with a letter, symbols, beyond-table flag) of the text's code
     points; words split as str.split() does; symbols as text.count("#") + text.count("...") + text.count("\u2026")
     (a run of k dots holds k // 3 of "..."). Digits and letters count only characters below 0x10000: exact when
-    the flag is not set."""
+    the flag is not set. The symbol characters are found through the table's bit 4 (one test per character)."""
     n = len(cps)
     starts = np.empty(n // 2 + 1, dtype=np.int64)
     ends = np.empty(n // 2 + 1, dtype=np.int64)
     words = digits = alpha_words = symbols = dots = 0
     beyond = in_word = has_alpha = False
     for i in range(n):
-        c = np.int64(cps[i])
-        if c == 46:
-            dots += 1
+        c = cps[i]
+        if c < _TABLE:
+            t = tables[c]
         else:
-            symbols += dots // 3 + (c == 35) + (c == 0x2026)
+            t = np.uint8(0)
+            beyond = True
+        if t & 16:  # "#", "." or "\u2026"
+            if c == 46:
+                dots += 1
+            else:
+                symbols += dots // 3 + 1
+                dots = 0
+        elif dots:
+            symbols += dots // 3
             dots = 0
-        t = tables[c] if c < _TABLE else np.uint8(0)
-        beyond |= c >= _TABLE
         if t & 1:
             if in_word:
                 ends[words] = i
@@ -248,6 +258,29 @@ def first_failed_ngram_rule(word, vocab, lengths, chars, sizes, limits, is_top):
     return -1
 
 
+@njit(cache=True, nogil=True)
+def line_counts(cps, tables, punct):
+    """(non-empty stripped lines, those occurring more than once, those ending in a ``punct`` code point): the
+    line rules' three counts in one call (line_spans, then the lines interned as words are)."""
+    starts, ends, ends_punct = line_spans(cps, tables, punct)
+    if not len(starts):
+        return 0, 0, ends_punct
+    ids, vocab = word_ids(cps, starts, ends)
+    counts = np.bincount(ids, minlength=vocab)
+    dup = 0
+    for i in range(len(ids)):
+        dup += counts[ids[i]] > 1
+    return len(starts), dup, ends_punct
+
+
+@njit(cache=True, nogil=True)
+def ngram_rule(cps, starts, ends, sizes, limits, is_top):
+    """first_failed_ngram_rule over the words (interned here, lengths and characters counted here): one call."""
+    ids, vocab = word_ids(cps, starts, ends)
+    lengths = ends - starts
+    return first_failed_ngram_rule(ids, vocab, lengths, lengths.sum(), sizes, limits, is_top)
+
+
 def stop_word_table(stop_words) -> "tuple[np.ndarray, np.ndarray] | None":
     """The (lower-cased) stop words as code points and offsets, or None when one is not ASCII (count_stop_words
     compares ASCII only; the caller then asks Python)."""
@@ -293,6 +326,8 @@ def warm_up() -> None:
     word_ids(cps, ls, le)
     stop, offsets = stop_word_table(["the"])
     count_stop_words(cps, starts, ends, stop, offsets)
+    line_counts(cps, char_tables(), np.array([46], dtype=np.uint32))
+    ngram_rule(cps, starts, ends, np.array([2, 3], np.int64), np.array([0.5, 0.5]), np.array([True, False]))
     first_failed_ngram_rule(ids, vocab, ends - starts, int((ends - starts).sum()), np.array([2, 3], np.int64),
                             np.array([0.5, 0.5]), np.array([True, False]))
     wh, _ = word_hashes(cps, starts, ends, XXH3_SECRET)

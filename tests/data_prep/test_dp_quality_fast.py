@@ -63,6 +63,7 @@ def test_kernel_counts_equal_str_methods(texts):
     assert ((t >> 1) & 1).tolist() == [int(c.isalpha()) for c in chars]
     assert ((t >> 2) & 1).tolist() == [int(c.isdigit()) for c in chars]
     assert ((t >> 3) & 1).tolist() == [int(len(("a" + c + "b").splitlines()) == 2) for c in chars]
+    assert ((t >> 4) & 1).tolist() == [int(c in "#.\u2026") for c in chars]
     assert not any(len(("a" + chr(c) + "b").splitlines()) == 2 or chr(c).isspace() for c in range(0x10000, 0x110000))
     for d in _variants(texts)[::4]:
         cps = kernels.code_points(d)
