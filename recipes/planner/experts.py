@@ -26,6 +26,8 @@ def stage_layers(model_cfg, pp: int) -> tuple[int, int]:
     stage; a stage's memory and time are priced for its layers, the most loaded one sets the pace)."""
     L = model_cfg.num_layers
     per = -(-L // pp)
+    if model_cfg.moe is None:  # dense: the search asks this for every candidate layout (~70,000 times a doc build)
+        return per, 0
     most = max(sum(model_cfg.is_moe_layer(i) for i in range(s, min(s + per, L))) for s in range(0, L, per))
     return per, most
 
