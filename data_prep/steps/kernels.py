@@ -394,17 +394,10 @@ XXH3_MAX = 128  # longest word (bytes) hashed here
 
 
 @njit(cache=True, nogil=True)
-def _r64(p, i):
+def _read_le(p, i, nbytes):
+    """nbytes (4 or 8) bytes of p from i as a little-endian unsigned integer (XXH_readLE32/64)."""
     v = np.uint64(0)
-    for k in range(8):
-        v |= np.uint64(p[i + k]) << np.uint64(8 * k)
-    return v
-
-
-@njit(cache=True, nogil=True)
-def _r32(p, i):
-    v = np.uint64(0)
-    for k in range(4):
+    for k in range(nbytes):
         v |= np.uint64(p[i + k]) << np.uint64(8 * k)
     return v
 
@@ -431,14 +424,15 @@ def _avalanche3(h):
 def _xxh3_short(p, n, s):
     """xxh3-64 of p[:n], n <= 16."""
     if n > 8:
-        lo = _r64(p, 0) ^ (_r64(s, 24) ^ _r64(s, 32))
-        hi = _r64(p, n - 8) ^ (_r64(s, 40) ^ _r64(s, 48))
+        lo = _read_le(p, 0, 8) ^ (_read_le(s, 24, 8) ^ _read_le(s, 32, 8))
+        hi = _read_le(p, n - 8, 8) ^ (_read_le(s, 40, 8) ^ _read_le(s, 48, 8))
         swapped = np.uint64(0)
         for k in range(8):
             swapped |= ((lo >> np.uint64(8 * k)) & np.uint64(0xFF)) << np.uint64(56 - 8 * k)
         return _avalanche3(np.uint64(n) + swapped + hi + _fold128(lo, hi))
     if n >= 4:
-        h = (_r32(p, n - 4) + (_r32(p, 0) << np.uint64(32))) ^ (_r64(s, 8) ^ _r64(s, 16))
+        h = _read_le(p, n - 4, 4) + (_read_le(p, 0, 4) << np.uint64(32))
+        h ^= _read_le(s, 8, 8) ^ _read_le(s, 16, 8)
         h ^= ((h << np.uint64(49)) | (h >> np.uint64(15))) ^ ((h << np.uint64(24)) | (h >> np.uint64(40)))
         h *= _RRMXMX
         h ^= (h >> np.uint64(35)) + np.uint64(n)
@@ -447,9 +441,9 @@ def _xxh3_short(p, n, s):
     if n > 0:
         combined = (np.uint64(p[0]) << np.uint64(16)) | (np.uint64(p[n >> 1]) << np.uint64(24)) | \
             np.uint64(p[n - 1]) | (np.uint64(n) << np.uint64(8))
-        h = combined ^ (_r32(s, 0) ^ _r32(s, 4))
+        h = combined ^ (_read_le(s, 0, 4) ^ _read_le(s, 4, 4))
     else:
-        h = _r64(s, 56) ^ _r64(s, 64)
+        h = _read_le(s, 56, 8) ^ _read_le(s, 64, 8)
     h ^= h >> np.uint64(33)
     h *= _P64_2
     h ^= h >> np.uint64(29)
@@ -459,7 +453,7 @@ def _xxh3_short(p, n, s):
 
 @njit(cache=True, nogil=True)
 def _mix16(p, i, s, j):
-    return _fold128(_r64(p, i) ^ _r64(s, j), _r64(p, i + 8) ^ _r64(s, j + 8))
+    return _fold128(_read_le(p, i, 8) ^ _read_le(s, j, 8), _read_le(p, i + 8, 8) ^ _read_le(s, j + 8, 8))
 
 
 @njit(cache=True, nogil=True)
