@@ -28,7 +28,9 @@ class RunCheckpoints:
             self.saver.poll()  # an async save from an earlier step: complete once every rank's files are durable
         decision = self.policy.decide(step, stopping)
         if decision.save:
-            self._evaluate(self.policy.finished(self.saver.finish()))
+            self.saver.finish()
+            # the newest complete save: the one in flight just now, or one poll() completed at this very step
+            self._evaluate(self.policy.finished(self.saver.completed))
             self._save(step, client_state, capped=decision.capped)
             if decision.wait:
                 self.saver.finish()  # a stop or the end waits for the disk: the run leaves a complete checkpoint

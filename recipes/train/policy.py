@@ -49,7 +49,9 @@ class SaveEvalStopPolicy:
                         stop=stopping)
 
     def finished(self, completed: int | None) -> list[int]:
-        """The save in flight was finished before a new save (its step, or None): the evaluations to start now."""
+        """Before a new save, the save in flight finished: `completed` is the newest complete step (that save's, or
+        the one poll() completed at this step; None if none): the evaluations to start now, before the new save
+        replaces the pending one."""
         if self.pending_eval is not None and completed == self.pending_eval:
             self.pending_eval = None
             return [completed]

@@ -52,6 +52,19 @@ def test_the_next_save_finishes_the_pending_one_and_starts_its_evaluation_first(
     assert p.pending_eval == 4
 
 
+def test_a_pending_evaluation_completed_by_poll_at_a_saving_step_still_starts():
+    """Seen under load: step 3's async save became durable exactly at step 6 (found by poll() before step 6's own
+    save); it must still be evaluated, before step 6 becomes the pending evaluation."""
+    p = SaveEvalStopPolicy(total_steps=6, save_interval=None, eval_interval=3, checkpointing=True)
+    p.step_done(3, p.decide(3, stopping=False), completed=None)  # step 3's save in flight
+    for s in (4, 5):
+        assert p.step_done(s, p.decide(s, stopping=False), completed=None) == []
+    d6 = p.decide(6, stopping=False)
+    assert d6.save and d6.evaluate
+    assert p.finished(3) == [3]  # the newest complete step is 3: evaluate it now
+    assert p.step_done(6, d6, completed=6) == [6]
+
+
 def test_last_step_is_evaluated_after_its_waited_save():
     p = SaveEvalStopPolicy(total_steps=6, save_interval=None, eval_interval=4, checkpointing=True)
     assert [s for s in range(1, 7) if p.eval_due(s)] == [4, 6]
@@ -73,3 +86,45 @@ def test_without_a_checkpoint_dir_nothing_is_saved_but_a_stop_still_stops():
     p = SaveEvalStopPolicy(total_steps=4, save_interval=2, eval_interval=None, checkpointing=False)
     assert not any(p.decide(s, stopping=False).save for s in range(1, 5))
     assert p.decide(2, stopping=True) == Decision(save=False, capped=False, wait=True, stop=True)
+
+
+class _AsyncSaver:
+    """Checkpointer's step-boundary protocol, in memory: an async save becomes durable when `durable_at` says."""
+
+    def __init__(self, durable_at: dict[int, int]):
+        self.durable_at, self.inflight, self.completed = durable_at, None, None
+
+    def poll(self, now: int):
+        if self.inflight is not None and self.durable_at[self.inflight] <= now:
+            self.completed, self.inflight = self.inflight, None
+
+    def finish(self):
+        done, self.inflight = self.inflight, None
+        if done is not None:
+            self.completed = done
+        return done
+
+    def save(self, step, client_state, capped=True):
+        self.finish()
+        self.inflight = step
+
+
+def test_checkpoints_glue_starts_the_evaluation_poll_completed_at_a_saving_step():
+    """recipes.train.checkpoints.RunCheckpoints.after_step, with the save's durability timed as under load: step 3's
+    save is found complete by poll() at step 6, which saves too. Both evaluations start, 3 before 6."""
+    from types import SimpleNamespace
+
+    from recipes.train.checkpoints import RunCheckpoints
+
+    saver, started = _AsyncSaver({3: 6, 6: 6}), []
+    ckpt = RunCheckpoints.__new__(RunCheckpoints)
+    ckpt.saver, ckpt.lease = saver, None
+    ckpt.policy = SaveEvalStopPolicy(total_steps=6, save_interval=None, eval_interval=3, checkpointing=True)
+    ckpt.evaluation = SimpleNamespace(start=started.append, cancel=lambda: None)
+    ckpt.heartbeat = SimpleNamespace(beat=lambda *a: None)
+    for step in range(1, 7):
+        real_poll = saver.poll
+        saver.poll = lambda: real_poll(step)
+        ckpt.after_step(step, {}, stopping=False)
+        saver.poll = real_poll
+    assert started == [3, 6]
