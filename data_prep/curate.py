@@ -120,13 +120,7 @@ def _raise_failed(failed: List[dict], what: str) -> None:
 def prepare(ctx: cu.CurateContext, units: List[Unit], settings, stage: str = "all") -> bool:
     """The dedup passes (hash, buckets, cluster) for this slice, skipping complete work. True when every pass is
     complete for the whole plan, so the filter pass can run; False when other slices still have work to do."""
-    if any(s.kind in ("quality", "minhash_dedup") for s in ctx.steps.steps):
-        from data_prep.steps import kernels
-
-        kernels.warm_up()  # once here, inherited by the forked workers (instead of numba's start-up in each)
-    for s in ctx.steps.steps:
-        if s.kind == "minhash_dedup":
-            s.cfg.band_layout()  # datasketch's optimisation (scipy): once per process, here before the fork too
+    cu.load_step_resources(ctx.steps)  # once here, inherited by the forked workers
     if not ctx.steps.dedup_steps:
         return True
     os.makedirs(ctx.dedup_dir, exist_ok=True)

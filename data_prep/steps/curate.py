@@ -69,6 +69,19 @@ class Bucket:
         return 1
 
 
+def load_step_resources(steps: StepList) -> None:
+    """Per-process costs paid once, before any document (and before a driver forks its workers, which inherit
+    them): the compiled kernels of quality and MinHash steps, and MinHash's band layout (datasketch's optimisation,
+    scipy integrations)."""
+    if any(s.kind in ("quality", "minhash_dedup") for s in steps.steps):
+        from data_prep.steps import kernels
+
+        kernels.warm_up()
+    for s in steps.steps:
+        if s.kind == "minhash_dedup":
+            s.cfg.band_layout()
+
+
 def _path(ctx: CurateContext, *parts: str) -> str:
     return os.path.join(ctx.dedup_dir, ".".join(parts))
 

@@ -38,7 +38,6 @@ def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 
     from data_prep.curate import context
     from data_prep.read.units import list_inputs, plan_units
     from data_prep.steps import curate as cu
-    from data_prep.steps import kernels
     from data_prep.steps.step_list import step_list
 
     sl = step_list(steps if steps is not None else DEFAULT_STEPS)
@@ -51,10 +50,7 @@ def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 
         ctx = context(out, sl, units, "text", unit_bytes, 64 << 20)
         secs: Dict[str, float] = {}
         t0 = time.process_time()
-        kernels.warm_up()  # fixed costs per process (run start-up), not per byte: outside the rates
-        for s in sl.steps:
-            if s.kind == "minhash_dedup":
-                s.cfg.band_layout()
+        cu.load_step_resources(sl)  # fixed costs per process (run start-up), not per byte: outside the rates
         start_up = time.process_time() - t0
 
         def timed(stage, fn, items):
