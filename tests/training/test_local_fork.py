@@ -21,6 +21,9 @@ import sys
 print("problem:", prepare_template(_before_rank_imports))
 print("threads:", thread_count())
 print("imported:", all(m in sys.modules for m in TEMPLATE_MODULES + ("torch", "deepspeed", "megatron.core")))
+# recipes.model.megatron_import: megatron-core's fusions stay uncompiled, torch's compiler unimported, until called
+from megatron.core.fusions.fused_bias_geglu import geglu
+print("compiler imported:", "torch._inductor.compile_fx" in sys.modules, "fusions deferred:", hasattr(geglu, "__wrapped__"))
 """
 
 
@@ -28,7 +31,8 @@ def test_template_imports_everything_and_stays_single_threaded():
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=worker_env(), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[-4:-1] == ["problem: None", "threads: 1", "imported: True"], out.stdout
+    assert out.stdout.split("\n")[-5:-1] == ["problem: None", "threads: 1", "imported: True",
+                                            "compiler imported: False fusions deferred: True"], out.stdout
 
 
 def test_forked_ranks_train_bitwise_like_fresh_interpreters(corpus, tmp_path):

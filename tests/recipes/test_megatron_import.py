@@ -1,0 +1,40 @@
+"""recipes.model.megatron_import: a function decorated while megatron-core is imported is compiled by the real
+torch.compile, with the decorator's options, at its first call and only then; its results are the function's.
+(That a rank's imports leave torch's compiler unimported is checked in a fresh interpreter by test_local_fork.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from recipes.model.megatron_import import deferred_compile
+
+pytestmark = pytest.mark.unit
+
+
+def _gated(y):
+    a, b = torch.chunk(y, 2, -1)
+    return torch.tanh(a) * b
+
+
+def test_a_deferred_function_is_compiled_at_its_first_call_with_its_options():
+    torch._dynamo.reset()
+    counters.clear()
+    compile_later = deferred_compile(torch.compile)
+    fn = compile_later(_gated, backend="eager")
+    decorator_form = compile_later(backend="eager", dynamic=False)(_gated)
+    assert counters["stats"]["calls_captured"] == 0  # nothing traced at decoration
+    assert fn.__wrapped__ is _gated and fn.__name__ == "_gated"
+    y = torch.randn(3, 8)
+    assert torch.equal(fn(y), _gated(y))
+    captured = counters["stats"]["calls_captured"]
+    assert captured > 0  # dynamo traced it: the real torch.compile ran at the first call
+    assert torch.equal(fn(y), _gated(y)) and counters["stats"]["calls_captured"] == captured  # compiled once
+    assert torch.equal(decorator_form(y), _gated(y)) and counters["stats"]["calls_captured"] > captured
+
+
+def test_a_module_is_compiled_at_once_as_torch_compile_does_it():
+    module = torch.nn.Linear(4, 4)
+    compiled = deferred_compile(torch.compile)(module, backend="eager")
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert compiled._orig_mod is module
