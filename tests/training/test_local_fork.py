@@ -21,8 +21,10 @@ import sys
 print("problem:", prepare_template(_before_rank_imports))
 print("threads:", thread_count())
 print("imported:", all(m in sys.modules for m in TEMPLATE_MODULES + ("torch", "deepspeed", "megatron.core")))
-# recipes.model.megatron_import: megatron-core's fusions stay uncompiled, torch's compiler unimported, until called
+# recipes.model.lazy_compile: megatron-core's fusions and DeepSpeed's Muon steps (the engine imports them) stay
+# uncompiled, torch's compiler unimported, until called
 from megatron.core.fusions.fused_bias_geglu import geglu
+import deepspeed.runtime.zero.muon.muon_optimizer
 print("compiler imported:", "torch._inductor.compile_fx" in sys.modules, "fusions deferred:", hasattr(geglu, "__wrapped__"))
 """
 

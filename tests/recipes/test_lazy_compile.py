@@ -1,4 +1,4 @@
-"""recipes.model.megatron_import: a function decorated while megatron-core is imported is compiled by the real
+"""recipes.model.lazy_compile: a function decorated while megatron-core or DeepSpeed is imported is compiled by the real
 torch.compile, with the decorator's options, at its first call and only then; its results are the function's.
 (That a rank's imports leave torch's compiler unimported is checked in a fresh interpreter by test_local_fork.)"""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from recipes.model.megatron_import import deferred_compile
+from recipes.model.lazy_compile import deferred_compile
 
 pytestmark = pytest.mark.unit
 
