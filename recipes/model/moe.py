@@ -37,6 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recipes.model.lazy_compile import import_with_compile_deferred
+
+import_with_compile_deferred(("megatron.core",))  # its fusions compiled at their first call, not at this import
 from megatron.core import parallel_state
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
