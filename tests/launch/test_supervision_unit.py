@@ -61,11 +61,20 @@ def test_heartbeat_file_is_replaced_whole_and_at_most_every_interval(tmp_path, m
         hb.beat(step, "data")
         hb.beat(step, "forward-backward")
     hb.beat(1000, "log", 0.25)
-    time.sleep(WRITE_INTERVAL_S * 3)
+    deadline = time.monotonic() + 20 * WRITE_INTERVAL_S  # the writer thread catches up within an interval or two
+    while _step_written(tmp_path / "rank-3.json") != 1000 and time.monotonic() < deadline:
+        time.sleep(0.02)
     rec = json.loads((tmp_path / "rank-3.json").read_text())
     assert (rec["rank"], rec["host"], rec["step"], rec["phase"], rec["step_time_s"]) == (3, "nodeX", 1000, "log", 0.25)
     assert [p.name for p in tmp_path.iterdir()] == ["rank-3.json"]  # no temporary file left behind
     Heartbeat(None).beat(1, "data")  # no launcher: nothing to write, no error
+
+
+def _step_written(path):
+    try:
+        return json.loads(path.read_text())["step"]
+    except (OSError, ValueError):  # not written yet (the file is replaced whole, never seen half-written)
+        return None
 
 
 def test_fault_spec_is_strict_and_targets_one_rank_step_host_and_attempt(monkeypatch):
