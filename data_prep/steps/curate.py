@@ -71,15 +71,15 @@ class Bucket:
 
 def load_step_resources(steps: StepList) -> None:
     """Per-process costs paid once, before any document (and before a driver forks its workers, which inherit
-    them): the compiled kernels of quality and MinHash steps, and MinHash's band layout (datasketch's optimisation,
-    scipy integrations)."""
+    them): the compiled kernels of quality and MinHash steps, and a MinHasher built once (its band layout:
+    datasketch's optimisation, scipy integrations; the xxhash import), so that no first document pays them."""
     if any(s.kind in ("quality", "minhash_dedup") for s in steps.steps):
         from data_prep.steps import kernels
 
         kernels.warm_up()
     for s in steps.steps:
         if s.kind == "minhash_dedup":
-            s.cfg.band_layout()
+            dd.MinHasher(s.cfg)
 
 
 def _path(ctx: CurateContext, *parts: str) -> str:
