@@ -182,15 +182,16 @@ class _UnitHashes:
     def add(self, ref: int, text: str) -> None:
         # Dedup steps ignore what earlier dedup steps removed: exact copies share every MinHash band, and the
         # smallest ref of a group is never a copy removed earlier, so the keepers are those of running them in turn
-        reached = True
+        reached, words = True, None  # words: the text's word spans from a quality step, reused by MinHash
         for i in range(self.last + 1):
             if i in self.filters:
-                why = self.filters[i].check(text) if reached else None
+                if reached:
+                    why, words = self.filters[i].evaluate(text)
                 self.verdicts[i].append(vd.code(why) if reached else vd.NOT_EVALUATED)
                 reached = reached and why is None
             elif reached and i in self.sigs:
                 h = self.hashers[i]
-                sig = h.signature(text)
+                sig = h.signature(text, words)
                 self.sigs[i].append(sig)
                 self.sig_refs[i].append(ref)
                 self.keys[i] += [(a, b, ref) for a, b in h.band_keys(sig)]

@@ -140,26 +140,25 @@ class MinHasher:
         self.weights = (np.random.RandomState(cfg.seed + 1).randint(0, 2**63, size=n, dtype=np.uint64)
                         * np.uint64(2) + np.uint64(1))
 
-    def shingle_hashes(self, text: str) -> np.ndarray:
-        """64-bit hash of each shingle (``shingle_words`` consecutive words; all words when fewer), repeats kept:
-        sum of xxh3-64(word's UTF-8) x its position's weight, plus the word count, through splitmix64's finalizer.
-        Words split as str.split() does and hashed by the kernels; words over 128 bytes by the xxhash library."""
-        k = self.k
-        lowered = text.lower() if self.cfg.lowercase else text
-        cps = k.code_points(lowered)
-        starts, ends, *_ = k.scan_words(cps, k.char_tables())
-        if not len(starts):
-            return np.zeros(1, dtype=np.uint64)  # the empty text: one (empty) shingle, as before
-        wh, long_words = k.word_hashes(cps, starts, ends, k.XXH3_SECRET)
-        if len(long_words):
-            words = lowered.split()
+    def signature(self, text: str, words=None) -> np.ndarray:
+        """num_perm values: for each permutation, the least ((a * x + b) mod 2**64) >> 32 over the shingles x.
+        ``words``: the text's kernels.Words when a quality step scanned it already (its spans are reused; for
+        lower-casing, only where the text is ASCII: str.lower of other text may change its characters' count)."""
+        k, lower = self.k, self.cfg.lowercase
+        if lower and not text.isascii():
+            text, lower, words = text.lower(), False, None  # str.lower's own rules (final sigma, dotted I ...)
+        if words is None:
+            cps = k.code_points(text)
+            words = k.Words(cps, *k.scan_words(cps, k.char_tables())[:2])
+        sig, wh, long_words = k.word_signature(words.cps, words.starts, words.ends, lower, k.XXH3_SECRET,
+                                               self.weights, self.cfg.shingle_words, self.a, self.b)
+        if len(long_words):  # words over the kernel's 128 bytes: hashed by the xxhash library
+            split = (text.lower() if lower else text).split()
             for i in long_words.tolist():
-                wh[i] = self._word_hash(words[i].encode("utf-8", "surrogatepass"))
-        return k.shingle_hashes(wh, self.weights, min(self.cfg.shingle_words, len(wh)))
-
-    def signature(self, text: str) -> np.ndarray:
-        """num_perm values: for each permutation, the least ((a * x + b) mod 2**64) >> 32 over the shingles x."""
-        return self.k.min_hashes(self.shingle_hashes(text), self.a, self.b)
+                wh[i] = self._word_hash(split[i].encode("utf-8", "surrogatepass"))
+            sig = k.min_hashes(k.shingle_hashes(wh, self.weights, min(self.cfg.shingle_words, len(wh))), self.a,
+                               self.b)
+        return sig
 
     def band_keys(self, sig: np.ndarray) -> List[Tuple[int, int]]:
         """Per band b: xxh3-128 of b (2 bytes, little-endian) and the band's rows' bytes, as two 64-bit halves."""
