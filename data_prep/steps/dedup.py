@@ -17,8 +17,8 @@ depend on which worker saw what first.
    the confirmed duplicate pairs only (size ~ duplicates, not the corpus), as in datatrove's MinhashDedupCluster.
 The final filter pass of a unit reads the refs of its own unit range (searchsorted on the sorted arrays).
 
-MinHash (``MinHasher``) is computed with numpy over all of a document's shingles at once: each word hashed once
-(xxh3-64), a shingle's 64-bit hash combined from its words' (position-weighted, then mixed), and each of the num_perm
+MinHash (``MinHasher``) is computed by compiled loops (kernels.py) over all of a document's shingles: each word hashed
+once (xxh3-64), a shingle's 64-bit hash combined from its words' (position-weighted, then mixed), and each of the num_perm
 permutations a multiply-add-shift hash, ((a * x + b) mod 2**64) >> 32 with a, b drawn from the seed: strongly
 universal for 64-bit keys, no division, no Python per shingle. Until 2026-12 it was datasketch's ``MinHash`` (a SHA-1
 per shingle in Python, 2.9 MB/s per core); the signatures differ, the duplicate sets on the planted corpus do not

@@ -66,11 +66,12 @@ RULES = ("doc_words", "mean_word_length", "symbol_word_ratio", "digit_fraction",
 class QualityFilter:
     """``check(text)`` -> None (keep) or the first failed rule's name (one of RULES).
 
-    Counting is compiled (kernels.py, numba): one pass over the text's code points splits the words as str.split()
-    does and counts digits and words with a letter; words and lines are interned and the n-grams numbered with one
-    hash table per size (exact: keys stored or compared whole), up to the sizes the rules need; stop words are
-    compared there too. Python only counts, for the rare text beyond the kernels' tables, digits, letters and
-    non-ASCII stop words. The verdicts equal the plain per-word version's
+    Every rule is evaluated in one compiled call per document (kernels.quality_code, numba): one pass over the
+    text's code points splits the words as str.split() does and counts digits and words with a letter; stop words
+    are compared there (lower-cased as str.lower does); words and lines are interned and the n-grams numbered with
+    one hash table per size (exact: keys stored or compared whole), up to the sizes the rules need. Python only
+    counts, for the rare text beyond the kernels' tables, digits and letters, and stop words when one of them is
+    not ASCII. The verdicts equal the plain per-word version's
     (tests/data_prep/quality_reference.py) and the numpy version's this replaced (tests/data_prep/quality_numpy.py),
     compared on real and built text."""
 

@@ -5,8 +5,11 @@ Exact, not approximate: words are interned in a hash table that compares their c
 n-gram of size n is the pair (id of its (n-1)-gram, id of its last word), stored whole in the table, so ids are
 exact whatever the hash. Whitespace, ``str.isalpha`` and ``str.isdigit`` come from tables built here from Python's
 own str methods (every code point below 0x10000); a document holding a code point above that (rare: emoji, historic
-scripts) is flagged and its per-character counts are taken by filters.py's Python code instead. The rules' semantics
-stay in filters.py (tested against tests/data_prep/quality_reference.py and against filters.py's numpy version).
+scripts) is flagged and its per-character counts are taken by filters.py's Python code instead. The whole rule
+sequence runs in one call per document (``quality_code``: the rules in filters.RULES's order, the thresholds from
+filters.QualityConfig), so no Python runs between rules; its word spans then serve MinHash (``word_signature``)
+without a second scan. Tested against tests/data_prep/quality_reference.py (plain Python, one word at a time) and
+tests/data_prep/quality_numpy.py (the numpy version the kernels replaced).
 
 Compiled on first use and cached on disk (``cache=True``: numba's cache beside this module, or its user cache
 directory when that is read-only); the first call of a fresh process loads the cache (~0.1-0.3 s) or compiles
