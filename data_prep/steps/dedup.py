@@ -22,9 +22,10 @@ once (xxh3-64), a shingle's 64-bit hash combined from its words' (position-weigh
 num_perm permutations a multiply-add-shift hash, ((a * x + b) mod 2**64) >> 32 with a, b drawn from the seed:
 strongly universal for 64-bit keys, no division, no Python per shingle. Until 2026-12 it was datasketch's
 ``MinHash`` (a SHA-1 per shingle in Python, 2.9 MB/s per core); the signatures differ, the duplicate sets on the
-planted corpus do not (tests/data_prep/test_dp_curate.py). The bands x rows still come from datasketch's own LSH parameter optimisation for
-the threshold (equal false-positive/negative weights). Band keys are xxh3-128: a colliding pair is confirmed on the
-signatures in the bucket pass anyway; exact-dedup keys stay blake2b-128 (nothing confirms those).
+planted corpus do not (tests/data_prep/test_dp_curate.py). The bands x rows still come from datasketch's own LSH
+parameter optimisation for the threshold (equal false-positive/negative weights). Band keys are xxh3-128: a colliding
+pair is confirmed on the signatures in the bucket pass anyway; exact-dedup keys stay blake2b-128 (nothing confirms
+those).
 """
 
 from __future__ import annotations
