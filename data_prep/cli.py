@@ -355,7 +355,7 @@ def cmd_plan(a) -> int:
     if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
         from data_prep.tools.plan_curation import calibrate_curation, curation_lines
 
-        ccal = calibrate_curation(sample, a.steps, io.parse_size(a.curation_sample_size))
+        ccal = calibrate_curation(sample, a.steps, io.parse_size(a.curation_sample_size), unit_bytes=a.shard_size)
         print("\n".join(curation_lines(io.parse_size(a.corpus_size), ccal, a.nodes, a.cores_per_node,
                                        tokenize_mb_per_s=cal["mb_per_s_per_core"],
                                        bytes_per_token=cal["bytes_per_token"])))

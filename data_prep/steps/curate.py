@@ -71,15 +71,15 @@ class Bucket:
 
 def load_step_resources(steps: StepList) -> None:
     """Per-process costs paid once, before any document (and before a driver forks its workers, which inherit
-    them): the compiled kernels of quality and MinHash steps, and MinHash's band layout (datasketch's optimisation,
-    scipy integrations)."""
+    them): the compiled kernels of quality and MinHash steps, and a MinHasher built once (its band layout:
+    datasketch's optimisation, scipy integrations; the xxhash import), so that no first document pays them."""
     if any(s.kind in ("quality", "minhash_dedup") for s in steps.steps):
         from data_prep.steps import kernels
 
         kernels.warm_up()
     for s in steps.steps:
         if s.kind == "minhash_dedup":
-            s.cfg.band_layout()
+            dd.MinHasher(s.cfg)
 
 
 def _path(ctx: CurateContext, *parts: str) -> str:
@@ -182,15 +182,16 @@ class _UnitHashes:
     def add(self, ref: int, text: str) -> None:
         # Dedup steps ignore what earlier dedup steps removed: exact copies share every MinHash band, and the
         # smallest ref of a group is never a copy removed earlier, so the keepers are those of running them in turn
-        reached = True
+        reached, words = True, None  # words: the text's word spans from a quality step, reused by MinHash
         for i in range(self.last + 1):
             if i in self.filters:
-                why = self.filters[i].check(text) if reached else None
+                if reached:
+                    why, words = self.filters[i].evaluate(text)
                 self.verdicts[i].append(vd.code(why) if reached else vd.NOT_EVALUATED)
                 reached = reached and why is None
             elif reached and i in self.sigs:
                 h = self.hashers[i]
-                sig = h.signature(text)
+                sig = h.signature(text, words)
                 self.sigs[i].append(sig)
                 self.sig_refs[i].append(ref)
                 self.keys[i] += [(a, b, ref) for a, b in h.band_keys(sig)]

@@ -17,14 +17,15 @@ depend on which worker saw what first.
    the confirmed duplicate pairs only (size ~ duplicates, not the corpus), as in datatrove's MinhashDedupCluster.
 The final filter pass of a unit reads the refs of its own unit range (searchsorted on the sorted arrays).
 
-MinHash (``MinHasher``) is computed with numpy over all of a document's shingles at once: each word hashed once
-(xxh3-64), a shingle's 64-bit hash combined from its words' (position-weighted, then mixed), and each of the num_perm
-permutations a multiply-add-shift hash, ((a * x + b) mod 2**64) >> 32 with a, b drawn from the seed: strongly
-universal for 64-bit keys, no division, no Python per shingle. Until 2026-12 it was datasketch's ``MinHash`` (a SHA-1
-per shingle in Python, 2.9 MB/s per core); the signatures differ, the duplicate sets on the planted corpus do not
-(tests/data_prep/test_dp_curate.py). The bands x rows still come from datasketch's own LSH parameter optimisation for
-the threshold (equal false-positive/negative weights). Band keys are xxh3-128: a colliding pair is confirmed on the
-signatures in the bucket pass anyway; exact-dedup keys stay blake2b-128 (nothing confirms those).
+MinHash (``MinHasher``) is computed by compiled loops (kernels.py) over all of a document's shingles: each word hashed
+once (xxh3-64), a shingle's 64-bit hash combined from its words' (position-weighted, then mixed), and each of the
+num_perm permutations a multiply-add-shift hash, ((a * x + b) mod 2**64) >> 32 with a, b drawn from the seed:
+strongly universal for 64-bit keys, no division, no Python per shingle. Until 2026-12 it was datasketch's
+``MinHash`` (a SHA-1 per shingle in Python, 2.9 MB/s per core); the signatures differ, the duplicate sets on the
+planted corpus do not (tests/data_prep/test_dp_curate.py). The bands x rows still come from datasketch's own LSH
+parameter optimisation for the threshold (equal false-positive/negative weights). Band keys are xxh3-128: a colliding
+pair is confirmed on the signatures in the bucket pass anyway; exact-dedup keys stay blake2b-128 (nothing confirms
+those).
 """
 
 from __future__ import annotations
@@ -140,26 +141,25 @@ class MinHasher:
         self.weights = (np.random.RandomState(cfg.seed + 1).randint(0, 2**63, size=n, dtype=np.uint64)
                         * np.uint64(2) + np.uint64(1))
 
-    def shingle_hashes(self, text: str) -> np.ndarray:
-        """64-bit hash of each shingle (``shingle_words`` consecutive words; all words when fewer), repeats kept:
-        sum of xxh3-64(word's UTF-8) x its position's weight, plus the word count, through splitmix64's finalizer.
-        Words split as str.split() does and hashed by the kernels; words over 128 bytes by the xxhash library."""
-        k = self.k
-        lowered = text.lower() if self.cfg.lowercase else text
-        cps = k.code_points(lowered)
-        starts, ends, *_ = k.scan_words(cps, k.char_tables())
-        if not len(starts):
-            return np.zeros(1, dtype=np.uint64)  # the empty text: one (empty) shingle, as before
-        wh, long_words = k.word_hashes(cps, starts, ends, k.XXH3_SECRET)
-        if len(long_words):
-            words = lowered.split()
+    def signature(self, text: str, words=None) -> np.ndarray:
+        """num_perm values: for each permutation, the least ((a * x + b) mod 2**64) >> 32 over the shingles x.
+        ``words``: the text's kernels.Words when a quality step scanned it already (its spans are reused; for
+        lower-casing, only where the text is ASCII: str.lower of other text may change its characters' count)."""
+        k, lower = self.k, self.cfg.lowercase
+        if lower and not text.isascii():
+            text, lower, words = text.lower(), False, None  # str.lower's own rules (final sigma, dotted I ...)
+        if words is None:
+            cps = k.code_points(text)
+            words = k.Words(cps, *k.scan_words(cps, k.char_tables())[:2])
+        sig, wh, long_words = k.word_signature(words.cps, words.starts, words.ends, lower, k.XXH3_SECRET,
+                                               self.weights, self.cfg.shingle_words, self.a, self.b)
+        if len(long_words):  # words over the kernel's 128 bytes: hashed by the xxhash library
+            split = (text.lower() if lower else text).split()
             for i in long_words.tolist():
-                wh[i] = self._word_hash(words[i].encode("utf-8", "surrogatepass"))
-        return k.shingle_hashes(wh, self.weights, min(self.cfg.shingle_words, len(wh)))
-
-    def signature(self, text: str) -> np.ndarray:
-        """num_perm values: for each permutation, the least ((a * x + b) mod 2**64) >> 32 over the shingles x."""
-        return self.k.min_hashes(self.shingle_hashes(text), self.a, self.b)
+                wh[i] = self._word_hash(split[i].encode("utf-8", "surrogatepass"))
+            sig = k.min_hashes(k.shingle_hashes(wh, self.weights, min(self.cfg.shingle_words, len(wh))), self.a,
+                               self.b)
+        return sig
 
     def band_keys(self, sig: np.ndarray) -> List[Tuple[int, int]]:
         """Per band b: xxh3-128 of b (2 bytes, little-endian) and the band's rows' bytes, as two 64-bit halves."""

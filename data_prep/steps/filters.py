@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from itertools import compress
 from operator import not_
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -66,82 +66,61 @@ RULES = ("doc_words", "mean_word_length", "symbol_word_ratio", "digit_fraction",
 class QualityFilter:
     """``check(text)`` -> None (keep) or the first failed rule's name (one of RULES).
 
-    Counting is compiled (kernels.py, numba): one pass over the text's code points splits the words as str.split()
-    does and counts digits and words with a letter; words and lines are interned and the n-grams numbered with one
-    hash table per size (exact: keys stored or compared whole), up to the sizes the rules need; stop words are
-    compared there too. Python only counts, for the rare text beyond the kernels' tables, digits, letters and
-    non-ASCII stop words. The verdicts equal the plain per-word version's
+    Every rule is evaluated in one compiled call per document (kernels.quality_code, numba): one pass over the
+    text's code points splits the words as str.split() does and counts digits and words with a letter; stop words
+    are compared there (lower-cased as str.lower does); words and lines are interned and the n-grams numbered with
+    one hash table per size (exact: keys stored or compared whole), up to the sizes the rules need. Python only
+    counts, for the rare text beyond the kernels' tables, digits and letters, and stop words when one of them is
+    not ASCII. The verdicts equal the plain per-word version's
     (tests/data_prep/quality_reference.py) and the numpy version's this replaced (tests/data_prep/quality_numpy.py),
     compared on real and built text."""
 
     def __init__(self, cfg: QualityConfig):
         from data_prep.steps import kernels  # numba: imported only where a quality step runs
 
-        self.c, self.k, self.tables = cfg, kernels, kernels.char_tables()
+        self.c, self.k, self.tables, self.lower = cfg, kernels, kernels.char_tables(), kernels.lower_table()
         self.stop_words = frozenset(w.lower() for w in cfg.stop_words)
-        self.stop_table = kernels.stop_word_table(self.stop_words)
+        # the ASCII stop word table, or none (offsets empty): a stop word is not ASCII, str.lower counts
+        self.stop = kernels.stop_word_table(self.stop_words) or (np.zeros(0, np.uint8), np.zeros(0, np.int64))
         self.punct = np.array([ord(p) for p in TERMINAL_PUNCTUATION], dtype=np.uint32)
         rules = ([(n, lim, True) for n, lim in sorted((cfg.top_ngram_char_fraction or {}).items())]
                  + [(n, lim, False) for n, lim in sorted((cfg.dup_ngram_char_fraction or {}).items())])
         self.ngram_sizes = np.array([r[0] for r in rules], dtype=np.int64)
         self.ngram_limits = np.array([r[1] for r in rules], dtype=np.float64)
         self.ngram_top = np.array([r[2] for r in rules], dtype=np.bool_)
+        self.ints, self.floats = _thresholds(cfg, kernels.NONE)
+        self.unknown = np.full(3, -1, dtype=np.int64)  # no count taken by Python (quality_code's ``known``)
 
     def check(self, text: str) -> Optional[str]:
-        c = self.c
-        cps = self.k.code_points(text)
-        starts, ends, digits, alpha_words, symbols, beyond = self.k.scan_words(cps, self.tables)
-        n = len(starts)
-        if (c.min_words is not None and n < c.min_words) or (c.max_words is not None and n > c.max_words):
-            return "doc_words"
-        if n == 0:
-            return None  # every other rule is a ratio over words
-        lengths = ends - starts
-        chars = int(lengths.sum())
-        mean = chars / n
-        if (c.min_mean_word_length is not None and mean < c.min_mean_word_length) or (
-                c.max_mean_word_length is not None and mean > c.max_mean_word_length):
-            return "mean_word_length"
-        if c.max_symbol_word_ratio is not None and symbols / n > c.max_symbol_word_ratio:
-            return "symbol_word_ratio"  # symbols: "#", "...", "\u2026" as str.count counts them
-        if beyond:  # a code point above the kernels' tables: these two counts by str methods instead
-            digits, alpha_words = count_digits(text), count_alpha_words(text.split())
-        if c.max_digit_fraction is not None and digits / chars > c.max_digit_fraction:
-            return "digit_fraction"
-        if c.min_alpha_word_fraction is not None and alpha_words / n < c.min_alpha_word_fraction:
-            return "alpha_words"
-        # Gopher: "at least two of" the stop words (distinct), case-insensitive
-        if c.min_stop_words is not None and self._stop_words(text, cps, starts, ends) < c.min_stop_words:
-            return "stop_words"
-        why = self._line_rules(cps)
-        if why is None and len(self.ngram_sizes):
-            r = self.k.ngram_rule(cps, starts, ends, self.ngram_sizes, self.ngram_limits, self.ngram_top)
-            why = None if r < 0 else ("top_ngram" if self.ngram_top[r] else "dup_ngram")
-        return why
+        return self.evaluate(text)[0]
 
-    def _stop_words(self, text: str, cps: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
-        """Distinct stop words in the lower-cased text: counted by the kernel, by str.lower where that may differ
-        (a stop word or, when the kernel's count is short, the text not ASCII)."""
-        if self.stop_table is not None:
-            found = int(self.k.count_stop_words(cps, starts, ends, *self.stop_table))
-            if found >= (self.c.min_stop_words or 0) or text.isascii():
-                return found
-        return len(self.stop_words.intersection(text.lower().split()))
+    def evaluate(self, text: str) -> "Tuple[Optional[str], object]":
+        """(check's answer, the text's kernels.Words: MinHash reuses its word spans). One kernel call evaluates
+        every rule in order; in the rare text it cannot count alone, Python takes that count and calls again."""
+        k, cps, known = self.k, self.k.code_points(text), self.unknown
+        while True:
+            code, starts, ends = k.quality_code(cps, self.tables, self.lower, known, self.ints, self.floats,
+                                                *self.stop, self.punct, self.ngram_sizes, self.ngram_limits,
+                                                self.ngram_top)
+            if code >= 0:
+                return (RULES[code - 1] if code else None), k.Words(cps, starts, ends)
+            known = known.copy()
+            if code == k.NEED_CHAR_COUNTS:  # a code point above the kernels' tables: these two by str methods
+                known[0], known[1] = count_digits(text), count_alpha_words(text.split())
+            else:  # a stop word is not ASCII (the kernel compares ASCII stop words): str.lower counts
+                known[2] = len(self.stop_words.intersection(text.lower().split()))
 
-    def _line_rules(self, cps: np.ndarray) -> Optional[str]:
-        """Lines as ``[ln.strip() for ln in text.splitlines() if ln.strip()]``: the share occurring more than once
-        (exact: lines interned as the words are), the share ending in terminal punctuation."""
-        c = self.c
-        if c.max_duplicate_line_fraction is None and c.min_punctuation_line_fraction is None:
-            return None
-        lines, dup, punct = self.k.line_counts(cps, self.tables, self.punct)
-        if c.max_duplicate_line_fraction is not None and lines:
-            if dup / lines > c.max_duplicate_line_fraction:
-                return "duplicate_lines"
-        if c.min_punctuation_line_fraction is not None and lines:
-            if punct / lines < c.min_punctuation_line_fraction:
-                return "punctuation_lines"
-        return None
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _thresholds(c: QualityConfig, none: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The config's thresholds as kernels.quality_code takes them: ``none`` / NaN where a rule is off (null)."""
+    ints = [none if v is None else min(v, _INT64_MAX) for v in (c.min_words, c.max_words, c.min_stop_words)]
+    floats = [np.nan if v is None else float(v) for v in (
+        c.min_mean_word_length, c.max_mean_word_length, c.max_symbol_word_ratio, c.max_digit_fraction,
+        c.min_alpha_word_fraction, c.max_duplicate_line_fraction, c.min_punctuation_line_fraction)]
+    return np.array(ints, dtype=np.int64), np.array(floats, dtype=np.float64)
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")

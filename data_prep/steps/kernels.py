@@ -5,8 +5,11 @@ Exact, not approximate: words are interned in a hash table that compares their c
 n-gram of size n is the pair (id of its (n-1)-gram, id of its last word), stored whole in the table, so ids are
 exact whatever the hash. Whitespace, ``str.isalpha`` and ``str.isdigit`` come from tables built here from Python's
 own str methods (every code point below 0x10000); a document holding a code point above that (rare: emoji, historic
-scripts) is flagged and its per-character counts are taken by filters.py's Python code instead. The rules' semantics
-stay in filters.py (tested against tests/data_prep/quality_reference.py and against filters.py's numpy version).
+scripts) is flagged and its per-character counts are taken by filters.py's Python code instead. The whole rule
+sequence runs in one call per document (``quality_code``: the rules in filters.RULES's order, the thresholds from
+filters.QualityConfig), so no Python runs between rules; its word spans then serve MinHash (``word_signature``)
+without a second scan. Tested against tests/data_prep/quality_reference.py (plain Python, one word at a time) and
+tests/data_prep/quality_numpy.py (the numpy version the kernels replaced).
 
 Compiled on first use and cached on disk (``cache=True``: numba's cache beside this module, or its user cache
 directory when that is read-only); the first call of a fresh process loads the cache (~0.1-0.3 s) or compiles
@@ -16,6 +19,7 @@ directory when that is read-only); the first call of a fresh process loads the c
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -47,6 +51,15 @@ def code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
+class Words(NamedTuple):
+    """A document's code points and its words' spans (str.split()'s), as the quality kernel scanned them: MinHash
+    takes them from there instead of scanning the text again."""
+
+    cps: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+
 @njit(cache=True, nogil=True)
 def _pow2_at_least(n):
     """(size, log2 size): the table size for n entries, at most half full."""
@@ -62,45 +75,43 @@ def scan_words(cps, tables):
     """(word starts, word ends, digits, words with a letter, symbols, beyond-table flag) of the text's code
     points; words split as str.split() does; symbols as text.count("#") + text.count("...") + text.count("\u2026")
     (a run of k dots holds k // 3 of "..."). Digits and letters count only characters below 0x10000: exact when
-    the flag is not set. The symbol characters are found through the table's bit 4 (one test per character)."""
+    the flag is not set. Word boundaries are counted, not branched on (a start or an end is written at every
+    character, the count moves by 0 or 1): a branch per boundary mispredicts about once a word; the rare symbol
+    characters (the table's bit 4) keep theirs."""
     n = len(cps)
-    starts = np.empty(n // 2 + 1, dtype=np.int64)
-    ends = np.empty(n // 2 + 1, dtype=np.int64)
-    words = digits = alpha_words = symbols = dots = 0
-    beyond = in_word = has_alpha = False
+    starts = np.empty(n // 2 + 2, dtype=np.int64)
+    ends = np.empty(n // 2 + 2, dtype=np.int64)
+    n_starts = n_ends = digits = alpha_words = symbols = dots = has_alpha = 0
+    was_space = 1
+    beyond = False
     for i in range(n):
         c = cps[i]
         if c < _TABLE:
-            t = tables[c]
+            t = np.int64(tables[c])
         else:
-            t = np.uint8(0)
+            t = 0
             beyond = True
-        if t & 16:  # "#", "." or "\u2026"
-            if c == 46:
+        if (t & 16) or dots:  # "#", "." or "\u2026", or the end of a run of dots
+            if t & 16 and c == 46:
                 dots += 1
             else:
-                symbols += dots // 3 + 1
+                symbols += dots // 3 + ((t >> 4) & 1)
                 dots = 0
-        elif dots:
-            symbols += dots // 3
-            dots = 0
-        if t & 1:
-            if in_word:
-                ends[words] = i
-                words += 1
-                alpha_words += has_alpha
-                in_word = False
-            continue
-        if not in_word:
-            starts[words] = i
-            in_word, has_alpha = True, False
-        has_alpha |= (t & 2) != 0
+        space = t & 1
+        begins, stops = was_space & (space ^ 1), (was_space ^ 1) & space
+        starts[n_starts] = i
+        n_starts += begins
+        ends[n_ends] = i
+        n_ends += stops
+        alpha_words += stops & has_alpha
+        has_alpha = (has_alpha & (begins ^ 1)) | ((t >> 1) & 1)  # no whitespace character is a letter
         digits += (t >> 2) & 1
-    if in_word:
-        ends[words] = n
-        words += 1
+        was_space = space
+    if not was_space:
+        ends[n_ends] = n
+        n_ends += 1
         alpha_words += has_alpha
-    return starts[:words], ends[:words], digits, alpha_words, symbols + dots // 3, beyond
+    return starts[:n_starts], ends[:n_ends], digits, alpha_words, symbols + dots // 3, beyond
 
 
 @njit(cache=True, nogil=True)
@@ -237,7 +248,8 @@ def dup_fraction(ids, counts, lengths, n, chars):
 @njit(cache=True, nogil=True)
 def first_failed_ngram_rule(word, vocab, lengths, chars, sizes, limits, is_top):
     """Index of the first rule (n-gram size, limit, top or dup) the document fails, or -1; the n-gram levels are
-    built in order of size, as far as the rules need."""
+    built in order of size, as far as the rules need, and no further once every n-gram of a level occurs once
+    (then so does every longer one: both fractions are 0, as top_fraction and dup_fraction give them)."""
     ids = word
     level = 1
     counts = np.bincount(word, minlength=vocab)
@@ -248,11 +260,14 @@ def first_failed_ngram_rule(word, vocab, lengths, chars, sizes, limits, is_top):
         if len(word) < n or chars == 0:
             frac = 0.0
         else:
-            while level < n:
+            while level < n and len(counts) < len(ids):  # as many ids as n-grams: each occurs once
                 level += 1
                 ids, counts = next_level(ids, counts, word, level, vocab)
-            frac = top_fraction(ids, counts, lengths, n, chars) if is_top[r] else \
-                dup_fraction(ids, counts, lengths, n, chars)
+            if len(counts) == len(ids):
+                frac = 0.0
+            else:
+                frac = top_fraction(ids, counts, lengths, n, chars) if is_top[r] else \
+                    dup_fraction(ids, counts, lengths, n, chars)
         if frac > limits[r]:
             return r
     return -1
@@ -283,7 +298,7 @@ def ngram_rule(cps, starts, ends, sizes, limits, is_top):
 
 def stop_word_table(stop_words) -> "tuple[np.ndarray, np.ndarray] | None":
     """The (lower-cased) stop words as code points and offsets, or None when one is not ASCII (count_stop_words
-    compares ASCII only; the caller then asks Python)."""
+    compares ASCII only; the caller then asks str.lower)."""
     words = sorted(stop_words)
     if not all(w.isascii() for w in words):
         return None
@@ -291,48 +306,146 @@ def stop_word_table(stop_words) -> "tuple[np.ndarray, np.ndarray] | None":
     return np.frombuffer("".join(words).encode("ascii"), dtype=np.uint8).copy(), offsets
 
 
+@functools.lru_cache(maxsize=None)
+def lower_table() -> np.ndarray:
+    """uint8 per code point below 0x10000: the ASCII character ``str.lower`` gives it (A-Z, U+212A KELVIN SIGN ->
+    a-z; an ASCII character -> itself), 0 where that is not one ASCII character. Python's only other lower-casing
+    that gives ASCII is U+0130 -> "i" + U+0307, which stays non-ASCII, and none lies above 0x10000
+    (tests/data_prep/test_dp_quality_fast.py), so the stop words of any text are counted here exactly."""
+    lowered = [chr(c).lower() for c in range(_TABLE)]
+    return np.array([ord(x) if len(x) == 1 and x.isascii() else 0 for x in lowered], dtype=np.uint8)
+
+
 @njit(cache=True, nogil=True)
-def count_stop_words(cps, starts, ends, stop, offsets):
-    """Distinct stop words among the words lower-cased, ASCII words only: exact for ASCII text; a non-ASCII
-    character may lower-case to ASCII (U+212A KELVIN SIGN to 'k'), so when the count decides against a document
-    that is not ASCII, the caller recounts with str.lower."""
+def count_stop_words(cps, starts, ends, stop, offsets, lower, need):
+    """Distinct stop words (ASCII, lower-case) among the words lower-cased as str.lower does (``lower``: the
+    lower_table), counting no further than ``need`` (the rule asks "at least need"): exact for every text."""
     k = len(offsets) - 1
     found = np.zeros(k, dtype=np.bool_)
+    shortest, longest, count = 1 << 62, 0, 0
+    for s in range(k):
+        shortest, longest = min(shortest, offsets[s + 1] - offsets[s]), max(longest, offsets[s + 1] - offsets[s])
     for w in range(len(starts)):
         length = ends[w] - starts[w]
+        if length < shortest or length > longest:
+            continue
         for s in range(k):
             if found[s] or offsets[s + 1] - offsets[s] != length:
                 continue
             same = True
             for j in range(length):
-                c = np.int64(cps[starts[w] + j])
-                if 65 <= c <= 90:
-                    c += 32
-                if c != stop[offsets[s] + j]:
+                c = cps[starts[w] + j]
+                if c >= _TABLE or lower[c] != stop[offsets[s] + j]:
                     same = False
                     break
             if same:
                 found[s] = True
-    return found.sum()
+                count += 1
+                if count >= need:
+                    return count
+    return count
+
+
+# --- the whole rule sequence in one call (filters.QualityFilter.check) ---------------------------------------------
+
+# quality_code's answers besides 0 (kept) and k (the k-th of filters.RULES failed, 1-based): the rule to check next
+# needs a count the kernel cannot take, Python takes it and calls again with it in ``known``.
+NEED_CHAR_COUNTS = -1  # a code point above the tables: digits and words with a letter by str methods (known[0:2])
+NEED_STOP_COUNT = -2  # stop words by str.lower (known[2]): a stop word is not ASCII (no table)
+NONE = -1  # an integer threshold turned off (``null``); a float one is NaN
+
+
+@njit(cache=True, nogil=True)
+def _shape_rules(n, chars, symbols, floats):
+    """Rules 2-3 (mean_word_length, symbol_word_ratio), exact from the scan's counts: the failed rule's code or 0."""
+    mean = chars / n
+    if (floats[0] == floats[0] and mean < floats[0]) or (floats[1] == floats[1] and mean > floats[1]):
+        return 2
+    if floats[2] == floats[2] and symbols / n > floats[2]:
+        return 3
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _char_rules(n, chars, digits, alpha_words, floats):
+    """Rules 4-5 (digit_fraction, alpha_words): the failed rule's code or 0."""
+    if floats[3] == floats[3] and digits / chars > floats[3]:
+        return 4
+    if floats[4] == floats[4] and alpha_words / n < floats[4]:
+        return 5
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _line_rules(cps, tables, punct, floats):
+    """Rules 7-8 (duplicate_lines, punctuation_lines): the failed rule's code or 0."""
+    if floats[5] != floats[5] and floats[6] != floats[6]:  # both off: no line split
+        return 0
+    lines, dup, ends_punct = line_counts(cps, tables, punct)
+    if floats[5] == floats[5] and lines and dup / lines > floats[5]:
+        return 7
+    if floats[6] == floats[6] and lines and ends_punct / lines < floats[6]:
+        return 8
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def quality_code(cps, tables, lower, known, ints, floats, stop, stop_offsets, punct, sizes, limits, is_top):
+    """Every quality rule in order, in one call: (code, word starts, word ends). The code is 0 (kept), the 1-based
+    index of the first failed rule in filters.RULES, or NEED_* (Python takes that count, calls again with it in
+    ``known``: -1 where not known). One word scan feeds every rule, and its spans serve MinHash after (the caller
+    keeps them): no Python between rules, one conversion to code points per document.
+    ints: min_words, max_words, min_stop_words (NONE: off); floats: min/max mean word length, max symbol ratio,
+    max digit fraction, min alpha word fraction, max duplicate line fraction, min punctuation line fraction (NaN:
+    off); lower: lower_table(); stop / stop_offsets: the ASCII stop word table (no offsets: none, Python counts);
+    sizes / limits / is_top: the n-gram rules, as first_failed_ngram_rule takes them."""
+    starts, ends, digits, alpha_words, symbols, beyond = scan_words(cps, tables)
+    n = len(starts)
+    if (ints[0] != NONE and n < ints[0]) or (ints[1] != NONE and n > ints[1]):
+        return 1, starts, ends
+    if n == 0:
+        return 0, starts, ends  # every other rule is a ratio over words
+    chars = (ends - starts).sum()
+    code = _shape_rules(n, chars, symbols, floats)
+    if code:
+        return code, starts, ends
+    if known[0] >= 0:
+        digits, alpha_words = known[0], known[1]
+    elif beyond and (floats[3] == floats[3] or floats[4] == floats[4]):
+        return NEED_CHAR_COUNTS, starts, ends  # digits and letters above the tables: str methods count them
+    code = _char_rules(n, chars, digits, alpha_words, floats)
+    if code:
+        return code, starts, ends
+    if ints[2] != NONE:  # Gopher: "at least two of" the stop words (distinct), case-insensitive
+        found = known[2]
+        if found < 0:
+            if len(stop_offsets) == 0:
+                return NEED_STOP_COUNT, starts, ends
+            found = count_stop_words(cps, starts, ends, stop, stop_offsets, lower, ints[2])
+        if found < ints[2]:
+            return 6, starts, ends
+    code = _line_rules(cps, tables, punct, floats)
+    if code == 0 and len(sizes):
+        r = ngram_rule(cps, starts, ends, sizes, limits, is_top)
+        code = 0 if r < 0 else (9 if is_top[r] else 10)
+    return code, starts, ends
 
 
 def warm_up() -> None:
-    """Load (or compile) every kernel now: called by the driver before it forks its workers, so that they inherit
-    them instead of each paying numba's start-up (~1 s of CPU per process with a warm cache)."""
+    """Load (or compile) every kernel the curation steps call, with the argument types they pass: called by the
+    driver before it forks its workers, so that they inherit them instead of each paying numba's start-up (~1 s of
+    CPU per process with a warm cache), and by launch/setup_env.sh to compile them once per checkout."""
     cps = code_points("warm up the kernels, up the kernels")
-    starts, ends, *_ = scan_words(cps, char_tables())
-    ids, vocab = word_ids(cps, starts, ends)
-    ls, le, _ = line_spans(cps, char_tables(), np.array([46], dtype=np.uint32))
-    word_ids(cps, ls, le)
+    tables = char_tables()
     stop, offsets = stop_word_table(["the"])
-    count_stop_words(cps, starts, ends, stop, offsets)
-    line_counts(cps, char_tables(), np.array([46], dtype=np.uint32))
-    ngram_rule(cps, starts, ends, np.array([2, 3], np.int64), np.array([0.5, 0.5]), np.array([True, False]))
-    first_failed_ngram_rule(ids, vocab, ends - starts, int((ends - starts).sum()), np.array([2, 3], np.int64),
-                            np.array([0.5, 0.5]), np.array([True, False]))
-    wh, _ = word_hashes(cps, starts, ends, XXH3_SECRET)
+    sizes, limits, is_top = np.array([2, 3], np.int64), np.array([0.5, 0.5]), np.array([True, False])
+    ints, floats = np.array([1, 100, 1], np.int64), np.full(7, 0.5)
+    quality_code(cps, tables, lower_table(), np.full(3, -1, np.int64), ints, floats, stop, offsets,
+                 np.array([46], dtype=np.uint32), sizes, limits, is_top)
+    starts, ends, *_ = scan_words(cps, tables)  # MinHash without a quality step before it
     one = np.ones(4, dtype=np.uint64)
-    min_hashes(shingle_hashes(wh, one[:2], 2), one, one)
+    _, wh, _ = word_signature(cps, starts, ends, True, XXH3_SECRET, one[:2], 2, one, one)
+    min_hashes(shingle_hashes(wh, one[:2], 2), one, one)  # the path of words over XXH3_MAX bytes
 
 
 # --- MinHash (dedup.MinHasher) ------------------------------------------------------------------------------------
@@ -492,6 +605,13 @@ def _utf8(c, buf, at):
 @njit(cache=True, nogil=True)
 def word_hashes(cps, starts, ends, secret):
     """xxh3-64 of each word's UTF-8 bytes; (hashes, indices of the words longer than XXH3_MAX bytes, left 0)."""
+    return _word_hashes(cps, starts, ends, secret, False)
+
+
+@njit(cache=True, nogil=True)
+def _word_hashes(cps, starts, ends, secret, lower):
+    """word_hashes, with A-Z read as a-z when ``lower`` (the caller's text is ASCII then: str.lower changes nothing
+    else there, and the spans of the text are those of its lower-cased copy)."""
     out = np.zeros(len(starts), dtype=np.uint64)
     long_words = np.empty(len(starts), dtype=np.int64)
     n_long = 0
@@ -501,10 +621,28 @@ def word_hashes(cps, starts, ends, secret):
         for i in range(starts[w], ends[w]):
             if at > XXH3_MAX:
                 break
-            at = _utf8(np.int64(cps[i]), buf, at)
+            c = np.int64(cps[i])
+            if lower and 65 <= c <= 90:
+                c += 32
+            at = _utf8(c, buf, at)
         if at > XXH3_MAX:
             long_words[n_long] = w
             n_long += 1
         else:
             out[w] = xxh3_64(buf, at, secret)
     return out, long_words[:n_long]
+
+
+@njit(cache=True, nogil=True)
+def word_signature(cps, starts, ends, lower, secret, weights, shingle_words, a, b):
+    """(MinHash signature, word hashes, words over XXH3_MAX bytes) of the words cps[starts[i]:ends[i]] (``lower``:
+    as _word_hashes): word hashes, shingles and permutations in one call. When a word is over XXH3_MAX bytes the
+    signature is left empty: the caller hashes those words with the library, then shingle_hashes and min_hashes."""
+    wh, long_words = _word_hashes(cps, starts, ends, secret, lower)
+    if len(long_words):
+        return np.empty(0, dtype=np.uint32), wh, long_words
+    if len(wh) == 0:
+        x = np.zeros(1, dtype=np.uint64)  # the empty text: one (empty) shingle
+    else:
+        x = shingle_hashes(wh, weights, min(shingle_words, len(wh)))
+    return min_hashes(x, a, b), wh, long_words

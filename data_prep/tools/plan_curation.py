@@ -2,10 +2,10 @@
 
 ``calibrate_curation`` runs the real passes (steps/curate.py: hash, bucket, cluster, filter) in this one process over
 the sample, cut into work units as a run would, and times each: MB/s per core of each stage (input text bytes over the
-stage's CPU seconds: steady on a shared machine; waits for the disk are not counted; the compiled kernels are loaded
-before the clock starts, and that one-off cost per process is reported apart), the share of documents and of text
-bytes kept, per step. ``curation_lines`` turns that into
-node-hours for the whole corpus and the tokens left to tokenize.
+stage's CPU seconds: steady on a shared machine; waits for the disk are not counted; the compiled kernels, MinHash's
+band layout and the tables are loaded before the clock starts, and that one-off cost per process is reported apart;
+the sample is cut into work units of the run's size), the share of documents and of text bytes kept, per step.
+``curation_lines`` turns that into node-hours for the whole corpus and the tokens left to tokenize.
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ def _write_sample(sample_inputs: List[str], max_bytes: int, text_field: str, d: 
 
 
 def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 << 20,
-                       text_field: str = "text", unit_bytes: int = 1 << 20) -> Dict:
-    """Time each curation pass on one core over a sample (at most ``max_bytes`` of text)."""
+                       text_field: str = "text", unit_bytes: int = 256_000_000) -> Dict:
+    """Time each curation pass on one core over a sample (at most ``max_bytes`` of text), cut into work units of
+    the run's ``unit_bytes`` (plan's --shard-size): a unit's own costs (its files, their fsync, its marker: ~5 ms
+    of CPU in the hash pass) are then charged as often per byte as the run pays them, or more (a sample smaller
+    than one unit), not once per MB."""
     from data_prep.curate import context
     from data_prep.read.units import list_inputs, plan_units
     from data_prep.steps import curate as cu
@@ -83,7 +86,8 @@ def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 
             with open(cu.curated_path(out, u.name), "rb") as f:
                 kept_bytes += sum(len(orjson.loads(line)["text"].encode("utf-8", "surrogatepass")) for line in f)
     total = sum(secs.values())
-    return {"sample_bytes": nbytes, "documents": records, "kept_documents": kept,
+    return {"sample_bytes": nbytes, "units": len(units), "unit_bytes": unit_bytes, "documents": records,
+            "kept_documents": kept,
             "kept_doc_fraction": kept / max(records, 1), "kept_byte_fraction": kept_bytes / max(nbytes, 1),
             "removed": removed, "steps": [s.name for s in sl.steps],
             "stages": {k: nbytes / v / 1e6 for k, v in secs.items()},  # MB/s per core
@@ -93,7 +97,8 @@ def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 
 def curation_lines(corpus_bytes: float, cal: Dict, nodes_options: List[int], cores_per_node: int,
                    efficiency: float = 0.8, tokenize_mb_per_s: Optional[float] = None,
                    bytes_per_token: Optional[float] = None) -> List[str]:
-    lines = [f"curation ({' -> '.join(cal['steps'])}), calibrated on {cal['sample_bytes'] / 1e6:.1f} MB, one core:"]
+    lines = [f"curation ({' -> '.join(cal['steps'])}), calibrated on {cal['sample_bytes'] / 1e6:.1f} MB "
+             f"({cal['units']} work unit(s) of up to {_h(cal['unit_bytes'])}B), one core:"]
     for stage, rate in cal["stages"].items():
         lines.append(f"  {stage:20s} {rate:8.2f} MB/s per core   {corpus_bytes / (rate * 1e6) / 3600:14,.0f} "
                      "core-hours")
