@@ -8,6 +8,7 @@ Prints wall and CPU seconds, the peak RSS and the load average beside them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -51,6 +52,14 @@ def _timed(fn) -> dict:
     return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "out": out}
 
 
+def _import_dataset_modules() -> None:
+    from recipes.model.lazy_compile import import_with_compile_deferred
+
+    import_with_compile_deferred(("megatron.core",))  # as a rank imports it (recipes.train.cli)
+    for name in ("blended_megatron_dataset_builder", "gpt_dataset", "blended_dataset"):
+        importlib.import_module(f"megatron.core.datasets.{name}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -65,6 +74,9 @@ def main(argv=None) -> int:
     root = Path(a.out) / f"shards_{a.shards}"
     t = _timed(lambda: write_shards(root, a.shards))
     print(f"{a.shards:,} shards in {root} (written in {t['wall_s']:.1f} s)")
+    t = _timed(_import_dataset_modules)  # a rank has them imported before it builds its datasets: timed on their own
+    print(f"  {'imports (megatron-core and its datasets), once per process':55s} wall {t['wall_s']:7.2f} s  "
+          f"cpu {t['cpu_s']:7.2f} s")
     store = tempfile.mkdtemp()
     dist.init_process_group("gloo", init_method=f"file://{store}/pg", rank=0, world_size=1)
     repo = Path(__file__).resolve().parents[2]
