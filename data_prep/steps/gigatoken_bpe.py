@@ -49,13 +49,15 @@ def _pin_mmap_threshold() -> bool:
     """Fix glibc's mmap threshold at MMAP_THRESHOLD (True where applied: glibc).
 
     glibc mmaps blocks from 128 KB up, but after a mmapped block is freed it raises that threshold to the freed size
-    (up to 32 MB) and serves such blocks from the heap instead. The sentencepiece normalizer path frees MB-sized
-    blocks before the encoders are built (the tokenizer.json conversion and its copy without the normalizer), so
-    there the encoders and the cache's hash tables went to the heap: dropping the cache left its freed pages
-    resident between live blocks, the new encoders and cache landed in fresh pages, and a worker's RSS climbed after
-    each drop (nmt_nfkc, 10x corpus: 135 -> 160 -> 174 MB at the drops; 1.29x the 1x peak). With the threshold fixed
-    they stay mmapped and a drop unmaps them (measured: 125 -> 80 MB at each drop). Process-wide and inherited by
-    forked workers; set before the encoders are built."""
+    (up to 32 MB) and serves smaller blocks from the heap instead. The sentencepiece path with a normalizer frees
+    large blocks before the encoders are built (the tokenizer.json conversion, then its copy without the normalizer:
+    orjson's parse and dump of the ~3 MB file, after which no block under 32 MB was mmapped), so there the encoders
+    and the cache's hash tables went to the heap: a drop left the freed pages resident between live blocks, the new
+    encoders and cache touched heap pages not yet resident, and a worker's RSS climbed at each drop (nmt_nfkc, 10x
+    corpus: 135 -> 160 MB across the first drop, 174 MB by the second; 1.29-1.40x the 1x peak). Fixed, the large
+    tables stay mmapped and a drop unmaps them (a worker falls from 131-137 to ~90 MB at each drop). Blocks under
+    4 MB (a batch's arrays) stay in the heap: a lower threshold mmapped each batch's arrays afresh (2-3x the page
+    faults). Process-wide and inherited by forked workers; set before the encoders are built."""
     try:
         import ctypes
 
