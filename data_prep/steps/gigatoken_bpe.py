@@ -16,12 +16,14 @@ Three things it does differently from the libraries are handled here:
   tokenizer.json strips every Unicode whitespace (HF ``Strip``). They differ on a text whose ends, past its spaces,
   are whitespace the model's normalizer keeps (``\n`` and ``\t`` for nfkc_cf, U+0085 for nmt_nfkc: probed from the
   model), or ends in a literal U+2581 (which sentencepiece strips at the end like a space, and not at the start).
-  Such a text is normalized by sentencepiece itself and encoded by a copy without the normalizer.
+  Such a text is normalized by sentencepiece itself and encoded by gigatoken's ``encode_no_normalize``; so is a text
+  holding a character that joins a grapheme cluster (a combining mark...: see ``_has_cluster``).
 - its encode cache (pre-token -> ids) grows with the variety of the text and has no bound in 0.10: peak RSS would
   grow with the corpus. ``CacheBound`` re-creates the encoder (a fresh, empty cache; ~0.1 s for a 32k vocabulary)
   whenever the process's resident memory has grown ``budget_mb`` (16) past what it was once warm, at most once per
-  32 MB of text, so RSS stays flat from
-  1x to 10x the corpus (measured: README). The ids do not depend on the cache.
+  32 MB of text, so RSS stays flat from 1x to 10x the corpus (measured: README). The ids do not depend on the cache.
+  A drop only gives the memory back if the cache's large tables are their own mappings: ``_pin_mmap_threshold``
+  (glibc) keeps them so (why: there).
 Anything else (unigram models, no byte fallback, a configuration gigatoken refuses) is refused at build with
 gigatoken's reason; the caller still compares ids with the library's at start (FastEncoder.self_check) and falls
 back with the reason in the log.
@@ -38,6 +40,32 @@ CONTROL = 3  # sentencepiece piece type
 # What HF's Strip normalizer strips (Rust's char::is_whitespace).
 WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
               "\u200a\u2028\u2029\u202f\u205f\u3000")
+
+
+# Blocks from this size up are mmapped (returned to the system when freed), whatever was freed before.
+MMAP_THRESHOLD = 4 << 20
+
+
+def _pin_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD (True where applied: glibc).
+
+    glibc mmaps blocks from 128 KB up, but after a mmapped block is freed it raises that threshold to the freed size
+    (up to 32 MB) and serves smaller blocks from the heap instead. The sentencepiece path with a normalizer freed
+    large blocks before the encoders were built (the tokenizer.json conversion, then a copy without the normalizer,
+    since replaced by ``encode_no_normalize``: orjson's parse and dump of the ~3 MB file, after which no block under
+    32 MB was mmapped), so there the encoders and the cache's hash tables went to the heap: a drop left the freed
+    pages resident between live blocks, the new encoders and cache touched heap pages not yet resident, and a
+    worker's RSS climbed at each drop (nmt_nfkc, 10x corpus: 135 -> 160 MB across the first drop, 174 MB by the
+    second; 1.29-1.40x the 1x peak). Fixed, the large tables stay mmapped and a drop unmaps them (a worker falls from
+    131-137 to ~90 MB at each drop). Blocks under 4 MB (a batch's arrays) stay in the heap: a lower threshold
+    mmapped each batch's arrays afresh (2-3x the page faults). Process-wide and inherited by forked workers; set
+    before the encoders are built."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD) == 1  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to pin
+        return False
 
 
 def _rss_mb() -> float:
@@ -83,18 +111,20 @@ class GigatokenBPE:
                  survivors: str = "", normalize=None):
         from gigatoken.gigatoken_rs import load_hf_json
 
+        self.pinned = _pin_mmap_threshold()  # before the encoders and their cache exist
         self._load = load_hf_json
         self.json = tokenizer_json
         self.specials = specials  # texts holding one go to the library
         self.bound = bound or CacheBound()
-        # whitespace the model's normalizer keeps: a text ending in it goes through ``normalize`` and ``raw_json``
+        # whitespace the model's normalizer keeps: a text ending in it (or any non-ASCII text) goes through
+        # ``normalize`` and then the same encoder's ``encode_no_normalize`` (one encoder, one cache)
         self.survivors, self.normalize = survivors, normalize
         self.trailing = survivors + "\u2581" if normalize is not None else ""
-        # the copy without the normalizer is made now, in the driver, when it can be needed: workers forked from it
-        # share it instead of each parsing and loading a second tokenizer.json (~0.4 s per worker)
-        self.raw_json = _without_normalizer(tokenizer_json) if normalize is not None else None
-        self.raw = None
+        if normalize is not None:
+            _has_cluster("")  # the table, built here in the driver: forked workers share it
         self._reset_cache()
+        if normalize is not None and not hasattr(self.backend, "encode_no_normalize"):
+            raise ValueError("this gigatoken has no encode_no_normalize (0.10 has it)")
 
     @classmethod
     def build(cls, tok) -> Tuple[Optional["GigatokenBPE"], Optional[str]]:
@@ -129,12 +159,11 @@ class GigatokenBPE:
             return None, f"gigatoken refused it ({e})"
 
     def _reset_cache(self) -> None:
-        self.backend = self.raw = None  # the old caches are freed before the new encoders are built
+        self.backend = None  # the old cache is freed before the new encoder is built
         self.backend = self._load(self.json)
-        if self.raw_json is not None:
-            self.raw = self._load(self.raw_json)
 
     def _ends_in_kept_whitespace(self, text: str) -> bool:
+        """Whether sentencepiece and the converted normalizer strip this text's ends differently."""
         if not text:
             return False
         first, last = text[0], text[-1]
@@ -154,8 +183,8 @@ class GigatokenBPE:
         gigatoken)."""
         normal, raw, lib, normalized = [], [], [], []
         for i, t in enumerate(texts):
-            if self.trailing and self._ends_in_kept_whitespace(t):
-                raw.append(i)
+            if self.trailing and (self._ends_in_kept_whitespace(t) or not t.isascii() and _has_cluster(t)):
+                raw.append(i)  # isascii: O(1) in CPython
             elif self.specials and self._has_special(t):
                 lib.append(i)
             else:
@@ -168,9 +197,10 @@ class GigatokenBPE:
                 raw = [i for i, sp in zip(raw, special) if not sp]
                 normalized = [t for t, sp in zip(normalized, special) if not sp]
         if not raw and not lib:
-            out = _flat(self.backend, texts)
+            out = _flat(self.backend.encode, texts)
         else:
-            groups = [(normal, _flat(self.backend, [texts[i] for i in normal])), (raw, _flat(self.raw, normalized))]
+            groups = [(normal, _flat(self.backend.encode, [texts[i] for i in normal])),
+                      (raw, _flat(self.backend.encode_no_normalize, normalized))]
             if lib:
                 whole = [np.asarray(ids, dtype=np.uint32) for ids in library([texts[i] for i in lib])]
                 offsets = np.zeros(len(lib) + 1, dtype=np.int64)
@@ -183,22 +213,44 @@ class GigatokenBPE:
 
 
 
-def _without_normalizer(tokenizer_json: str) -> str:
-    """The same tokenizer.json with its normalizer removed (orjson: ~20x json's speed on a 3 MB file)."""
-    import orjson
+def _cluster_table() -> np.ndarray:
+    """Code points that join the character before them into one grapheme cluster, or are joined (combining marks,
+    ZWJ/ZWNJ, Hangul jamo and syllables, regional indicators, emoji modifiers, tags, variation selectors, Arabic
+    prepended marks): a bool per code point (1.1 MB; built once, ~20 ms, shared by forked workers)."""
+    import unicodedata
 
-    cfg = orjson.loads(tokenizer_json)
-    cfg["normalizer"] = None
-    return orjson.dumps(cfg).decode()
+    table = np.zeros(0x110000, dtype=bool)
+    table[[c for c in range(0x300, 0x20000) if unicodedata.category(chr(c))[0] == "M"]] = True
+    for a, b in ((0x200C, 0x200D), (0x1100, 0x11FF), (0xA960, 0xA97F), (0xAC00, 0xD7FF), (0x1F1E6, 0x1F1FF),
+                 (0x1F3FB, 0x1F3FF), (0xE0020, 0xE007F), (0xE0100, 0xE01EF), (0xFF9E, 0xFF9F), (0x0600, 0x0605),
+                 (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2), (0x0D4E, 0x0D4E)):
+        table[a : b + 1] = True
+    return table
 
 
-def _flat(backend, texts: List[str]) -> Tuple[np.ndarray, np.ndarray]:
+_CLUSTERS: Optional[np.ndarray] = None
+
+
+def _has_cluster(text: str) -> bool:
+    """Whether the text may hold a grapheme cluster of several characters. The converted normalizer (the tokenizers
+    library's Precompiled) maps such a cluster whole where sentencepiece maps characters by longest match, so they can
+    differ there (2 of 36,687 web documents on nmt_nfkc: U+00A0 U+0301, whose mark the converted one dropped, and
+    U+0387 U+0483): such texts take sentencepiece's normalizer. A table lookup over the code points (a regex with
+    this class ran at ~3 MB/s)."""
+    global _CLUSTERS
+    if _CLUSTERS is None:
+        _CLUSTERS = _cluster_table()
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return bool(_CLUSTERS[points].any())
+
+
+def _flat(encode, texts: List[str]) -> Tuple[np.ndarray, np.ndarray]:
     """Each text through the backend's single-text ``encode`` (a uint32 numpy array, no Python object per token),
     joined. Not its ``encode_batch``: that returns an awkward array, whose import (~0.3 s per process) and per-batch
     assembly cost more than a call per document (web pages: ~230 calls per MB of text; measured equal or faster)."""
     if not texts:
         return np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64)
-    arrays = list(map(backend.encode, texts))
+    arrays = list(map(encode, texts))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)), out=offsets[1:])
     return np.concatenate(arrays), offsets
