@@ -11,8 +11,10 @@ the same corpus, tokenizer and number of processes:
 - ours: `python -m data_prep tokenize` as a subprocess, end to end (start-up, read, tokenize, write, fsync, manifest);
 - Megatron: (with ``--megatron-lm PATH``, a Megatron-LM checkout) its tools/preprocess_data.py as a subprocess with
   --workers N --append-eod, end to end, same tokenizer (the HF one as a directory with tokenizer_config.json); and,
-  when the checkout has it, tools/preprocess_data_fast.py (gigatoken inside, --use-gigatoken, one process on N
-  threads) the same way.
+  when the checkout has it (``--megatron-lm-fast``, Megatron-LM main), tools/preprocess_data_fast.py (gigatoken
+  inside, --use-gigatoken, one process on N threads) the same way, a sentencepiece model given to it as the HF
+  tokenizer.json gigatoken converts it to (its file API takes HF tokenizers only), and on the bigger corpus too
+  (it holds every document's ids in memory before writing). With triton installed it runs with its real imports.
 Wall seconds and CPU seconds (all processes; steadier than wall on a shared machine) are both printed; ratios are
 speed-ups (their seconds / ours). Peak RSS = the largest VmHWM of any process of a run; ours is also run on a
 corpus ``scale`` times larger (more distinct text, not repeats) to show it stays flat.
@@ -207,68 +209,143 @@ def _method(tokenizer: str) -> str:
     return FastEncoder(load_tokenizer(tokenizer)).method
 
 
+def _refuse_bad_options(families: List[str], megatron_lm: Optional[str], megatron_lm_fast: Optional[str]) -> str:
+    """One line saying what is wrong with the options (and what to give instead), or ''."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        return f"bench: unknown family {unknown}; choose from {list(FAMILIES)}"
+    if megatron_lm and not os.path.exists(os.path.join(megatron_lm, "tools", "preprocess_data.py")):
+        return f"bench: --megatron-lm {megatron_lm}: no tools/preprocess_data.py there (give a Megatron-LM checkout)"
+    if megatron_lm_fast and not os.path.exists(os.path.join(megatron_lm_fast, "tools", "preprocess_data_fast.py")):
+        return (f"bench: --megatron-lm-fast {megatron_lm_fast}: no tools/preprocess_data_fast.py there (give a "
+                "Megatron-LM checkout of main, e.g. git archive of NVIDIA/Megatron-LM main)")
+    return ""
+
+
 def bench(out_dir: str, corpus_mb: float = 32.0, workers: int = 2, scale: int = 10, vocab_size: int = 32000,
           megatron_lm: Optional[str] = None, families: Optional[List[str]] = None,
           megatron_lm_fast: Optional[str] = None) -> int:
     out_dir = os.path.abspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
     families = families or list(FAMILIES)
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown:
-        print(f"bench: unknown family {unknown}; choose from {list(FAMILIES)}", file=sys.stderr)
+    bad = _refuse_bad_options(families, megatron_lm, megatron_lm_fast)
+    if bad:
+        print(bad, file=sys.stderr)
         return 2
-    if megatron_lm and not os.path.exists(os.path.join(megatron_lm, "tools", "preprocess_data.py")):
-        print(f"bench: --megatron-lm {megatron_lm}: no tools/preprocess_data.py there (give a Megatron-LM checkout)",
-              file=sys.stderr)
-        return 2
+    os.makedirs(out_dir, exist_ok=True)
+    fast_lm = megatron_lm_fast or megatron_lm
+    if fast_lm and not os.path.exists(os.path.join(fast_lm, "tools", "preprocess_data_fast.py")):
+        fast_lm = None  # an older checkout given as --megatron-lm only
     small = build_web(os.path.join(out_dir, "corpus_1x"), int(corpus_mb * 1e6))
     big = build_web(os.path.join(out_dir, f"corpus_{scale}x"), int(corpus_mb * 1e6 * scale)) if scale > 1 else None
     mb = os.path.getsize(small) / 1e6
     print(f"bench: {workers} process(es); corpus {mb:.1f} MB of web-page-sized documents ({small})"
           + (f", and {os.path.getsize(big) / 1e6:.1f} MB for the peak-RSS check" if big else ""))
+    if megatron_lm or fast_lm:
+        print(f"bench: {triton_note()}")
     print(f"{'':44s} {'wall s':>7s} {'cpu s':>7s} {'MB/s':>6s} {'peakRSS':>7s}  tokens")
     rows: List[Dict] = []
     for family in families:
-        tok_dir = make_tokenizer(family, small, out_dir, vocab_size, sample_bytes=min(int(mb * 1e6), 20_000_000))
-        # The HF tokenizer: its tokenizer.json for us and the bare library (loading the directory would import
-        # transformers, ~2 s and ~200 MB of start-up); the directory for Megatron-LM, which needs one.
-        tok = os.path.join(tok_dir, "tokenizer.json") if os.path.isdir(tok_dir) else tok_dir
-        method = _method(tok)
-        print(f"-- {family}: ours encodes with {method} ({tok})")
-        runs = {"ours": pipeline(small, tok, os.path.join(out_dir, "shards"), workers)}
-        if _gigatoken_builds(tok):
-            runs["gigatoken"] = bare_gigatoken(small, tok, workers)
-        runs["bare"] = bare(small, tok, workers)
-        if megatron_lm:
-            runs["Megatron"] = megatron(megatron_lm, small, tok_dir, os.path.join(out_dir, "megatron"), workers)
-        fast_lm = megatron_lm_fast or megatron_lm
-        if fast_lm and os.path.exists(os.path.join(fast_lm, "tools", "preprocess_data_fast.py")):
-            try:
-                runs["Megatron fast"] = megatron(fast_lm, small, tok_dir, os.path.join(out_dir, "mlm_fast"),
-                                                 workers, fast=True)
-            except RuntimeError as e:  # e.g. Megatron-LM main imports triton, absent on CPU machines
-                print(f"   Megatron fast: did not run ({str(e).strip().splitlines()[-1][:160]})")
-        for name, r in runs.items():
-            rss = f"{r['peak_rss_mb']:7.0f}" if "peak_rss_mb" in r else "      -"
-            print(f"   {name:41s} {r['seconds']:7.2f} {r['cpu']:7.2f} {mb / r['seconds']:6.2f} {rss}  "
-                  f"{r['tokens']:,}")
-        differ = [n for n, r in runs.items() if r["tokens"] != runs["bare"]["tokens"]]
-        for n in [n for n in differ if n in ("gigatoken", "Megatron fast")]:  # not ours: a finding, not a failure
-            print(f"   note: {n} gives {runs[n]['tokens']:,} tokens, the library {runs['bare']['tokens']:,}: "
-                  "not the library's ids for this family")
-            differ.remove(n)
-        if differ:
-            print(f"token counts differ from the bare library's ({runs['bare']['tokens']:,}): "
-                  + ", ".join(f"{n} {runs[n]['tokens']:,}" for n in differ))
+        row = _bench_family(family, small, big and (big, scale), out_dir, workers, vocab_size, megatron_lm, fast_lm)
+        if row is None:
             return 1
-        row = {"family": family, "method": method, **{k: v for k, v in runs.items()}}
-        if big:
-            row["big"] = pipeline(big, tok, os.path.join(out_dir, "shards_big"), workers)
-            print(f"   {'ours, ' + str(scale) + 'x corpus':41s} {row['big']['seconds']:7.2f} {row['big']['cpu']:7.2f} "
-                  f"{os.path.getsize(big) / 1e6 / row['big']['seconds']:6.2f} {row['big']['peak_rss_mb']:7.0f}")
         rows.append(row)
     _summary(rows, scale if big else None)
     return 0
+
+
+def _bench_family(family: str, small: str, big: Optional[tuple], out_dir: str, workers: int, vocab_size: int,
+                  megatron_lm: Optional[str], fast_lm: Optional[str]) -> Optional[Dict]:
+    """Every run of one family, printed; the summary row, or None when a token count differs from the library's.
+    ``big``: (corpus, scale) for the peak-RSS runs, or None."""
+    mb = os.path.getsize(small) / 1e6
+    tok_dir = make_tokenizer(family, small, out_dir, vocab_size, sample_bytes=min(int(mb * 1e6), 20_000_000))
+    # The HF tokenizer: its tokenizer.json for us and the bare library (loading the directory would import
+    # transformers, ~2 s and ~200 MB of start-up); the directory for Megatron-LM, which needs one.
+    tok = os.path.join(tok_dir, "tokenizer.json") if os.path.isdir(tok_dir) else tok_dir
+    method = _method(tok)
+    print(f"-- {family}: ours encodes with {method} ({tok})")
+    runs = {"ours": pipeline(small, tok, os.path.join(out_dir, "shards"), workers)}
+    if _gigatoken_builds(tok):
+        runs["gigatoken"] = bare_gigatoken(small, tok, workers)
+    runs["bare"] = bare(small, tok, workers)
+    if megatron_lm:
+        runs["Megatron"] = megatron(megatron_lm, small, tok_dir, os.path.join(out_dir, "megatron"), workers)
+    if fast_lm:
+        runs.update(_megatron_fast(fast_lm, small, tok_dir, os.path.join(out_dir, "mlm_fast"), workers))
+    for name, r in runs.items():
+        rss = f"{r['peak_rss_mb']:7.0f}" if "peak_rss_mb" in r else "      -"
+        print(f"   {name:41s} {r['seconds']:7.2f} {r['cpu']:7.2f} {mb / r['seconds']:6.2f} {rss}  {r['tokens']:,}")
+    differ = [n for n, r in runs.items() if r["tokens"] != runs["bare"]["tokens"]]
+    for n in [n for n in differ if n in ("gigatoken", "Megatron fast")]:  # not ours: a finding, not a failure
+        print(f"   note: {n} gives {runs[n]['tokens']:,} tokens, the library {runs['bare']['tokens']:,}: "
+              "not the library's ids for this family")
+        differ.remove(n)
+    if differ:
+        print(f"token counts differ from the bare library's ({runs['bare']['tokens']:,}): "
+              + ", ".join(f"{n} {runs[n]['tokens']:,}" for n in differ))
+        return None
+    row = {"family": family, "method": method, **runs}
+    if big:
+        corpus, scale = big
+        row["big"] = pipeline(corpus, tok, os.path.join(out_dir, "shards_big"), workers)
+        _print_big(f"ours, {scale}x corpus", row["big"], corpus)
+        if "Megatron fast" in runs:  # it holds the whole corpus's ids before writing: show how its peak grows
+            row["Megatron fast big"] = megatron(fast_lm, corpus, hf_dir_for_megatron_fast(tok_dir),
+                                                os.path.join(out_dir, "mlm_fast"), workers, fast=True)
+            _print_big(f"Megatron fast, {scale}x corpus", row["Megatron fast big"], corpus)
+            if row["Megatron fast big"]["tokens"] != row["big"]["tokens"]:  # ours: the library's ids (self-check)
+                print(f"   note: Megatron fast gives {row['Megatron fast big']['tokens']:,} tokens on the {scale}x "
+                      f"corpus, ours {row['big']['tokens']:,}")
+    return row
+
+
+def _print_big(name: str, r: dict, corpus: str) -> None:
+    print(f"   {name:41s} {r['seconds']:7.2f} {r['cpu']:7.2f} {os.path.getsize(corpus) / 1e6 / r['seconds']:6.2f} "
+          f"{r['peak_rss_mb']:7.0f}  {r['tokens']:,}")
+
+
+def hf_dir_for_megatron_fast(tokenizer: str) -> str:
+    """The tokenizer as preprocess_data_fast.py can take it: its ``tokenize_files`` is implemented for HuggingFace
+    tokenizers only (a SentencePieceTokenizer raises NotImplementedError), so a sentencepiece .model is given as an
+    HF directory whose tokenizer.json is gigatoken's own conversion of the model (normalizer, byte fallback and
+    dummy prefix honoured; what a Megatron-LM user would load), made once, outside the timing. Any other
+    tokenizer (an HF directory) is returned as is."""
+    if not tokenizer.endswith(".model"):
+        return tokenizer
+    d = tokenizer[: -len(".model")] + "_hf"
+    if not os.path.exists(os.path.join(d, "tokenizer.json")):
+        import sentencepiece as spm
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+        with open(tokenizer, "rb") as f:
+            data = sentencepiece_to_tokenizer_json(f.read())
+        sp = spm.SentencePieceProcessor(model_file=tokenizer)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer_config.json"), "wb") as f:  # the EOD Megatron appends: the model's eos
+            f.write(orjson.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+                                  "eos_token": sp.id_to_piece(sp.eos_id())}))
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:  # last: its presence marks a finished conversion
+            f.write(data)
+    return d
+
+
+def _megatron_fast(megatron_lm: str, corpus: str, tokenizer: str, out: str, workers: int) -> Dict[str, dict]:
+    try:
+        hf_dir = hf_dir_for_megatron_fast(tokenizer)
+        return {"Megatron fast": megatron(megatron_lm, corpus, hf_dir, out, workers, fast=True)}
+    except Exception as e:  # a peer's tool (a missing dependency, a model gigatoken cannot convert): go on without
+        print(f"   Megatron fast: did not run ({str(e).strip().splitlines()[-1][:160]})")
+        return {}
+
+
+def triton_note() -> str:
+    """How Megatron-LM's kernel module is imported here (see megatron_lm_runner)."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "triton not installed: Megatron-LM's batch-invariant kernel module is stubbed (no triton import)"
+    return f"triton {importlib.metadata.version('triton')} installed: Megatron-LM runs with its real imports"
 
 
 def _summary(rows: List[Dict], scale: Optional[int]) -> None:

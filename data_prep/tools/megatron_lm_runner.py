@@ -2,16 +2,21 @@
 PATH/tools/preprocess_data.py ARGS...`` (with the checkout on PYTHONPATH).
 
 megatron.training.initialize (and, on Megatron-LM main, megatron.core's inference MoE code) imports one kernel module
-that imports triton at the top, and triton is absent on CPU machines; preprocessing never calls it, so that one module
-is replaced by one whose every name is a no-op before the script runs.
-Nothing else is changed: the script, its tokenizers and its worker pool are Megatron-LM's own.
+that imports triton at the top. When triton is not importable (CPU machines usually lack it; preprocessing never calls
+a kernel), that one module is replaced by one whose every name is a no-op before the script runs; when it is
+(`pip install triton`: the Linux wheel imports without a GPU), the script runs with its real imports, start-up
+cost included. Megatron-LM main also asks for Python >= 3.12 only for ``typing.override``, given here from
+typing_extensions on older Pythons. Nothing else is changed: the script, its tokenizers and its worker pool are
+Megatron-LM's own.
 """
 
+import importlib.util
 import runpy
 import sys
 import types
 
-if __name__ == "__main__":
+
+def _stub_kernels() -> None:
     name = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
     stub = types.ModuleType(name)
     stub.enable_batch_invariant_mode = lambda *a, **k: None
@@ -23,6 +28,11 @@ if __name__ == "__main__":
 
     stub.__getattr__ = any_kernel
     sys.modules[name] = stub
+
+
+if __name__ == "__main__":
+    if importlib.util.find_spec("triton") is None:
+        _stub_kernels()
     import typing
 
     if not hasattr(typing, "override"):  # Megatron-LM main names typing.override (Python 3.12); same decorator

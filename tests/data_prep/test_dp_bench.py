@@ -33,6 +33,8 @@ def test_bench_prints_a_row_per_family(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [(["--megatron-lm", "/nonexistent/Megatron-LM"], "no tools/preprocess_data.py"),
+                                          (["--megatron-lm-fast", "/nonexistent/Megatron-LM"],
+                                           "no tools/preprocess_data_fast.py"),
                                           (["--family", "wordpiece"], "unknown family")])
 def test_bench_refuses_bad_options_before_any_work(tmp_path, args, message):
     r = run_cli("bench", tmp_path / "b", *args, check=False)
