@@ -47,7 +47,7 @@ def corpus(tmp_path_factory) -> dict:
     tokens = 0
     for ids in sp.encode(texts):
         ids = np.asarray(ids + [EOD], dtype=np.int64)
-        builder.add_document(torch.from_numpy(ids), [len(ids)])
+        builder.add_document(ids, [len(ids)])
         tokens += len(ids)
     builder.finalize(str(out / "shard_000.idx"))
     manifest = {"tokenizer": {"vocab_size": VOCAB, "eod_id": EOD, "pad_id": 3, "type": "sentencepiece",

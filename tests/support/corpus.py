@@ -1,6 +1,7 @@
 """Real-text test corpora. Shards: UTF-8 bytes of Python's own standard-library sources, one document per file, written with
 megatron-core's IndexedDatasetBuilder (the reader of record) and described by a data_prep-style manifest.json.
-Byte-level ids 0..255, end-of-document 256 (vocab 257)."""
+Byte-level ids 0..255, end-of-document 256 (vocab 257). Documents go to the builder as numpy arrays: given a torch
+tensor it converts through numpy 2's deprecated __array__ fallback, one DeprecationWarning per document."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
-import torch
 
 EOD = 256
 VOCAB = 257
@@ -49,7 +49,7 @@ def write_corpus(out_dir: Path, shards: int = 2, max_bytes: int = 600_000, doc_b
         for d in docs[s::shards]:
             ids = np.frombuffer(d, dtype=np.uint8).astype(np.uint16)
             ids = np.append(ids, np.uint16(EOD))
-            builder.add_document(torch.from_numpy(ids.astype(np.int64)), [len(ids)])
+            builder.add_document(ids, [len(ids)])
             tokens += len(ids)
         builder.finalize(str(out_dir / f"{prefix}.idx"))
         entries.append({"prefix": prefix, "tokens": tokens})
@@ -74,7 +74,7 @@ def write_digit_corpus(out_dir: Path, docs: int = 200) -> Path:
     tokens = 0
     for i in range(docs):
         ids = np.array([48 + (i * 7 + j) % 10 for j in range(50 + i % 40)] + [EOD], dtype=np.int64)
-        builder.add_document(torch.from_numpy(ids), [len(ids)])
+        builder.add_document(ids, [len(ids)])
         tokens += len(ids)
     builder.finalize(str(out_dir / "shard_000.idx"))
     manifest = {"tokenizer": {"vocab_size": VOCAB, "eod_id": EOD, "pad_id": None, "type": "bytes", "path": None},
