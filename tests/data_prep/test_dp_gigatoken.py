@@ -1,7 +1,10 @@
 """gigatoken gives every family it supports the library's own ids (or is not used, with the reason), its encode
 cache is dropped without changing ids, and the pipeline writes on it exactly what it writes on the library."""
 
-import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ from tests.data_prep.test_dp_tiktoken import _docs, _library_ids
 from tests.support.data_prep import read_all_docs, write_jsonl
 
 from data_prep.steps.fast_path import FastEncoder
-from data_prep.steps.gigatoken_bpe import MMAP_THRESHOLD, CacheBound, GigatokenBPE
+from data_prep.steps.gigatoken_bpe import CacheBound, GigatokenBPE
 from data_prep.steps.tokenizers import load_tokenizer
 
 pytestmark = pytest.mark.unit
@@ -73,35 +76,18 @@ def test_cache_bound_resets_when_memory_grows_past_its_budget():
     assert b.after_batch(1000) and b.resets == 2
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-
-def _is_mmapped(libc, size: int) -> bool:
-    """Whether glibc serves a block of ``size`` bytes as its own mapping (its count of mmapped blocks goes up)."""
-    before = libc.mallinfo2().hblks
-    p = libc.malloc(size)
-    try:
-        return libc.mallinfo2().hblks == before + 1
-    finally:
-        libc.free(p)
-
-
 def test_encoder_pins_the_mmap_threshold_so_a_cache_drop_unmaps_it(sp_model_nfkc):
     """nmt_nfkc at 10x grew past the cache bound because glibc had raised its mmap threshold (a freed MB-sized block
     does that) before the encoders were built: their tables went to the heap, where a drop cannot give them back.
-    Built now, the encoder pins it: a block of the size of a grown cache table is mmapped even after such a free."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes, libc.mallinfo2.restype = [ctypes.c_void_p], _MallInfo2
-    libc.free(libc.malloc(16 << 20))  # as the tokenizer.json conversion does: raises a dynamic threshold to 16 MB
-    g, why = GigatokenBPE.build(load_tokenizer(sp_model_nfkc))
-    assert why is None and g.pinned
-    libc.free(libc.malloc(16 << 20))  # and again after the build, as a batch of long documents would
-    table = 2 * MMAP_THRESHOLD
-    assert _is_mmapped(libc, table), "a cache-table-sized block came from the heap: a drop would not return it"
-    assert not _is_mmapped(libc, MMAP_THRESHOLD // 4)  # small blocks (a batch's arrays) stay in the heap
+    Built now, the encoder pins it: a block of the size of a grown cache table is mmapped even after such a free.
+    Probed in a fresh interpreter, as a worker is (tests/data_prep/mmap_probe.py)."""
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("mmap_probe.py")), sp_model_nfkc],
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["why"] is None and got["pinned"]
+    assert got["table"], "a cache-table-sized block came from the heap: a drop would not return it"
+    assert not got["small"]  # small blocks (a batch's arrays) stay in the heap
 
 
 def test_cache_reset_keeps_ids(hf_bpe, sp_model_nfkc_cf, texts):
