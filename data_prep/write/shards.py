@@ -177,12 +177,16 @@ def expected_idx_bytes(sequences: int, documents: int) -> int:
 
 
 def indexed_dataset_class():
-    """megatron-core's IndexedDataset (the reader of record), imported without its optional-kernel warnings."""
+    """megatron-core's IndexedDataset (the reader of record), imported without its optional-kernel warnings and
+    without torch's compiler (data_prep.lazy_compile: megatron-core's package import decorates its fusions)."""
     import logging
     import warnings
 
+    from data_prep.lazy_compile import import_with_compile_deferred
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import_with_compile_deferred(("megatron.core",))
         from megatron.core.datasets.indexed_dataset import IndexedDataset
     logging.getLogger("megatron.core").setLevel(logging.WARNING)
     return IndexedDataset

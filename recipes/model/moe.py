@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recipes.model.lazy_compile import import_with_compile_deferred
+from data_prep.lazy_compile import import_with_compile_deferred
 
 import_with_compile_deferred(("megatron.core",))  # its fusions compiled at their first call, not at this import
 from megatron.core import parallel_state

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from recipes.model.lazy_compile import import_with_compile_deferred
+from data_prep.lazy_compile import import_with_compile_deferred
 
 import_with_compile_deferred(("megatron.core",))  # its fusions compiled at their first call, not at this import
 from megatron.core.transformer.moe.moe_utils import permute, sort_chunks_by_idxs, unpermute

@@ -130,7 +130,7 @@ def _before_rank_imports() -> None:
     from recipes.train.stragglers import COMM_CLOCK
 
     COMM_CLOCK.install()  # before DeepSpeed and megatron-core are imported: some of them bind torch.distributed's calls
-    from recipes.model.lazy_compile import import_with_compile_deferred
+    from data_prep.lazy_compile import import_with_compile_deferred
 
     import_with_compile_deferred()  # megatron-core and DeepSpeed without torch's compiler: ~2 s of CPU per rank
 

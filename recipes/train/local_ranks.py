@@ -39,7 +39,7 @@ TEMPLATE_MODULES = (
     "recipes.parallel.cpu_buffers",
     "recipes.parallel.pipeline",
     "recipes.train.data",
-    # torch's compiler, which a fresh rank imports only when it needs it (recipes.model.lazy_compile): every rank's
+    # torch's compiler, which a fresh rank imports only when it needs it (data_prep.lazy_compile): every rank's
     # optimizer imports torch._dynamo when it is built, a MoE router or a fused kernel compiles at its first call.
     # Imported once here, each forked rank shares them instead of importing them itself (~2-4 s of CPU per rank).
     "torch._dynamo",

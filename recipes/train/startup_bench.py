@@ -53,7 +53,7 @@ def _timed(fn) -> dict:
 
 
 def _import_dataset_modules() -> None:
-    from recipes.model.lazy_compile import import_with_compile_deferred
+    from data_prep.lazy_compile import import_with_compile_deferred
 
     import_with_compile_deferred(("megatron.core",))  # as a rank imports it (recipes.train.cli)
     for name in ("blended_megatron_dataset_builder", "gpt_dataset", "blended_dataset"):
