@@ -7,20 +7,23 @@ import json
 
 import pytest
 
-from recipes.tools.evaluate import TASKS_DIR, scores_of, task_configs
+from recipes.tools.evaluate import TASKS_DIR, scores_of, task_configs, task_manager
 from recipes.tools.report import read_evals, stage_starts, write_report
 
 
 
 
-@pytest.mark.multiproc  # not the fast tier: lm-eval's TaskManager indexes every task it ships (~14 s of CPU)
+@pytest.mark.multiproc  # not the fast tier: lm-eval and datasets imported, two datasets built
 def test_shipped_tasks_build_offline_from_another_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative data_files would resolve here and fail
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")  # what go_offline sets, undone after the test
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import get_task_dict
 
-    tasks = get_task_dict(task_configs(["recipes_mc", "recipes_ppl"], None, tmp_path), TaskManager())
+    names = ["recipes_mc", "recipes_ppl"]
+    manager = task_manager(None, names)
+    assert manager.task_index == {}  # shipped tasks only: lm-eval's ~14,700 task YAMLs are not indexed (~9 s of CPU)
+    tasks = get_task_dict(task_configs(names, None, tmp_path), manager)
     mc, ppl = tasks["recipes_mc"], tasks["recipes_ppl"]
     docs = list(mc.test_docs())
     assert len(docs) == 20
