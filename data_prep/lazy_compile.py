@@ -25,10 +25,12 @@ import threading
 # The library modules that call torch.compile at import time (megatron-core's __init__ imports all its fusions).
 COMPILING_AT_IMPORT = ("megatron.core", "deepspeed.runtime.zero.muon.muon_optimizer")
 # Optional libraries megatron-core imports, where installed, for its own logging (its timers' and inference engine's
-# `try: import wandb`), which this project does not use: recipes.train.tracking logs to wandb itself and imports it
-# then. Hidden while those modules are imported (their `except ImportError` branch), ~0.5 s of CPU per process; not
-# by a lazy module, since torch's op registration scans every module's __file__ (inspect.getmodule) during the import.
-HIDDEN_WHILE_IMPORTING = ("wandb",)
+# `try: import wandb`, its timers' `try: from torch.utils.tensorboard import SummaryWriter`), which this project does
+# not use: recipes.train.tracking and recipes.train.metrics import them when a run logs there (TensorBoard: one rank).
+# Hidden while those modules are imported (their `except ImportError` branch): megatron-core's import 1.7-2.1 ->
+# 1.1-1.4 s of CPU without TensorBoard (which pulls in boto3) and ~0.5 s less without wandb, in every rank. Not by a
+# lazy module: torch's op registration scans every module's __file__ (inspect.getmodule) during the import.
+HIDDEN_WHILE_IMPORTING = ("wandb", "torch.utils.tensorboard")
 
 
 def deferred_compile(compile_fn):
