@@ -82,9 +82,9 @@ class CacheBound:
 
     The window is no longer than the warm-up: while it runs the cache grows on past the line, so a longer one lets
     the peak grow with the text a worker sees. At 32 MB (a worker of the 32 MB bench run sees 16 MB and never drops)
-    the identity model's workers on the 320 MB corpus passed the line (115-119 MB) by up to 25 MB before each drop
-    (133-143 MB; peak 150 MB against 114 at 32 MB, 1.30x). A drop falls back to ~base + 5 MB after one batch, so
-    an 8 MB window does not thrash: 6-8 drops per 160 MB of text instead of 4, no CPU cost measurable."""
+    the identity model's workers on the 320 MB corpus passed the line (115-119 MB) by up to 25 MB before a drop
+    (peak 150 MB against 114 at 32 MB, 1.30x). RSS is back at ~base + 5 MB one batch after a drop, so an 8 MB
+    window does not thrash: 6-9 drops per 160 MB of text instead of 4 (~0.1 s of CPU each; docs/fast_tokenize.md)."""
 
     def __init__(self, budget_mb: float = 16.0, warm_bytes: int = 8 << 20, min_bytes: int = 8 << 20):
         self.budget_mb, self.warm_bytes, self.min_bytes = budget_mb, warm_bytes, min_bytes

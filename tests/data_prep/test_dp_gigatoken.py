@@ -75,7 +75,7 @@ def test_cache_bound_resets_when_memory_grows_past_its_budget():
 
 def test_default_bound_drops_the_cache_within_the_warm_up_of_text_past_the_line():
     """Between the line's crossing and the drop the cache grows on, by what the text read meanwhile adds. With a
-    32 MB window a worker of the 32 MB bench run (16 MB of text) never dropped, one of the 320 MB run grew 17-25 MB
+    32 MB window a worker of the 32 MB bench run (16 MB of text) never dropped, one of the 320 MB run grew up to 24 MB
     past the line first: peak RSS 1.30x (identity). Past the line, the default drops within 8 MB of text of the
     last drop (or of the start), so the peak does not grow with the text a worker sees."""
     b = CacheBound()
