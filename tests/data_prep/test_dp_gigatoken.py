@@ -76,6 +76,21 @@ def test_cache_bound_resets_when_memory_grows_past_its_budget():
     assert b.after_batch(1000) and b.resets == 2
 
 
+def test_default_bound_drops_the_cache_within_the_warm_up_of_text_past_the_line():
+    """Between the line's crossing and the drop the cache grows on, by what the text read meanwhile adds. With a
+    32 MB window a worker of the 32 MB bench run (16 MB of text) never dropped, one of the 320 MB run grew up to 24 MB
+    past the line first: peak RSS 1.30x (identity). Past the line, the default drops within 8 MB of text of the
+    last drop (or of the start), so the peak does not grow with the text a worker sees."""
+    b = CacheBound()
+    mb = 1 << 20
+    assert not b.after_batch(b.warm_bytes)  # takes the base
+    b.base -= b.budget_mb + 64  # as if RSS had grown well past the line (whatever it does meanwhile)
+    drops = [b.after_batch(mb) for _ in range(9)]  # 17 MB in all: about a 1x worker's share
+    assert drops[0], "over the line 9 MB after the start: dropped at once"
+    assert not any(drops[1:8]), "too soon after the last drop"
+    assert drops[8] and b.resets == 2, "over the line 8 MB after the last drop: dropped"
+
+
 def test_encoder_pins_the_mmap_threshold_so_a_cache_drop_unmaps_it(sp_model_nfkc):
     """nmt_nfkc at 10x grew past the cache bound because glibc had raised its mmap threshold (a freed MB-sized block
     does that) before the encoders were built: their tables went to the heap, where a drop cannot give them back.
