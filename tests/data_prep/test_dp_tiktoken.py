@@ -1,5 +1,6 @@
 """tiktoken gives each tokenizer family the library's own ids, or is not used (refused at build, or at self-check)."""
 
+import functools
 import json
 
 import pytest
@@ -20,11 +21,18 @@ EDGE = ["", " ", "\n", "\t \t\n\n   \r\n", "▁", "▁▁ ▁", " ▁x", "😀" 
 
 
 def _library_ids(path, docs):
+    """The library's own ids for `docs` (copies: several tests of a worker compare against the same reference, which
+    is computed once per tokenizer and document list)."""
+    return [list(ids) for ids in _library_ids_once(str(path), tuple(docs))]
+
+
+@functools.lru_cache(maxsize=32)
+def _library_ids_once(path, docs):
     if path.endswith(".json"):
         from tokenizers import Tokenizer
 
-        return [e.ids for e in Tokenizer.from_file(path).encode_batch(docs, add_special_tokens=False)]
-    return spm.SentencePieceProcessor(model_file=path).encode(docs)
+        return [e.ids for e in Tokenizer.from_file(path).encode_batch(list(docs), add_special_tokens=False)]
+    return spm.SentencePieceProcessor(model_file=path).encode(list(docs))
 
 
 def _docs(texts):
