@@ -52,10 +52,10 @@ def task_configs(names: list[str], text_file: str | None, tmp: Path) -> list:
 
     specs: list = []
     for name in names:
-        path = TASKS_DIR / f"{name}.yaml"
-        if not path.is_file():
+        if not _shipped(name):
             specs.append(name)
             continue
+        path = TASKS_DIR / f"{name}.yaml"
         cfg = yaml.safe_load(path.read_text())
         files = cfg["dataset_kwargs"]["data_files"]
         cfg["dataset_kwargs"]["data_files"] = {k: str(TASKS_DIR / v) for k, v in files.items()}
@@ -63,6 +63,11 @@ def task_configs(names: list[str], text_file: str | None, tmp: Path) -> list:
             cfg["dataset_kwargs"]["data_files"] = {"test": str(_as_jsonl(Path(text_file), tmp))}
         specs.append(cfg)
     return specs
+
+
+def _shipped(name: str) -> bool:
+    """A task shipped in recipes/tools/eval_tasks (handed to lm-eval as a config, not looked up in its index)."""
+    return (TASKS_DIR / f"{name}.yaml").is_file()
 
 
 def task_manager(include_path: str | None, names: list[str]):
@@ -77,8 +82,7 @@ def task_manager(include_path: str | None, names: list[str]):
     from lm_eval.tasks import TaskManager
 
     if not include_path:
-        shipped_only = all((TASKS_DIR / f"{name}.yaml").is_file() for name in names)
-        return TaskManager(include_defaults=not shipped_only)
+        return TaskManager(include_defaults=not all(map(_shipped, names)))
     folder = Path(include_path)
     if not folder.is_dir():
         raise FileNotFoundError(f"--include-path {include_path}: no such directory (give a folder of lm-eval task "
