@@ -144,8 +144,10 @@ class Checkpointer:
                 full = _disk_full_message(self.root, tag, write.error)
                 raise RuntimeError(full or f"checkpoint: writing {self.root / tag} failed: "
                                    f"{type(write.error).__name__}: {write.error}") from write.error
-            raise RuntimeError(f"checkpoint: another rank failed to write {self.root / tag} (see its error); the "
-                               f"partial {tag} has no {MARKER} and is never loaded")
+            # the failing rank's own message may be lost if it is stopped first: a full disk is said here too
+            full = _disk_full_message(self.root, tag, None)
+            raise RuntimeError(full or f"checkpoint: another rank failed to write {self.root / tag} (see its error); "
+                               f"the partial {tag} has no {MARKER} and is never loaded")
         if pending:
             return None
         step, client_state = self.inflight["step"], self.inflight["client_state"]
@@ -173,10 +175,10 @@ def save(engine, ckpt_dir: str, step: int, client_state: dict, keep_last: int, r
     return Checkpointer(engine, ckpt_dir, keep_last, background=False, record=record).save(step, client_state)
 
 
-def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:
+def _disk_full_message(root: Path, tag: str, e: BaseException | None) -> str | None:
     """A clear message when a save failed because checkpoint.dir's file system is full. torch.save reports a short
     write as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos ...", not as ENOSPC: so the free
-    space is looked at too."""
+    space is looked at too. `e` None: another rank's write failed, with an error this rank does not have."""
     try:
         st = os.statvfs(root)
         free = st.f_bavail * st.f_frsize
@@ -186,7 +188,7 @@ def _disk_full_message(root: Path, tag: str, e: BaseException) -> str | None:
         return None
     good = newest_complete(str(root))
     return (f"checkpoint: saving {root / tag} failed: no space left on the file system of checkpoint.dir "
-            f"({free >> 20} MiB free; {type(e).__name__}: {e}). The partial {tag} has no {MARKER} and is never loaded. "
+            f"({free >> 20} MiB free{'' if e is None else f'; {type(e).__name__}: {e}'}). The partial {tag} has no {MARKER} and is never loaded. "
             f"Free space (or set checkpoint.dir elsewhere, or lower checkpoint.keep_last) and rerun: the run resumes "
             f"from {root / good if good else 'the start (no complete checkpoint yet)'}")
 

@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import sys
-import time
 import warnings
 
 from recipes.config.file_mode import apply_recipe_mode
@@ -81,21 +80,7 @@ def launch_local(n: int, argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGUSR1, forward)
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            r, c = failed[0]
-            print(f"recipes train --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
-            return c if c > 0 else 1
-        if all(c == 0 for c in codes):
-            return 0
-        time.sleep(0.2)
+    return local_ranks.wait_for_ranks(procs)
 
 
 def _die_with_parent() -> None:

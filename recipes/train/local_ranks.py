@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ TEMPLATE_MODULES = (
     "torch._inductor.compile_fx",
 )
 
+
+FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others may take to exit (and say why) on their own
 
 _PRE_EMPTION = (signal.SIGTERM, signal.SIGUSR1)  # the signals the launcher forwards (recipes.train.signals)
 
@@ -156,3 +159,28 @@ def start_ranks(envs: list[dict], argv: list[str], worker_main, before_imports) 
         return [fork_rank(env, argv, worker_main) for env in envs]
     log.debug(f"recipes train --local: starting the ranks as fresh interpreters ({problem})")
     return [subprocess.Popen([sys.executable, "-m", "recipes", "train", *argv], env=env) for env in envs]
+
+
+def wait_for_ranks(procs: list, grace_s: float = FAILURE_GRACE_S) -> int:
+    """Wait for the ranks (Popen or ForkedRank); 0 once all exit 0. When one fails, the others get `grace_s` to exit
+    on their own, then are killed; returns the first failure's code. They usually fail too, at the same collective,
+    each printing its own error, and the rank whose error is the cause (a full disk, a bad shard) is not always the
+    first to exit: killed at once, it would never say why."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            r, c = failed[0]
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.1)
+            print(f"recipes train --local: rank {r} exited with code {c}; stopping the other ranks", file=sys.stderr)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            return c if c > 0 else 1
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.2)

@@ -1,0 +1,45 @@
+"""`recipes train --local`'s wait on its ranks (recipes.train.local_ranks.wait_for_ranks), on real processes: when a
+rank fails, a rank that fails a moment later still prints why before the rest are killed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from recipes.train.local_ranks import wait_for_ranks
+
+pytestmark = pytest.mark.unit
+
+
+def _rank(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import sys, time\n{code}"], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_rank_failing_second_still_says_why():
+    """Rank 0 exits first with a generic error, as the ranks that only saw a collective fail do; rank 1, the cause,
+    prints its reason 0.5 s later. The launcher returns rank 0's code, and rank 1's reason is printed."""
+    procs = [_rank("sys.exit(3)"), _rank("time.sleep(0.5); print('disk full on rank 1', flush=True); sys.exit(4)")]
+    assert wait_for_ranks(procs, grace_s=5.0) == 3
+    assert "disk full on rank 1" in procs[1].stdout.read()
+    assert procs[1].returncode == 4
+    for p in procs:
+        p.stdout.close()
+
+
+def test_a_rank_that_hangs_is_killed_after_the_grace():
+    procs = [_rank("sys.exit(2)"), _rank("time.sleep(60)")]
+    started = time.monotonic()
+    assert wait_for_ranks(procs, grace_s=0.5) == 2
+    assert time.monotonic() - started < 30
+    assert procs[1].returncode == -9  # SIGKILL
+    for p in procs:
+        p.stdout.close()
+
+
+def test_all_ranks_succeeding_return_zero():
+    procs = [_rank("sys.exit(0)"), _rank("time.sleep(0.3)")]
+    assert wait_for_ranks(procs, grace_s=5.0) == 0
+    for p in procs:
+        p.stdout.close()
