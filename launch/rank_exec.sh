@@ -44,21 +44,39 @@ if [ $# -eq 0 ] && [ -n "${LAUNCH_RANK_CMD:-}" ]; then
   eval "set -- $LAUNCH_RANK_CMD"  # words quoted by shlex.quote: eval only removes that quoting
 fi
 
-stopped=0
-on_signal() { stopped=1; [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null; }
+# A keeper process runs the command and reports its pid, then its exit code and end time, through a pipe. It ignores
+# TERM/INT/HUP, so its `wait` is never cut short: a trapped signal interrupting bash's own `wait` can lose the
+# child's status (seen: a rank SIGKILLed just before torchrun stopped its group, recorded as exit 143, a stop). The
+# command gets the default dispositions back. The prefixer ignores them too (an ignored signal stays ignored across
+# exec): Slurm signals every process of a job step at once, and a prefixer gone first would make the rank's next
+# print fail before it saves its checkpoint. It exits when the rank's output closes.
+exec {chan}<> <(:)
+(
+  trap '' TERM INT HUP
+  ( trap - TERM INT HUP; exec "$@" {chan}>&- ) > >(trap '' TERM INT HUP; exec sed -u "s/^/$tag /" {chan}>&-) 2>&1 &
+  echo "$!" >&"$chan"
+  wait "$!"; echo "$? $EPOCHREALTIME" >&"$chan"  # the end time first thing: the launcher orders failures by it
+  wait 2>/dev/null  # let the prefixing sed flush the last lines
+) &
+keeper=$!
+# A stop only if the command was still running when the signal came (a zombie has ended): a rank that died on its own
+# just before its peers were stopped is the failure, not a stopped rank.
+running() {
+  local stat
+  if ! read -r stat 2>/dev/null <"/proc/$1/stat"; then  # gone (reaped); without /proc, ask kill -0
+    if [ ! -d /proc/self ] && kill -0 "$1" 2>/dev/null; then return 0; fi
+    return 1  # an explicit status: a bare `return` in a trap handler returns the status from before the trap
+  fi
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+stopped=0 pid=
+on_signal() { if [ -z "$pid" ] || running "$pid"; then stopped=1; [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; fi; }
 trap on_signal TERM INT HUP
-
-# The prefixer ignores TERM/INT/HUP (an ignored signal stays ignored across exec): Slurm signals every process of a
-# job step at once, and a prefixer gone first would make the rank's next print fail before it saves its checkpoint.
-# It exits when the rank's output closes.
-"$@" > >(trap '' TERM INT HUP; exec sed -u "s/^/$tag /") 2>&1 &
-child=$!
-wait "$child"; rc=$?
-ended=$EPOCHREALTIME  # when the command ended, before anything else: the launcher orders failures by this
-# `wait` returns early when a trapped signal arrives: keep waiting for the command itself.
-while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
-was_stopped=$stopped  # as the command died: a stop arriving while sed flushes does not make a death a stop
-wait 2>/dev/null  # let the prefixing sed flush the last lines
+until read -r -u "$chan" pid; do :; done  # a trapped signal interrupts `read`: read again
+until read -r -u "$chan" rc ended; do :; done
+while kill -0 "$keeper" 2>/dev/null; do wait "$keeper"; done
+was_stopped=$stopped
 record "$rc" "$was_stopped" "$ended"
 # rc 143 = SIGTERM: a stop that came from the launcher or a peer's failure, never the root cause.
 if [ "$rc" -ne 0 ] && [ "$was_stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
