@@ -44,6 +44,21 @@ if [ $# -eq 0 ] && [ -n "${LAUNCH_RANK_CMD:-}" ]; then
   eval "set -- $LAUNCH_RANK_CMD"  # words quoted by shlex.quote: eval only removes that quoting
 fi
 
+# A stop only if the command was still running when the signal came (a zombie has ended): a rank that died on its own
+# just before its peers were stopped is the failure, not a stopped rank.
+running() {
+  local stat
+  if ! read -r stat 2>/dev/null <"/proc/$1/stat"; then  # gone (reaped); without /proc, ask kill -0
+    if [ ! -d /proc/self ] && kill -0 "$1" 2>/dev/null; then return 0; fi
+    return 1  # an explicit status: a bare `return` in a trap handler returns the status from before the trap
+  fi
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+stopped=0 pid=
+on_signal() { if [ -z "$pid" ] || running "$pid"; then stopped=1; [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; fi; }
+trap on_signal TERM INT HUP
+
 # A keeper process runs the command and reports its pid, then its exit code and end time, through a pipe. It ignores
 # TERM/INT/HUP, so its `wait` is never cut short: a trapped signal interrupting bash's own `wait` can lose the
 # child's status (seen: a rank SIGKILLed just before torchrun stopped its group, recorded as exit 143, a stop). The
@@ -59,21 +74,8 @@ exec {chan}<> <(:)
   wait 2>/dev/null  # let the prefixing sed flush the last lines
 ) &
 keeper=$!
-# A stop only if the command was still running when the signal came (a zombie has ended): a rank that died on its own
-# just before its peers were stopped is the failure, not a stopped rank.
-running() {
-  local stat
-  if ! read -r stat 2>/dev/null <"/proc/$1/stat"; then  # gone (reaped); without /proc, ask kill -0
-    if [ ! -d /proc/self ] && kill -0 "$1" 2>/dev/null; then return 0; fi
-    return 1  # an explicit status: a bare `return` in a trap handler returns the status from before the trap
-  fi
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
-stopped=0 pid=
-on_signal() { if [ -z "$pid" ] || running "$pid"; then stopped=1; [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; fi; }
-trap on_signal TERM INT HUP
 until read -r -u "$chan" pid; do :; done  # a trapped signal interrupts `read`: read again
+[ "$stopped" -eq 0 ] || kill -TERM "$pid" 2>/dev/null  # a stop that came before the pid was known
 until read -r -u "$chan" rc ended; do :; done
 while kill -0 "$keeper" 2>/dev/null; do wait "$keeper"; done
 was_stopped=$stopped
