@@ -26,12 +26,12 @@ def _start(tmp_path, code: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _record(tmp_path, proc) -> failures.ExitRecord:
+def _record(tmp_path, proc) -> tuple[failures.ExitRecord, str]:
     out, _ = proc.communicate(timeout=30)
     rec = failures.parse_record((tmp_path / "rank-1.exit").read_text())
     assert rec is not None and rec.rank == 1 and rec.host == "node1", out
     assert proc.returncode == rec.exit_code, out
-    return rec
+    return rec, out
 
 
 def _running(pid: int) -> bool:
@@ -43,15 +43,16 @@ def _running(pid: int) -> bool:
 
 
 def test_a_rank_that_fails_on_its_own_is_recorded_with_its_code_and_output(tmp_path):
-    rec = _record(tmp_path, proc := _start(tmp_path, "print('bad shard', flush=True); sys.exit(3)"))
+    rec, out = _record(tmp_path, _start(tmp_path, "print('bad shard', flush=True); sys.exit(3)"))
     assert (rec.exit_code, rec.stopped, rec.failed_on_its_own) == (3, False, True)
+    assert sorted(out.splitlines()) == ["[node1 rank 1] bad shard", "[node1 rank 1] exited on its own: exit=3"], out
 
 
 def test_a_stop_while_the_rank_runs_reaches_it_and_is_recorded_as_a_stop(tmp_path):
     proc = _start(tmp_path, "print('up', flush=True); time.sleep(30)")
     assert proc.stdout.readline().strip() == "[node1 rank 1] up"
     proc.send_signal(signal.SIGTERM)  # the wrapper alone: it passes the stop on
-    rec = _record(tmp_path, proc)
+    rec, _ = _record(tmp_path, proc)
     assert (rec.exit_code, rec.stopped, rec.failed_on_its_own) == (143, True, False)
 
 
@@ -68,5 +69,5 @@ def test_a_stop_arriving_just_after_the_rank_was_killed_leaves_it_the_failure(tm
         os.kill(proc.pid, signal.SIGTERM)
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    rec = _record(tmp_path, proc)
+    rec, _ = _record(tmp_path, proc)
     assert (rec.exit_code, rec.stopped, rec.failed_on_its_own) == (137, False, True)
