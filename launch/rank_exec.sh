@@ -78,10 +78,9 @@ until read -r -u "$chan" pid; do :; done  # a trapped signal interrupts `read`: 
 [ "$stopped" -eq 0 ] || kill -TERM "$pid" 2>/dev/null  # a stop that came before the pid was known
 until read -r -u "$chan" rc ended; do :; done
 while kill -0 "$keeper" 2>/dev/null; do wait "$keeper"; done
-was_stopped=$stopped
-record "$rc" "$was_stopped" "$ended"
+record "$rc" "$stopped" "$ended"
 # rc 143 = SIGTERM: a stop that came from the launcher or a peer's failure, never the root cause.
-if [ "$rc" -ne 0 ] && [ "$was_stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
+if [ "$rc" -ne 0 ] && [ "$stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then
   echo "$tag exited on its own: exit=$rc" >&2
 fi
 exit "$rc"

@@ -187,8 +187,9 @@ def _disk_full_message(root: Path, tag: str, e: BaseException | None) -> str | N
     if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) and free >= 64 << 20:
         return None
     good = newest_complete(str(root))
+    error = "" if e is None else f"; {type(e).__name__}: {e}"
     return (f"checkpoint: saving {root / tag} failed: no space left on the file system of checkpoint.dir "
-            f"({free >> 20} MiB free{'' if e is None else f'; {type(e).__name__}: {e}'}). The partial {tag} has no {MARKER} and is never loaded. "
+            f"({free >> 20} MiB free{error}). The partial {tag} has no {MARKER} and is never loaded. "
             f"Free space (or set checkpoint.dir elsewhere, or lower checkpoint.keep_last) and rerun: the run resumes "
             f"from {root / good if good else 'the start (no complete checkpoint yet)'}")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -30,9 +29,7 @@ def test_a_rank_failing_second_still_says_why():
 
 def test_a_rank_that_hangs_is_killed_after_the_grace():
     procs = [_rank("sys.exit(2)"), _rank("time.sleep(60)")]
-    started = time.monotonic()
     assert wait_for_ranks(procs, grace_s=0.5) == 2
-    assert time.monotonic() - started < 30
     assert procs[1].returncode == -9  # SIGKILL
     for p in procs:
         p.stdout.close()
