@@ -76,3 +76,12 @@ def _process_state_restored():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def _rank_forks_outside_the_unit_tier(request):
+    """The launcher tests' forking venv (tests/support/rank_forks.py) costs a template start (~8 s of one core) that
+    a unit test, which starts no rank, should not pay."""
+    from tests.support import rank_forks
+
+    rank_forks.allowed = request.node.get_closest_marker("unit") is None

@@ -98,7 +98,7 @@ def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
     printed (they travel in a 0600 file, see test_secrets.py)."""
     hf = hostfile_100(tmp_path)
     recipe = REPO / "configs" / "runs" / "glm-130b-100x8-a100.yaml"
-    env = launch_env(NCCL_IB_HCA="mlx5_0,mlx5_1", GLOO_SOCKET_IFNAME="ib0", MY_SETTING="a b")
+    env = launch_env(forked=False, NCCL_IB_HCA="mlx5_0,mlx5_1", GLOO_SOCKET_IFNAME="ib0", MY_SETTING="a b")
     r = run_launch("train.sh", recipe, "--hostfile", hf, "--backend", "torchrun-ssh", "--dry-run", "--env",
                    "MY_SETTING", "--log-dir", tmp_path / "t", "--", DATA, env=env)
     assert r.returncode == 0, r.stderr

@@ -25,6 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from tests.support.rank_forks import exit_as_interpreter
+
 REPO = Path(__file__).resolve().parents[2]
 _lock = threading.Lock()
 _client: "socket.socket | None" = None
@@ -146,8 +148,8 @@ def _fork_command(request: dict, fds: list[int], conn: socket.socket) -> int:
     pid = os.fork()
     if pid:
         return pid
-    code = 1
-    try:
+
+    def command() -> None:
         conn.close()  # the template's end: only the template may hold it (the tests wait on it)
         import ctypes
         import random
@@ -172,19 +174,5 @@ def _fork_command(request: dict, fds: list[int], conn: socket.socket) -> int:
         sys.argv = ["-m", *request["argv"]]  # as `python -m MODULE ARGV` sees them (runpy sets argv[0])
         sys.path.insert(0, request["cwd"])  # `-m` puts the working directory first
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as e:  # what the interpreter does with it: an int is the code, anything else is printed
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)
-    except BaseException:
-        import traceback
 
-        traceback.print_exc()
-    finally:
-        try:
-            atexit._run_exitfuncs()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code if isinstance(code, int) else 1)
+    exit_as_interpreter(command)

@@ -20,8 +20,16 @@ DATA = f"data.manifests=[{TOY_DATA}]"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
-def launch_env(**extra) -> dict:
+def launch_env(*, forked: bool = True, **extra) -> dict:
+    """The launcher's environment in these tests. `forked`: LAUNCH_VENV is tests/support/rank_forks.py's venv, whose
+    python and torchrun fork each rank, torchrun and DeepSpeed launcher from a pre-imported template (a test that
+    sets LAUNCH_VENV itself gets what it sets); else, and in the unit tier (whose tests start no rank: no template
+    to start), the launcher's default, the repository's .venv."""
+    from tests.support import rank_forks
+
     env = dict(os.environ, OMP_NUM_THREADS="1", LAUNCH_STOP_GRACE="5")
+    if forked and rank_forks.allowed:
+        env["LAUNCH_VENV"] = str(rank_forks.venv())
     # The launcher honours these from the caller's environment; the tests state their own.
     for var in ("LAUNCH_SSH_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(var, None)
