@@ -11,6 +11,8 @@ import matplotlib.image
 import pytest
 import torch
 
+from tests.support import rank_forks
+
 pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _run_demo(out: Path) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([sys.executable, "-m", "recipes", "demo", "--out", str(out), "--steps", "24",
+    res = subprocess.run([rank_forks.python(), "-m", "recipes", "demo", "--out", str(out), "--steps", "24",
                           "--corpus-mb", "1", "--vocab", "1000", "--quiet"],
                          cwd=REPO, env=env, text=True, capture_output=True, timeout=900)
     assert res.returncode == 0, f"main job failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support import rank_forks
+
 pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(1800)  # the whole main job (data, plan, 8 ranks, export, generate): minutes on a loaded machine
 def test_demo_moe_end_to_end(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([sys.executable, "-m", "recipes", "demo", "--moe", "--out", str(tmp_path), "--steps", "24",
-                          "--corpus-mb", "1", "--vocab", "1000", "--quiet"],
+    res = subprocess.run([rank_forks.python(), "-m", "recipes", "demo", "--moe", "--out", str(tmp_path),
+                          "--steps", "24", "--corpus-mb", "1", "--vocab", "1000", "--quiet"],
                          cwd=REPO, env=env, text=True, capture_output=True, timeout=1500)
     out = res.stdout + res.stderr
     assert res.returncode == 0, f"main job failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"

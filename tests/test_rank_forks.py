@@ -72,7 +72,8 @@ def test_a_forked_script_sees_what_a_fresh_interpreter_sees(fork_python, probe, 
     real, fork = _both(["-u", probe, "one", "two words"], fork_python, env=env, cwd=tmp_path, preexec_fn=as_started)
     assert (fork.returncode, fork.stderr) == (real.returncode, real.stderr) == (3, "to stderr\n")
     assert json.loads(fork.stdout) == json.loads(real.stdout)
-    assert json.loads(fork.stdout)["cmdline"] == ["-u", probe, "one", "two words"] and json.loads(fork.stdout)["environ"]
+    seen = json.loads(fork.stdout)
+    assert seen["cmdline"] == ["-u", probe, "one", "two words"] and seen["environ"]
     marker = "import sys; print('torch' in sys.modules)"  # (`-c` is not forked: a fresh interpreter, no torch)
     assert subprocess.run([fork_python, "-c", marker], capture_output=True, text=True).stdout == "False\n"
 

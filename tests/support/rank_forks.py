@@ -64,6 +64,12 @@ def venv() -> Path:
     return root
 
 
+def python() -> str:
+    """This venv's python, for a test that runs a command whose steps are `python -m recipes ...` (the main job:
+    each step forked, ~5 s of CPU less each; its `-m data_prep` steps run on the real interpreter)."""
+    return str(venv() / "bin" / "python")
+
+
 @atexit.register
 def _stop() -> None:
     if _server is not None and _server.poll() is None:
