@@ -76,9 +76,28 @@ def fork_problem() -> str | None:
     return None
 
 
+def stop_tqdm_monitor() -> None:
+    """tqdm starts a monitor thread with its first progress bar and keeps it for the life of the process (import-hf
+    shows transformers' loading bars before it starts its writer ranks): a second thread, so the ranks would be
+    fresh interpreters (~8 s of CPU each on imports). It is stopped and joined here; a later bar starts another."""
+    monitors = sys.modules.get("tqdm._monitor")
+    if monitors is None:
+        return
+    import threading
+
+    for monitor in [t for t in threading.enumerate() if isinstance(t, monitors.TMonitor)]:
+        threads = thread_count()
+        monitor.exit()  # wakes it and joins it
+        monitor.tqdm_cls.monitor = None  # (the bar's class, a subclass of tqdm's own for transformers' bars)
+        deadline = time.monotonic() + 2.0  # joined is not yet gone: the native thread ends a moment later
+        while thread_count() >= threads and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
 def prepare_template(before_imports) -> str | None:
     """Import what every rank needs (after `before_imports`, the rank's own pre-import hook); None if the ranks can be
     forked from here now, else why not."""
+    stop_tqdm_monitor()
     problem = fork_problem()
     if problem:
         return problem

@@ -2,6 +2,7 @@
 rank fails, a rank that fails a moment later still prints why before the rest are killed."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,17 @@ def test_all_ranks_succeeding_return_zero():
     assert wait_for_ranks(procs, grace_s=5.0) == 0
     for p in procs:
         p.stdout.close()
+
+
+def test_a_tqdm_bar_before_the_ranks_does_not_keep_them_from_being_forked():
+    """tqdm's monitor thread (started by a progress bar, e.g. transformers' loading bars in import-hf) made fork
+    unsafe, so the ranks ran as fresh interpreters; prepare_template stops it first."""
+    code = ("from tqdm.auto import tqdm\n"  # a subclass of tqdm's own, as transformers' bars are
+            "for _ in tqdm(range(3), mininterval=0): pass\n"
+            "from recipes.train import local_ranks\n"
+            "before = local_ranks.thread_count()\n"
+            "local_ranks.stop_tqdm_monitor()\n"
+            "print(before, local_ranks.thread_count(), local_ranks.fork_problem())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert r.stdout.split() == ["2", "1", "None"], r.stderr[-2000:]
