@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,6 +76,8 @@ def _stop() -> None:
     if _server is not None and _server.poll() is None:
         _server.kill()  # its forks die with it (PR_SET_PDEATHSIG)
         _server.wait()
+    if _venv is not None:
+        shutil.rmtree(_venv, ignore_errors=True)
 
 
 def serve(path: str, ready_fd: int) -> None:
