@@ -66,8 +66,11 @@ class DeepSpeed(Backend):
         # The runner gets none of the user's variables: it would paste MLFLOW_* (and any it is given) as `export X=...`
         # into the pdsh command line and its log. In its own session: on SIGINT/SIGTERM it runs
         # `pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node, which would kill every DeepSpeed run
-        # from this venv there, other people's included; this run is stopped by run id instead.
-        env = {k: v for k, v in os.environ.items() if k not in launch.secret_names}
+        # from this venv there, other people's included; this run is stopped by run id instead. So the runner does not
+        # carry the run id (the ranks get it from ds.env): a stop by run id on the launcher's node would otherwise
+        # TERM it (seen under load: it outlived the launcher's kill by a moment, ran its pkill, and another run of
+        # this venv lost every rank). It ends when its pdsh does, or by the launcher's SIGKILL.
+        env = {k: v for k, v in os.environ.items() if k not in launch.secret_names and k != "LAUNCH_RUN_ID"}
         env.update(self.ssh.tool_env(), DS_ENV_FILE=str(launch.log_dir / "ds.env"))
         return [Spawn("deepspeed-runner", self.runner(launch), env=env, cwd=launch.repo, own_session=True,
                       demux_hosts=tuple(n.host for n in launch.nodes))]
