@@ -31,7 +31,9 @@ echo "== gpu_check $(date -u +%FT%TZ) dry=$DRY wheels=$WHEELS out=$OUT"
 install_wheels() {  # PY TARGET WHEEL...: offline, no dependency resolution (the folder is the complete list)
     local py="$1" target="$2"; shift 2
     if "$py" -m pip --version >/dev/null 2>&1; then
-        "$py" -m pip install --quiet --no-index --no-deps --disable-pip-version-check --target "$target" "$@"
+        # --no-compile: the first import compiles (and caches) only what runs; pip compiled every module of the folder
+        # (26 MiB of wheels: 14 s against 3.4 s)
+        "$py" -m pip install --quiet --no-index --no-deps --no-compile --disable-pip-version-check --target "$target" "$@"
     else  # an image without pip: wheels are zip files
         "$py" "$HERE/offline.py" install "$@" --target "$target"
     fi
