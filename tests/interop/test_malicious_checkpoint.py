@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from interop_runs import REPO, RECIPE, run_overrides
-from tests.support.runs import pretrain, worker_env
+from interop_runs import RECIPE, run_overrides
+from tests.support.runs import pretrain, recipes_cli, worker_env
 from recipes.checkpoint import safe_load
 
 pytestmark = pytest.mark.multiproc
@@ -53,8 +51,8 @@ def _plant(ckpt_dir, name, marker):
 
 
 def _run(args):
-    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=worker_env(), capture_output=True, text=True,
-                          timeout=300)
+    assert args[0] == "recipes"
+    return recipes_cli(args[1:], env=worker_env(), timeout=300)  # forked from the tests' pre-imported template
 
 
 def _refused(proc, name, marker):

@@ -7,10 +7,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import rank_forks
 
 pytestmark = pytest.mark.multiproc
 
@@ -29,7 +30,8 @@ def test_every_group_has_the_recipe_timeout(tmp_path):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), WORLD_SIZE=str(n),
                LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
     overrides = ["parallel.tp=2", "parallel.pp=2", f"training.dist_timeout_minutes={minutes}"]
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests/training/group_timeout_worker.py"), str(tmp_path),
+    # each rank forked from the test process's pre-imported template (tests/support/rank_forks.py)
+    procs = [subprocess.Popen([rank_forks.python(), str(REPO / "tests/training/group_timeout_worker.py"), str(tmp_path),
                                RECIPE, *overrides], cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
     outs = [p.communicate(timeout=180)[0] for p in procs]

@@ -17,8 +17,6 @@ and, when asked, its Adam moments and step count equal the source's exactly.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ import torch
 
 from recipes.checkpoint.format.read import read_full_state
 from recipes.config.loading import load_recipe
-from tests.support.runs import RECIPE, REPO, losses, pretrain, worker_env
+from tests.support.runs import RECIPE, losses, pretrain, recipes_cli, worker_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -135,8 +133,8 @@ def test_relaunch_at_another_layout_is_refused_and_the_printed_reshape_works(sou
     command = str(problem).split("`")[1]
     assert command.startswith(f"python -m recipes reshape --checkpoint {source} --tag global_step3 ")
     out = Path(problem.fix.split("checkpoint.dir=")[1].split(" ")[0])
-    r = subprocess.run([sys.executable, *command.split()[1:], "--quiet"], cwd=REPO, env=worker_env(),
-                       capture_output=True, text=True, timeout=600)
+    assert command.split()[1:3] == ["-m", "recipes"]
+    r = recipes_cli([*command.split()[3:], "--quiet"], env=worker_env(), timeout=600)  # the printed command, forked
     assert r.returncode == 0, r.stderr[-3000:]
     moved = [f"data.manifests=[{corpus}]", f"checkpoint.dir={out}", "training.train_steps=4"]
     assert validate_for_launch(load_recipe(RECIPE, moved), 2) == []
