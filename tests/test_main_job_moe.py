@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_demo_moe_end_to_end(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     res = subprocess.run([rank_forks.python(), "-m", "recipes", "demo", "--moe", "--out", str(tmp_path),
-                          "--steps", "24", "--corpus-mb", "1", "--vocab", "1000", "--quiet"],
+                          "--steps", "12", "--corpus-mb", "1", "--vocab", "1000", "--quiet"],
                          cwd=REPO, env=env, text=True, capture_output=True, timeout=1500)
     out = res.stdout + res.stderr
     assert res.returncode == 0, f"main job failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
