@@ -16,8 +16,7 @@ from recipes.checkpoint.plain_model import build_plain_model, logits
 from recipes.checkpoint.format.read import read_full_state
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.hf.export import main as export_main
-from recipes.hf.importer import main as import_main
-from tests.support.runs import pretrain, train_records
+from tests.support.runs import pretrain, recipes_cli, train_records
 
 pytestmark = pytest.mark.multiproc
 
@@ -53,10 +52,11 @@ def imported(tmp_path_factory, corpus):
         root = tmp_path_factory.mktemp(f"family_{kind}")
         hf = _hf(kind, root / "hf", corpus["sp_model"])
         ckpt = root / "ckpt"
-        code = import_main(["--hf", str(root / "hf"), "--out", str(ckpt), "--config", RECIPE, "--quiet",
-                            f"data.manifests=[{corpus['manifest']}]", "parallel.tp=2", "parallel.pp=1",
-                            "parallel.dp=1"])
-        assert code == 0
+        # as users run it, forked from the tests' template (its ranks too): in this process, which has built HF
+        # tokenizers (their thread pool), the ranks would be fresh interpreters under torchrun (~30 s of CPU more)
+        r = recipes_cli(["import-hf", "--hf", str(root / "hf"), "--out", str(ckpt), "--config", RECIPE, "--quiet",
+                         f"data.manifests=[{corpus['manifest']}]", "parallel.tp=2", "parallel.pp=1", "parallel.dp=1"])
+        assert r.returncode == 0, r.stderr[-4000:]
         out[kind] = (hf, ckpt)
     return out
 
