@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import REPO, losses, on_corpus, pretrain_cmd, worker_env, kill_group
+from tests.support.runs import REPO, kill_group, losses, on_corpus, pretrain_cmd, recipes_cli, worker_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -109,8 +109,8 @@ def test_a_killed_run_resumes_the_same_wandb_run(corpus, tmp_path):
     k = resumed_from["step"]
     assert k < STEPS
 
-    subprocess.run(pretrain_cmd(2, *on_corpus(run, corpus), *ARGS), cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=900)
+    resumed = recipes_cli(pretrain_cmd(2, *on_corpus(run, corpus), *ARGS)[3:], env=env, timeout=900)  # forked
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
     dirs = sorted(wandb_root.glob("offline-run-*"))
     assert len(dirs) == 2, dirs  # one per process
     first, second = read_run(dirs[0]), read_run(dirs[1])
