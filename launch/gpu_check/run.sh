@@ -33,7 +33,8 @@ install_wheels() {  # PY TARGET WHEEL...: offline, no dependency resolution (the
     if "$py" -m pip --version >/dev/null 2>&1; then
         # --no-compile: the first import compiles (and caches) only what runs; pip compiled every module of the folder
         # (26 MiB of wheels: 14 s against 3.4 s)
-        "$py" -m pip install --quiet --no-index --no-deps --no-compile --disable-pip-version-check --target "$target" "$@"
+        "$py" -m pip install --quiet --no-index --no-deps --no-compile --disable-pip-version-check \
+            --target "$target" "$@"
     else  # an image without pip: wheels are zip files
         "$py" "$HERE/offline.py" install "$@" --target "$target"
     fi
