@@ -24,8 +24,8 @@ GLOBAL_BATCH, SEQ = 8, 64  # configs/models/tiny: seq_length 64
 
 
 def python() -> str:
-    """The user's `python`: the launcher tests' venv (tests/support/rank_forks.py), whose `-m recipes` commands fork
-    from a pre-imported template (~5 s of CPU less each) and whose `-m data_prep` ones run on the real interpreter."""
+    """The user's `python`: the launcher tests' venv (tests/support/rank_forks.py), whose `-m recipes` and
+    `-m data_prep` commands fork from a pre-imported template (~3-5 s of CPU less each)."""
     return rank_forks.python()
 
 

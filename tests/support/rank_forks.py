@@ -67,7 +67,7 @@ def venv() -> Path:
 
 def python() -> str:
     """This venv's python, for a test that runs a command whose steps are `python -m recipes ...` (the main job:
-    each step forked, ~5 s of CPU less each; its `-m data_prep` steps run on the real interpreter)."""
+    each `-m recipes` and `-m data_prep` step forked, ~3-5 s of CPU less each)."""
     return str(venv() / "bin" / "python")
 
 
