@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from interop_runs import RECIPE, run_overrides
-from tests.support.runs import pretrain, recipes_cli, worker_env
+from tests.support.runs import pretrain, recipes_cli
 from recipes.checkpoint import safe_load
 
 pytestmark = pytest.mark.multiproc
@@ -50,11 +50,6 @@ def _plant(ckpt_dir, name, marker):
     complete.write_text(json.dumps(meta))
 
 
-def _run(args):
-    assert args[0] == "recipes"
-    return recipes_cli(args[1:], env=worker_env(), timeout=300)  # forked from the tests' pre-imported template
-
-
 def _refused(proc, name, marker):
     out = proc.stdout + proc.stderr
     assert not marker.exists(), f"the payload ran: {marker} was created\n{out[-3000:]}"
@@ -70,7 +65,7 @@ def test_resume_refuses_payload(clean_run, tmp_path, name):
     marker = tmp_path / "pwned"
     _plant(ckpt, name, marker)
     ov = [o for o in overrides if not o.startswith("checkpoint.dir=")] + [f"checkpoint.dir={ckpt}"]
-    proc = _run(["recipes", "train", "--config", RECIPE, "--local", "2", "--quiet", *ov])
+    proc = recipes_cli(["train", "--config", RECIPE, "--local", "2", "--quiet", *ov])
     _refused(proc, name, marker)
 
 
@@ -84,7 +79,7 @@ def test_tools_refuse_payload(clean_run, tmp_path, tool):
     _plant(ckpt, name, marker)
     extra = ["--to", "tp=1,pp=1,dp=1"] if tool == "reshape" else []
     command = {"export_hf": "export-hf", "reshape": "reshape"}[tool]
-    proc = _run(["recipes", command, "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--quiet", *extra])
+    proc = recipes_cli([command, "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--quiet", *extra])
     _refused(proc, name, marker)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
