@@ -47,8 +47,10 @@ def _free_local(base: int) -> int | None:
 def pick_port(run_id: str, backend: str, host0: str, ssh: Ssh | None, dry_run: bool) -> int:
     """Derived from the run id (two runs sharing a first host get different ports: with one fixed default the second
     fails or joins the first one's unauthenticated TCPStore), then the first of 16 from there that is free on the
-    master (not probed in a dry run, or for Slurm, where the master is only known when the job starts)."""
-    base = 20000 + zlib.crc32(run_id.encode()) % 20000
+    master (not probed in a dry run, or for Slurm, where the master is only known when the job starts). Below 32768,
+    where Linux's ephemeral ports start: no connection on the master takes it as its source port before rank 0
+    listens."""
+    base = 20000 + zlib.crc32(run_id.encode()) % 12000  # + 16 probed: < 32768
     if dry_run or backend == "slurm":
         return base
     if backend == "local":

@@ -37,7 +37,7 @@ import time
 import warnings
 from pathlib import Path
 
-from recipes.parallel.rendezvous import free_port
+from recipes.parallel.rendezvous import reserved_port
 from recipes.config.cli_help import command_parser
 
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
@@ -171,30 +171,30 @@ def summarize(per_rank: list[dict]) -> dict:
 
 def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path, placement: str, gap: int,
             timeout: int = 1800) -> list[dict]:
-    port = free_port()
-    procs = []
-    for rank in range(ranks):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-                   PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
-        cmd = [sys.executable, "-m", "recipes", "measure-save-stall", "--config", recipe, *overrides, "--worker",
-               "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out), "--placement", placement,
-               "--gap", str(gap)]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    results = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"measure-save-stall worker failed ({p.returncode}):\n{stderr[-4000:]}")
-            results.append(json.loads(stdout.strip().splitlines()[-1]))
-    finally:
-        for p in procs:  # nothing outlives the measurement
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    with reserved_port() as port:  # held until the workers are done (recipes.parallel.rendezvous)
+        procs = []
+        for rank in range(ranks):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                       PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+            cmd = [sys.executable, "-m", "recipes", "measure-save-stall", "--config", recipe, *overrides, "--worker",
+                   "--ranks", str(ranks), "--saves", str(saves), "--dir", str(out), "--placement", placement,
+                   "--gap", str(gap)]
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        results = []
+        try:
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=timeout)
+                if p.returncode != 0:
+                    raise RuntimeError(f"measure-save-stall worker failed ({p.returncode}):\n{stderr[-4000:]}")
+                results.append(json.loads(stdout.strip().splitlines()[-1]))
+        finally:
+            for p in procs:  # nothing outlives the measurement
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return results
 
 
 def main(argv=None) -> int:

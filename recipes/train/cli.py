@@ -15,7 +15,7 @@ import warnings
 from recipes.config.file_mode import apply_recipe_mode
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
-from recipes.parallel.rendezvous import free_port
+from recipes.parallel.rendezvous import reserved_port
 from recipes.train import local_ranks, signals
 from recipes.train.evaluation import check_include_path_origin
 from recipes.config.cli_help import command_parser
@@ -68,19 +68,20 @@ def launch_local(n: int, argv: list[str]) -> int:
     itself and leaves the workers running. This spawner forwards both and exits 0 after a clean save.
     The ranks are forked from this process once it has imported torch, DeepSpeed and megatron-core
     (recipes.train.local_ranks): each would otherwise pay those imports itself."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
-               LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
-    envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1") for r in range(n)]
-    procs = local_ranks.start_ranks(envs, argv, main, _before_rank_imports)  # forked from a pre-imported template
+    with reserved_port() as port:  # held until the ranks are done: no other process takes it before rank 0 binds
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n),
+                   LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
+        envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1") for r in range(n)]
+        procs = local_ranks.start_ranks(envs, argv, main, _before_rank_imports)  # forked from a pre-imported template
 
-    def forward(signum, frame):  # pre-emption: pass the signal on; workers save and exit
-        for p in procs:
-            p.send_signal(signum)  # a no-op for a rank already reaped
+        def forward(signum, frame):  # pre-emption: pass the signal on; workers save and exit
+            for p in procs:
+                p.send_signal(signum)  # a no-op for a rank already reaped
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGUSR1, forward)
-    return local_ranks.wait_for_ranks(procs)
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGUSR1, forward)
+        return local_ranks.wait_for_ranks(procs)
 
 
 def _die_with_parent() -> None:

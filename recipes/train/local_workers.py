@@ -57,12 +57,12 @@ def _quiet_imports() -> None:
 
 
 def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float) -> str:
-    from recipes.parallel.rendezvous import free_port
+    from recipes.parallel.rendezvous import reserved_port
     from recipes.train import local_ranks
 
-    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
-               LOCAL_WORLD_SIZE=str(world))
-    with tempfile.TemporaryDirectory(prefix="ranks-") as logs:
+    with reserved_port() as port, tempfile.TemporaryDirectory(prefix="ranks-") as logs:
+        env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world))
         outputs = [Path(logs) / f"rank{r}.log" for r in range(world)]
         procs = [local_ranks.fork_rank(dict(env, RANK=str(r), LOCAL_RANK=str(r)), argv,
                                        _logged(worker_main, outputs[r])) for r in range(world)]

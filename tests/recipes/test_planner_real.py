@@ -14,7 +14,7 @@ import pytest
 
 from recipes.config.loading import load_recipe
 from recipes.model.shape import count_parameters
-from recipes.parallel.rendezvous import free_port
+from recipes.parallel.rendezvous import reserved_port
 from recipes.planner.cost import Assumptions, deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
 from tests.support import rank_forks
 
@@ -28,20 +28,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
-        # forked from the test process's pre-imported template (tests/support/rank_forks.py): ~4 s of CPU less each
-        procs.append(subprocess.Popen([rank_forks.python(), str(Path(__file__).with_name("planner_real_worker.py"))],
-                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, stderr[-4000:]
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
+    with reserved_port() as port:
+        procs = []
+        for rank in range(2):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+            # forked from the test process's pre-imported template (tests/support/rank_forks.py): ~4 s less CPU each
+            worker = str(Path(__file__).with_name("planner_real_worker.py"))
+            procs.append(subprocess.Popen([rank_forks.python(), worker], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        out = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=240)
+            assert p.returncode == 0, stderr[-4000:]
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+        return out
 
 
 @pytest.mark.timeout(300)
