@@ -19,17 +19,17 @@ DEEPSPEED="deepspeed==0.19.8"
 "$PY" -c "import torch" 2>/dev/null || { echo "error: $PY cannot import torch, which DeepSpeed's build needs; set PYTHON to an interpreter with torch (e.g. the repo's .venv/bin/python after launch/setup_env.sh)" >&2; exit 2; }
 
 TMP="$OUT.tmp"
-rm -rf "$TMP" "$OUT-src"
-mkdir -p "$TMP" "$OUT-src"
+rm -rf "$TMP"
+mkdir -p "$TMP"
 echo "== cp312 manylinux wheels from $HERE/wheels.txt"
 "$PY" -m pip download --quiet --no-deps --only-binary=:all: --implementation cp --python-version 3.12 \
     --abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -r "$HERE/wheels.txt" -d "$TMP"
 echo "== $DEEPSPEED: sdist -> pure-python wheel (DS_BUILD_OPS=0)"
-# From the sdist, never a prebuilt wheel a local index may hold: what travels is what this command builds.
-"$PY" -m pip download --quiet --no-deps --no-binary :all: "$DEEPSPEED" -d "$OUT-src"
-DS_BUILD_OPS=0 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation "$OUT-src"/deepspeed-*.tar.gz -w "$TMP"
-rm -rf "$OUT-src"
+# From the sdist, never a prebuilt wheel a local index or pip's wheel cache may hold (--no-cache-dir): what travels
+# is what this command builds. One pip call: a separate `pip download` of the sdist ran its setup.py once more.
+DS_BUILD_OPS=0 "$PY" -m pip wheel --quiet --no-cache-dir --no-deps --no-binary :all: --no-build-isolation \
+    "$DEEPSPEED" -w "$TMP"
 "$PY" "$HERE/offline.py" check-tags "$TMP" --python 3.12
 rm -rf "$OUT" && mv "$TMP" "$OUT"
 
