@@ -201,7 +201,7 @@ def test_kill_9_of_prep_leaves_no_slice_running(ssh_cluster, tmp_path):
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_slurm_stop_waits_the_recipes_grace_not_killwait(slurm, tmp_path):
-    """The test cluster's KillWait is 15 s; the toy's save takes 25 s and the recipe allows 60: the stop signals the
+    """The test cluster's KillWait is 10 s; the toy's save takes 16 s and the recipe allows 60: the stop signals the
     job's steps itself and the checkpoint is complete."""
     from tests.launch.test_slurm import _run_pids, submit, wait_for
 
@@ -209,7 +209,7 @@ def test_slurm_stop_waits_the_recipes_grace_not_killwait(slurm, tmp_path):
     job_id, logs = submit(slurm, tmp_path, TOY, "--entry", TOY_ENTRY, "--env", "TOY_STEP_SLEEP,TOY_CKPT,"
                           "TOY_SAVE_SECONDS,PYTHONPATH", "--run-id", run_id, "--", "training.train_steps=500",
                           "checkpoint.stop_grace_seconds=60", TOY_STEP_SLEEP="0.3", TOY_CKPT=str(ckpt),
-                          TOY_SAVE_SECONDS="25", PYTHONPATH=str(REPO), LAUNCH_STOP_GRACE="")  # the recipe's
+                          TOY_SAVE_SECONDS="16", PYTHONPATH=str(REPO), LAUNCH_STOP_GRACE="")  # the recipe's
     assert (logs / "stop_grace").read_text().strip() == "60"
     node_log = logs / f"{slurm.node}.log"
     wait_for(lambda: node_log.exists() and "step 1 loss" in node_log.read_text(), 120, "the job to reach step 1")

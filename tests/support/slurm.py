@@ -130,7 +130,7 @@ class SlurmCluster:
             "ReturnToService=2",
             # Short waits: a cancelled or requeued job's processes get SIGTERM, then SIGKILL after KillWait;
             # finished jobs stay visible to scontrol for MinJobAge seconds (the tests read their exit codes).
-            "KillWait=15",
+            "KillWait=10",
             "MinJobAge=600",
             "SchedulerParameters=sched_interval=2",
             "SlurmctldDebug=info",

@@ -75,12 +75,12 @@ def test_comm_clock_counts_blocked_time_in_its_window_only():
 @pytest.mark.multiproc
 def test_the_slowed_rank_is_named(corpus, tmp_path):
     env = dict(worker_env(), RECIPES_TEST_FAULT=f"slow rank={SLOW_RANK} step=1 seconds={SLEEP}")
-    cmd = pretrain_cmd(4, *on_corpus(tmp_path, corpus), "parallel.tp=2", "parallel.pp=2", "training.train_steps=6",
-                       "training.log_interval=2", "checkpoint.save_interval=100")
+    cmd = pretrain_cmd(4, *on_corpus(tmp_path, corpus), "parallel.tp=2", "parallel.pp=2", "training.train_steps=4",
+                       "training.log_interval=1", "checkpoint.save_interval=100")
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-4000:]
     records = train_records(tmp_path)
-    assert [r["step"] for r in records] == [2, 4, 6]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
     micro_batches = 8  # global batch 8, micro-batch 1, DP 1
     for r in records:
         assert r["slowest_rank"] == SLOW_RANK, r
