@@ -15,6 +15,23 @@ from launch.common import REPO_DIR, LaunchError, python, say
 from launch.hostfile import valid_host
 
 
+def _dies_with_launcher() -> list[str]:
+    """A prefix that makes the ssh client die (SIGKILL) when the launcher that started it does, on Linux (util-linux
+    setpriv; nothing where it is missing). Without it a SIGKILLed launcher left its ssh clients running: one still
+    connecting started its remote command after the launcher's guard had stopped the run on every node, and that
+    slice or rank ran on, orphaned. The signal follows the launcher's thread that started the client: every client
+    that outlives its call is started by the launcher's main thread."""
+    global _PREFIX
+    if _PREFIX is None:
+        setpriv = shutil.which("setpriv")
+        ok = setpriv and "--pdeathsig" in subprocess.run([setpriv, "--help"], capture_output=True, text=True).stdout
+        _PREFIX = [setpriv, "--pdeathsig", "KILL", "--"] if ok else []
+    return _PREFIX
+
+
+_PREFIX: list[str] | None = None
+
+
 class Ssh:
     def __init__(self, environ=os.environ):
         self.config = environ.get("LAUNCH_SSH_CONFIG", "")
@@ -28,7 +45,7 @@ class Ssh:
     def argv(self, host: str, command: str) -> list[str]:
         if not valid_host(host):
             raise LaunchError(f"'{host}' is not a host name (letters, digits and _.-[]:, not starting with '-')")
-        return ["ssh", *self.opts, "--", host, command]
+        return [*_dies_with_launcher(), "ssh", *self.opts, "--", host, command]
 
     def run(self, host: str, command: str, input: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=True,

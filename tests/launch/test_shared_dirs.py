@@ -27,6 +27,15 @@ from tests.support.launch import REPO, TOY, TOY_ENTRY, big_prep_corpus, free_por
 from tests.support.launch import tokenize_pids as _tokenize_pids
 
 
+def _slice_pids(out: Path) -> list[int]:
+    def is_slice(pid: int) -> bool:
+        try:
+            return b"--slice" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            return False
+    return [p for p in _tokenize_pids(out) if is_slice(p)]
+
+
 def _victim(tmp_path: Path) -> Path:
     v = tmp_path / "victim"
     v.write_text("precious\n")
@@ -175,24 +184,39 @@ def test_a_planted_heartbeat_host_never_reaches_ssh(ssh_cluster, tmp_path):
 @pytest.mark.ssh
 @pytest.mark.timeout(300)
 def test_kill_9_of_prep_leaves_no_slice_running(ssh_cluster, tmp_path):
+    """prep.sh SIGKILLed once node1's slice runs, while the ssh client of the other node's slice is still connecting
+    (its first connection waits CONNECT_DELAY s in a ProxyCommand; the guard's stop connects at once): node1's slice
+    is stopped by the guard, and the other slice never starts (its client died with the launcher; left alive, it
+    started the slice after the guard had found nothing there, and that slice ran on, orphaned)."""
     config, hostfile = ssh_cluster
+    delay = 10
+    slow_config, slow_hostfile = tmp_path / "ssh_config", tmp_path / "hostfile"
+    node2 = config.read_text().split("Host node2\n")[1].split("Host ")[0]
+    once = tmp_path / "connected_once"
+    slow_config.write_text(config.read_text() + "Host slownode\n" + node2 + f"  ProxyCommand sh -c '[ -e {once} ] || "
+                           f"{{ touch {once}; sleep {delay}; }}; exec ssh -F {config} -W %h:%p node1'\n")
+    slow_hostfile.write_text("node1 slots=2\nslownode slots=2\n")
     corpus, model = big_prep_corpus(tmp_path)
     out = tmp_path / "out"
-    proc = subprocess.Popen(["bash", str(REPO / "launch" / "prep.sh"), "--hostfile", str(hostfile), "--log-dir",
+    proc = subprocess.Popen(["bash", str(REPO / "launch" / "prep.sh"), "--hostfile", str(slow_hostfile), "--log-dir",
                              str(tmp_path / "logs"), "--", str(corpus), "-o", str(out), "-t", model, "--no-fast-path",
-                             "--shard-size", "16M"], cwd=tmp_path, env=launch_env(LAUNCH_SSH_CONFIG=config),
+                             "--shard-size", "16M"], cwd=tmp_path,  # ssh's banner timeout past the delay
+                            env=launch_env(LAUNCH_SSH_CONFIG=slow_config, LAUNCH_SSH_TIMEOUT="30"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 90
-        while len(_tokenize_pids(out)) < 2:
+        while not _slice_pids(out):  # node1's (not the launcher's probe of the inputs, also `data_prep tokenize`)
             assert proc.poll() is None and time.time() < deadline, proc.communicate()
             time.sleep(0.2)
+        assert once.exists() and time.time() < once.stat().st_mtime + delay, "slownode's slice was not connecting"
         os.kill(proc.pid, signal.SIGKILL)  # the launcher only, as the OOM killer would
         proc.communicate(timeout=30)
         deadline = time.time() + 5 + 30  # stop grace + 30 s
         while _tokenize_pids(out) and time.time() < deadline:
             time.sleep(0.5)
         assert not _tokenize_pids(out), "tokenize still running on a node after kill -9 of prep.sh"
+        time.sleep(max(0.0, once.stat().st_mtime + delay + 8 - time.time()))  # past when slownode's would start
+        assert not _tokenize_pids(out), "a slice started after kill -9 of prep.sh"
     finally:
         for p in _tokenize_pids(out):
             os.kill(p, signal.SIGKILL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import shlex
+import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -162,7 +163,9 @@ def test_heartbeats_that_break_a_rule_are_ignored_and_only_plan_hosts_get_signal
 def test_ssh_takes_the_host_as_its_own_argument_after_the_options():
     ssh = Ssh({})
     argv = ssh.argv("node1", "echo hi")
-    assert argv[-3:] == ["--", "node1", "echo hi"] and argv[0] == "ssh" and "BatchMode=yes" in argv
+    assert argv[-3:] == ["--", "node1", "echo hi"] and "BatchMode=yes" in argv
+    # the client dies with the launcher (setpriv, on Linux): no remote command starts after the launcher is gone
+    assert argv[:argv.index("ssh")] == [shutil.which("setpriv"), "--pdeathsig", "KILL", "--"]
     with pytest.raises(Exception, match="not a host name"):
         ssh.argv("-oProxyCommand=x", "true")
 
