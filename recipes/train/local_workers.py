@@ -29,13 +29,24 @@ def run_ranks(world: int, module: str, worker_main, argv: list[str], timeout: fl
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="",
                PYTHONWARNINGS="ignore")
     if _can_fork() and local_ranks.prepare_template(_quiet_imports) is None:
-        return _forked(world, worker_main, argv, env, timeout)
+        return "".join(_forked(world, worker_main, argv, env, timeout))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m", module,
            *argv]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc.stderr
+
+
+def forked_outputs(world: int, worker_main, argv: list[str], env: dict, timeout: float) -> list[str] | None:
+    """`worker_main(argv)` on `world` ranks forked from this process (which imports torch, DeepSpeed and megatron-core
+    first, once for all of them), with `env` and torch.distributed's variables; each rank's output (stdout and
+    stderr). None where forking is unsafe here: the caller starts fresh interpreters instead."""
+    from recipes.train import local_ranks
+
+    if not (_can_fork() and local_ranks.prepare_template(_quiet_imports) is None):
+        return None
+    return _forked(world, worker_main, argv, env, timeout)
 
 
 def cpu_only_workers() -> None:
@@ -56,7 +67,7 @@ def _quiet_imports() -> None:
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
 
 
-def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float) -> str:
+def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float) -> list[str]:
     from recipes.parallel.rendezvous import reserved_port
     from recipes.train import local_ranks
 
@@ -67,10 +78,10 @@ def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float)
         procs = [local_ranks.fork_rank(dict(env, RANK=str(r), LOCAL_RANK=str(r)), argv,
                                        _logged(worker_main, outputs[r])) for r in range(world)]
         failed = _wait(procs, timeout)
-        text = "".join(p.read_text(errors="replace") for p in outputs)
+        texts = [p.read_text(errors="replace") for p in outputs]
     if failed:
-        raise RuntimeError(f"{failed}:\n{text[-6000:]}")
-    return text
+        raise RuntimeError(f"{failed}:\n{''.join(texts)[-6000:]}")
+    return texts
 
 
 def _logged(worker_main, path: Path):
