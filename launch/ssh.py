@@ -3,6 +3,7 @@ BatchMode (never hang on a password prompt), a connect timeout. A host is always
 with the hostfile's host rule; only text this launcher rendered (every word quoted) becomes the remote command."""
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -15,21 +16,16 @@ from launch.common import REPO_DIR, LaunchError, python, say
 from launch.hostfile import valid_host
 
 
-def _dies_with_launcher() -> list[str]:
+@functools.cache
+def _dies_with_launcher() -> tuple[str, ...]:
     """A prefix that makes the ssh client die (SIGKILL) when the launcher that started it does, on Linux (util-linux
     setpriv; nothing where it is missing). Without it a SIGKILLed launcher left its ssh clients running: one still
     connecting started its remote command after the launcher's guard had stopped the run on every node, and that
     slice or rank ran on, orphaned. The signal follows the launcher's thread that started the client: every client
     that outlives its call is started by the launcher's main thread."""
-    global _PREFIX
-    if _PREFIX is None:
-        setpriv = shutil.which("setpriv")
-        ok = setpriv and "--pdeathsig" in subprocess.run([setpriv, "--help"], capture_output=True, text=True).stdout
-        _PREFIX = [setpriv, "--pdeathsig", "KILL", "--"] if ok else []
-    return _PREFIX
-
-
-_PREFIX: list[str] | None = None
+    setpriv = shutil.which("setpriv")
+    ok = setpriv and "--pdeathsig" in subprocess.run([setpriv, "--help"], capture_output=True, text=True).stdout
+    return (setpriv, "--pdeathsig", "KILL", "--") if ok else ()
 
 
 class Ssh:

@@ -30,14 +30,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-from recipes.parallel.rendezvous import reserved_port
 from recipes.train import local_workers
 from recipes.config.cli_help import command_parser
 
@@ -179,29 +177,10 @@ def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONWARNINGS="ignore",
                CUDA_VISIBLE_DEVICES="")
     outputs = local_workers.forked_outputs(ranks, main, argv, env, timeout)
-    if outputs is not None:  # a rank's figures are the last line it printed that is a JSON object
-        return [json.loads(next(x for x in reversed(o.splitlines()) if x.startswith("{"))) for o in outputs]
-    with reserved_port() as port:  # held until the workers are done (recipes.parallel.rendezvous)
-        procs = []
-        for rank in range(ranks):
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            cmd = [sys.executable, "-m", "recipes", "measure-save-stall", *argv]
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        results = []
-        try:
-            for p in procs:
-                stdout, stderr = p.communicate(timeout=timeout)
-                if p.returncode != 0:
-                    raise RuntimeError(f"measure-save-stall worker failed ({p.returncode}):\n{stderr[-4000:]}")
-                results.append(json.loads(stdout.strip().splitlines()[-1]))
-        finally:
-            for p in procs:  # nothing outlives the measurement
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        return results
+    if outputs is None:
+        outputs = local_workers.fresh_outputs(ranks, [sys.executable, "-m", "recipes", "measure-save-stall", *argv],
+                                              env, timeout)
+    return [local_workers.last_json(o) for o in outputs]
 
 
 def main(argv=None) -> int:

@@ -17,11 +17,10 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from recipes.parallel.rendezvous import reserved_port
+from recipes.train import local_workers
 from recipes.config.cli_help import command_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,22 +106,11 @@ def _measure_stage(recipe, layout, device) -> dict:
 
 def measure(recipe_path: str, overrides: list[str], stages: list[int], dp: int, timeout: int = 600) -> list[list]:
     """Run `dp` local processes that measure each ZeRO stage in turn; per rank, a list of per-stage results."""
-    with reserved_port() as port:  # held until the workers are done (recipes.parallel.rendezvous)
-        procs = []
-        for rank in range(dp):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
-            cmd = [sys.executable, "-m", "recipes", "measure-zero", recipe_path, *overrides, "--worker",
-                   "--stages", ",".join(map(str, stages)), "--dp", str(dp)]
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        out = []
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"measure worker failed ({p.returncode}):\n{stderr[-4000:]}")
-            out.append(json.loads(stdout.strip().splitlines()[-1]))
-        return out
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "recipes", "measure-zero", recipe_path, *overrides, "--worker",
+           "--stages", ",".join(map(str, stages)), "--dp", str(dp)]
+    # fresh interpreters, never forks: a fork's inherited heap would be counted in the live-tensor census
+    return [local_workers.last_json(o) for o in local_workers.fresh_outputs(dp, cmd, env, timeout)]
 
 
 def main(argv=None) -> int:

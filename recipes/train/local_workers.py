@@ -10,6 +10,7 @@ no rank outlives the call (killed on failure or timeout; a forked rank also dies
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,12 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 def run_ranks(world: int, module: str, worker_main, argv: list[str], timeout: float) -> str:
     """`python -m MODULE ARGV` on `world` local CPU ranks (`worker_main(argv)` is that module's main); returns the
     ranks' stderr."""
-    from recipes.train import local_ranks
-
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="",
                PYTHONWARNINGS="ignore")
-    if _can_fork() and local_ranks.prepare_template(_quiet_imports) is None:
-        return "".join(_forked(world, worker_main, argv, env, timeout))
+    outputs = forked_outputs(world, worker_main, argv, env, timeout)
+    if outputs is not None:
+        return "".join(outputs)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m", module,
            *argv]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -47,6 +47,43 @@ def forked_outputs(world: int, worker_main, argv: list[str], env: dict, timeout:
     if not (_can_fork() and local_ranks.prepare_template(_quiet_imports) is None):
         return None
     return _forked(world, worker_main, argv, env, timeout)
+
+
+def fresh_outputs(world: int, cmd: list[str], env: dict, timeout: float) -> list[str]:
+    """`cmd` as `world` fresh interpreters (RANK, WORLD_SIZE, MASTER_* added to `env`, rank 0's port held meanwhile);
+    each one's stdout. RuntimeError with its stderr if one fails; none outlives the call."""
+    from recipes.parallel.rendezvous import reserved_port
+
+    with reserved_port() as port:
+        procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+                 for r in range(world)]
+        try:
+            outputs = []
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=timeout)
+                if p.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd[1:4])} worker failed ({p.returncode}):\n{stderr[-4000:]}")
+                outputs.append(stdout)
+            return outputs
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def last_json(output: str):
+    """The last line of a worker's output that is a JSON object or array (what the measure tools' workers print last;
+    a forked rank's output also holds its log lines)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(("{", "[")):
+            try:
+                return json.loads(line)
+            except ValueError:  # a log line such as "[2026-12-03 ...] ..."
+                continue
+    raise RuntimeError(f"no JSON line in the worker's output:\n{output[-2000:]}")
 
 
 def cpu_only_workers() -> None:
