@@ -203,6 +203,8 @@ def main(argv=None) -> int:
                                    args.gap)),
               flush=True)
         return 0
+    if args.dir and not Path(args.dir).is_dir():
+        ap.error(f"--dir {args.dir}: no such directory (give an existing directory on the file system to measure)")
     local_workers.cpu_only_workers()  # the ranks train on CPU: no GPU seen here either, so that they can be forked
     placements = ("pinned", "unpinned") if args.placement == "both" else (args.placement,)
     if "pinned" in placements:

@@ -50,3 +50,12 @@ def test_measure_save_stall_pinned_and_unpinned(tmp_path):
     assert list(tmp_path.iterdir()) == []
     out = _run(tmp_path, "--ranks", str(len(os.sched_getaffinity(0))), "--placement", "pinned")
     assert out.returncode != 0 and "needs 2 cores per rank" in out.stderr, out.stderr[-2000:]
+
+
+def test_a_missing_dir_is_one_line_before_any_rank_starts(tmp_path, capsys):
+    from recipes.tools.measure_save_stall import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--dir", str(tmp_path / "missing"), "--ranks", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--dir {tmp_path / 'missing'}: no such directory" in err and "Traceback" not in err
