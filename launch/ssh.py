@@ -28,6 +28,32 @@ def _dies_with_launcher() -> tuple[str, ...]:
     return (setpriv, "--pdeathsig", "KILL", "--") if ok else ()
 
 
+SHIM_PREFIX = "launch-ssh."
+
+
+def _remove_stale_shims(tmp: str | None = None) -> None:
+    """A SIGKILLed launcher cannot remove its ssh shim's directory (``Ssh.close``): the next launch removes this
+    user's directories whose launcher is gone (the pid in the name; one that is alive, or another user's, is kept)."""
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(SHIM_PREFIX):].split(".")[0]
+        if not (name.startswith(SHIM_PREFIX) and pid.isdigit()):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # gone meanwhile, or a live process of another user
+            pass
+
+
 class Ssh:
     def __init__(self, environ=os.environ):
         self.config = environ.get("LAUNCH_SSH_CONFIG", "")
@@ -75,7 +101,8 @@ class Ssh:
             real = shutil.which("ssh")
             if not real:
                 raise LaunchError("ssh is not installed (apt-get install openssh-client)")
-            self._shim_dir = tempfile.mkdtemp(prefix="launch-ssh.")
+            _remove_stale_shims()
+            self._shim_dir = tempfile.mkdtemp(prefix=f"{SHIM_PREFIX}{os.getpid()}.")
             shim = os.path.join(self._shim_dir, "ssh")
             with open(shim, "w") as f:
                 f.write(f'#!/bin/sh\nexec {shlex.quote(real)} -F {shlex.quote(self.config)} "$@"\n')

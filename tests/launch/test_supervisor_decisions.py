@@ -170,6 +170,35 @@ def test_ssh_takes_the_host_as_its_own_argument_after_the_options():
         ssh.argv("-oProxyCommand=x", "true")
 
 
+
+def test_the_ssh_shim_dir_of_a_killed_launcher_is_removed_by_the_next_launch(tmp_path, monkeypatch):
+    """A SIGKILLed launcher leaves its ssh shim's directory in the temp dir; the next launch removes it (its pid is
+    gone), and keeps a live launcher's and anything not named like one."""
+    import os
+    import tempfile
+
+    from launch import ssh as ssh_mod
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale, live, other = (tmp_path / f"launch-ssh.{gone.pid}.x1", tmp_path / f"launch-ssh.{os.getpid()}.x2",
+                          tmp_path / "launch-ssh.notes")
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "ssh").write_text("#!/bin/sh\n")
+    config = tmp_path / "ssh_config"
+    config.write_text("Host node1\n")
+    ssh = Ssh({"LAUNCH_SSH_CONFIG": str(config)})
+    shim = Path(ssh.tool_env()["PATH"].split(":")[0])
+    assert not stale.exists() and live.exists() and other.exists()
+    assert shim.parent == tmp_path and shim.name.startswith(f"launch-ssh.{os.getpid()}.")
+    assert f"-F {config}" in (shim / "ssh").read_text()
+    ssh.close()
+    assert not shim.exists()
+    ssh_mod._remove_stale_shims(str(tmp_path))  # a live pid is never taken for a dead one
+    assert live.exists()
+
 # --- rendering: the back ends from data ------------------------------------------------------------------------
 
 def _launch(tmp_path, backend_nodes=(("n1", 2), ("n2", 2)), **kw) -> Launch:
