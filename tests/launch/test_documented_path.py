@@ -19,7 +19,10 @@ from tests.support import rank_forks
 from tests.support.launch import REPO, launch_env
 from tests.support.s3 import s3_server
 
-STEPS = 32  # long enough that a stop lands before the end on a loaded machine (2 test workers on 2 cores)
+# Long enough that the stop lands before the end: it is requested once the restarted job reaches step 8 and takes
+# effect ~2-3 s later (stop.sh's start, its ssh to each node); at 32 steps (~0.15 s each on an unloaded machine) the
+# run once finished first.
+STEPS = 64
 GLOBAL_BATCH, SEQ = 8, 64  # configs/models/tiny: seq_length 64
 
 
@@ -93,7 +96,7 @@ def wait_for(what, deadline: float, proc) -> None:
     while not what():
         assert proc.poll() is None, f"the run ended early:\n{proc.stderr.read()[-5000:]}"
         assert time.time() < deadline, "timed out"
-        time.sleep(1)
+        time.sleep(0.2)
 
 
 def launch_kill_restart_stop(recipe: Path, hostfile: Path, logs: Path, ckpt: Path, env):
