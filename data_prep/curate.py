@@ -34,7 +34,7 @@ import orjson
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import WorkerDied, make_executor, select_slice
+from data_prep.executors.base import WorkerDied, make_executor, select_slice, session as executor_session
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
 from data_prep.settings import DEFAULT_MAX_RECORD, STAGES, check_locations
@@ -171,7 +171,13 @@ def _waiting(settings, stage: str, missing_stage: str, what: str) -> None:
 
 
 def run(settings: CurateSettings) -> Optional[dict]:
-    """Curate (this slice of) the units; returns curation.json's content once every unit is complete, else None."""
+    """Curate (this slice of) the units; returns curation.json's content once every unit is complete, else None.
+    Its passes share one executor (one private Ray instance for the whole command)."""
+    with executor_session():
+        return _run(settings)
+
+
+def _run(settings: CurateSettings) -> Optional[dict]:
     if settings.stage not in STAGES:
         raise ValueError(f"--stage must be one of {', '.join(STAGES)}, got {settings.stage!r}")
     settings.check_locations()  # before the output is probed

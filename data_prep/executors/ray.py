@@ -1,9 +1,9 @@
 """The Ray executor: each unit is one Ray task (1 CPU, retried twice if its worker dies).
 
 Joins the cluster named by ``address`` (``--ray-address``: e.g. auto, ray://head:10001) or starts a private local
-instance of ``workers`` CPUs (and stops it after the run). Every Ray node must import data_prep from the same
-environment (the package installed in the venv, on a shared file system) and see the inputs and the output
-directory at the same paths.
+instance of ``workers`` CPUs (and stops it after the run, or after the command's last run: ``base.session``).
+Every Ray node must import data_prep from the same environment (the package installed in the venv, on a shared file
+system) and see the inputs and the output directory at the same paths.
 
 A Ray cluster runs whatever code anyone who reaches it submits, as the user who started it. So the local instance
 is private (docs/cluster.md, "What must be trusted"):
@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from typing import Optional
 
@@ -119,26 +120,37 @@ def _join(ray, address: str) -> None:
 
 
 class RayExecutor(Executor):
-    def __init__(self, workers: int, address: Optional[str] = None):
+    """``keep``: the private instance (and the environment it needs) stays up between runs until ``close``
+    (``base.session``); otherwise each run starts and stops its own."""
+
+    def __init__(self, workers: int, address: Optional[str] = None, keep: bool = False):
         refuse_implicit_address(address)
         self.workers, self.address = workers, address
+        self._kept = contextlib.ExitStack() if keep else None
 
     def run(self, task, units, on_result, bar) -> None:
-        with contextlib.ExitStack() as stack:
-            temp_dir = stack.enter_context(private_cluster_env()) if self.address is None else None
-            try:
-                import ray  # after private_cluster_env: Ray reads SINGLE_MACHINE_ENV at import
-            except ImportError as e:
-                raise RuntimeError("--executor ray needs the ray package (pip install ray, as pinned in "
-                                   "requirements.txt)") from e
-            started = not ray.is_initialized()
-            if started:
-                _start_private(ray, self.workers, temp_dir) if temp_dir else _join(ray, self.address)
-            try:
-                self._run_tasks(ray, task, units, on_result)
-            finally:
-                if started:
-                    ray.shutdown()
+        with contextlib.ExitStack() as this_run:
+            ray = self._started(self._kept if self._kept is not None else this_run)
+            self._run_tasks(ray, task, units, on_result)
+
+    def close(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
+
+    def _started(self, stack: contextlib.ExitStack):
+        """ray, initialized: by this executor (its stop and environment's restore pushed on ``stack``) unless it
+        already was (an earlier run kept in a session, or the caller's own ray.init)."""
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            return sys.modules["ray"]
+        temp_dir = stack.enter_context(private_cluster_env()) if self.address is None else None
+        try:
+            import ray  # after private_cluster_env: Ray reads SINGLE_MACHINE_ENV at import
+        except ImportError as e:
+            raise RuntimeError("--executor ray needs the ray package (pip install ray, as pinned in "
+                               "requirements.txt)") from e
+        _start_private(ray, self.workers, temp_dir) if temp_dir else _join(ray, self.address)
+        stack.callback(ray.shutdown)
+        return ray
 
     @staticmethod
     def _run_tasks(ray, task, units, on_result) -> None:

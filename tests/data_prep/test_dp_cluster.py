@@ -260,10 +260,16 @@ def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_m
 
 
 @pytest.mark.multiproc
-def test_curate_on_ray_equals_local(tmp_path, corpus):
-    """Filter + exact + MinHash dedup on a local Ray instance: the same files as one local worker."""
+def test_curate_on_ray_equals_local(tmp_path, corpus, monkeypatch):
+    """Filter + exact + MinHash dedup on a local Ray instance: the same files as one local worker. Its three passes
+    (hash, buckets, filter) share one private Ray instance."""
     from data_prep.curate import CurateSettings
     from data_prep.curate import run as curate
+    from data_prep.executors import ray as ray_executor
+
+    starts = []
+    start = ray_executor._start_private
+    monkeypatch.setattr(ray_executor, "_start_private", lambda *a: (starts.append(a), start(*a))[1])
 
     quality = {"quality": {"min_words": 20, "min_stop_words": 0, "min_punctuation_line_fraction": None}}
     # Six exact copies, in another unit, of documents the quality rule keeps (found by a quality-only run): a copy of
@@ -284,6 +290,8 @@ def test_curate_on_ray_equals_local(tmp_path, corpus):
         texts = _kept_texts(m, outs[kind])
         assert len(texts) == len(set(texts)) and set(texts) <= set(kept)  # no copy survives; the rule still holds
     assert tree_bytes(outs["ray"]) == tree_bytes(outs["local"])
+    assert len(starts) == 1  # one instance for the three passes, stopped at the end
+    assert not __import__("ray").is_initialized()
 
 
 def _kept_texts(manifest, out):
