@@ -155,7 +155,8 @@ def test_the_documented_cluster_path_end_to_end(ssh_cluster, tmp_path):
     assert "zero_stage: 0" in recipe.read_text()
     one = tmp_path / "hosts1"
     one.write_text("node1 slots=2\n")
-    relaunch = ["bash", REPO / "launch" / "train.sh", recipe, "--hostfile", one, "--log-dir", tmp_path / "l2", "--quiet"]
+    relaunch = ["bash", REPO / "launch" / "train.sh", recipe, "--hostfile", one, "--log-dir", tmp_path / "l2",
+                "--quiet"]
     refused = run(relaunch, env, check=False)
     assert refused.returncode == 3 and "Fix: set parallel.dp=2" in refused.stderr, refused.stderr
     assert not (tmp_path / "l2" / "attempt-1").exists()  # nothing started
