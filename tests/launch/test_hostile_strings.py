@@ -4,12 +4,11 @@ the script itself run with stand-ins for srun and scontrol). The rank's recipe h
 created. The DeepSpeed runner pastes paths unquoted into its remote command, so a venv with spaces is refused there
 with the fix."""
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.support import rank_forks
 from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
@@ -17,8 +16,8 @@ pytestmark = [pytest.mark.ssh, pytest.mark.timeout(240)]
 
 @pytest.fixture
 def hostile(tmp_path):
-    venv = tmp_path / "my venv"
-    venv.symlink_to((REPO / ".venv").resolve())
+    venv = tmp_path / "my venv"  # the launcher tests' venv (its python and torchrun fork from a pre-imported template)
+    venv.symlink_to(rank_forks.venv())
     marker = tmp_path / "pwned"
     return {"venv": venv, "logs": tmp_path / "run logs", "marker": marker, "out": tmp_path / "out.json",
             "name": f"it's $(touch {marker})"}
@@ -62,14 +61,15 @@ def test_slurm_script(hostile, tmp_path):
     script = hostile["logs"] / "job.sbatch"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     # Run the job script as Slurm would on its one node: srun runs its command once with the task's variables.
-    # The script sets PATH to the venv's bin first: the stand-ins go there, in a venv made of links to the real one.
+    # The script sets PATH to the venv's bin first: the stand-ins go there, in a venv made of links to the real one
+    # (python and torchrun: the launcher tests' forking ones).
     real = (REPO / ".venv").resolve()
     hostile["venv"].unlink()
     fake = hostile["venv"] / "bin"
     fake.mkdir(parents=True)
     (hostile["venv"] / "lib").symlink_to(real / "lib")
     (hostile["venv"] / "pyvenv.cfg").symlink_to(real / "pyvenv.cfg")
-    for f in (real / "bin").iterdir():
+    for f in (rank_forks.venv() / "bin").iterdir():
         (fake / f.name).symlink_to(f)
     (fake / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
     (fake / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n'
