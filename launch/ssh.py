@@ -7,6 +7,7 @@ import functools
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +32,16 @@ def _dies_with_launcher() -> tuple[str, ...]:
 SHIM_PREFIX = "launch-ssh."
 
 
+def _shim_prefix(pid: int) -> str:
+    """The shim dir's name up to mkdtemp's suffix: the launcher's pid and host (a temp dir shared between hosts
+    keeps another host's)."""
+    return f"{SHIM_PREFIX}{pid}.{socket.gethostname()}."
+
+
 def _remove_stale_shims(tmp: str | None = None) -> None:
     """A SIGKILLed launcher cannot remove its ssh shim's directory (``Ssh.close``): the next launch removes this
-    user's directories whose launcher is gone (the pid in the name; one that is alive, or another user's, is kept)."""
+    user's directories on this host whose launcher is gone (the pid in the name; one that is alive, or another
+    user's or host's, is kept)."""
     tmp = tmp or tempfile.gettempdir()
     try:
         names = os.listdir(tmp)
@@ -41,7 +49,7 @@ def _remove_stale_shims(tmp: str | None = None) -> None:
         return
     for name in names:
         pid = name[len(SHIM_PREFIX):].split(".")[0]
-        if not (name.startswith(SHIM_PREFIX) and pid.isdigit()):
+        if not (name.startswith(SHIM_PREFIX) and pid.isdigit() and name.startswith(_shim_prefix(int(pid)))):
             continue
         path = os.path.join(tmp, name)
         try:
@@ -102,7 +110,7 @@ class Ssh:
             if not real:
                 raise LaunchError("ssh is not installed (apt-get install openssh-client)")
             _remove_stale_shims()
-            self._shim_dir = tempfile.mkdtemp(prefix=f"{SHIM_PREFIX}{os.getpid()}.")
+            self._shim_dir = tempfile.mkdtemp(prefix=_shim_prefix(os.getpid()))
             shim = os.path.join(self._shim_dir, "ssh")
             with open(shim, "w") as f:
                 f.write(f'#!/bin/sh\nexec {shlex.quote(real)} -F {shlex.quote(self.config)} "$@"\n')

@@ -175,6 +175,7 @@ def test_the_ssh_shim_dir_of_a_killed_launcher_is_removed_by_the_next_launch(tmp
     """A SIGKILLed launcher leaves its ssh shim's directory in the temp dir; the next launch removes it (its pid is
     gone), and keeps a live launcher's and anything not named like one."""
     import os
+    import socket
     import tempfile
 
     from launch import ssh as ssh_mod
@@ -182,17 +183,19 @@ def test_the_ssh_shim_dir_of_a_killed_launcher_is_removed_by_the_next_launch(tmp
     gone = subprocess.Popen(["true"])
     gone.wait()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    stale, live, other = (tmp_path / f"launch-ssh.{gone.pid}.x1", tmp_path / f"launch-ssh.{os.getpid()}.x2",
-                          tmp_path / "launch-ssh.notes")
-    for d in (stale, live, other):
+    host = socket.gethostname()
+    stale, live = tmp_path / f"launch-ssh.{gone.pid}.{host}.x1", tmp_path / f"launch-ssh.{os.getpid()}.{host}.x2"
+    other = tmp_path / "launch-ssh.notes"
+    elsewhere = tmp_path / f"launch-ssh.{gone.pid}.another-host.x3"  # a temp dir shared with another host
+    for d in (stale, live, other, elsewhere):
         d.mkdir()
         (d / "ssh").write_text("#!/bin/sh\n")
     config = tmp_path / "ssh_config"
     config.write_text("Host node1\n")
     ssh = Ssh({"LAUNCH_SSH_CONFIG": str(config)})
     shim = Path(ssh.tool_env()["PATH"].split(":")[0])
-    assert not stale.exists() and live.exists() and other.exists()
-    assert shim.parent == tmp_path and shim.name.startswith(f"launch-ssh.{os.getpid()}.")
+    assert not stale.exists() and live.exists() and other.exists() and elsewhere.exists()
+    assert shim.parent == tmp_path and shim.name.startswith(f"launch-ssh.{os.getpid()}.{host}.")
     assert f"-F {config}" in (shim / "ssh").read_text()
     ssh.close()
     assert not shim.exists()
