@@ -49,7 +49,7 @@ def _remove_stale_shims(tmp: str | None = None) -> None:
         return
     for name in names:
         pid = name[len(SHIM_PREFIX):].split(".")[0]
-        if not (name.startswith(SHIM_PREFIX) and pid.isdigit() and name.startswith(_shim_prefix(int(pid)))):
+        if not (pid.isdigit() and name.startswith(_shim_prefix(int(pid)))):  # this host's, named by a launcher
             continue
         path = os.path.join(tmp, name)
         try:

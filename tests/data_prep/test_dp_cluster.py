@@ -291,7 +291,9 @@ def test_curate_on_ray_equals_local(tmp_path, corpus, monkeypatch):
         assert len(texts) == len(set(texts)) and set(texts) <= set(kept)  # no copy survives; the rule still holds
     assert tree_bytes(outs["ray"]) == tree_bytes(outs["local"])
     assert len(starts) == 1  # one instance for the three passes, stopped at the end
-    assert not __import__("ray").is_initialized()
+    import ray  # imported by the runs above, under the private instance's environment
+
+    assert not ray.is_initialized()
 
 
 def _kept_texts(manifest, out):
