@@ -81,18 +81,21 @@ def test_expert_parallel_layout_matches_single_process(name, reference, corpus, 
 def test_capacity_factor_drops_the_same_tokens_under_expert_parallelism(capacity_reference, corpus, tmp_path):
     """capacity_factor=1.0: each expert takes at most 32 of a micro-batch's 64 x 2 assignments, per rank. The
     1-process run counts its drops (equal to a direct count: tests/training/test_moe_layer.py); EP2 x DP2 routes and
-    drops exactly the same tokens while the two runs' weights differ only by float summation order (steps 1-4 here).
-    After that, dropping is a discontinuity that amplifies those differences: a router logit near a tie flips, the
-    flip moves other tokens across an expert's capacity (measured: 17 assignments differ at step 5, 65 at step 7, and
-    the losses by 4e-5), so later steps are compared by their drops' existence, not their identity."""
+    drops the same tokens while the two runs' weights differ only by float summation order (steps 1-4 here), up to a
+    near-tie: one router choice flipped at step 3 in one run of many (one assignment moved, one more token dropped),
+    as the dropless layouts allow. After that, dropping is a discontinuity that amplifies those differences: a flip
+    moves other tokens across an expert's capacity (measured: 17 assignments differ at step 5, 65 at step 7, and the
+    losses by 4e-5), so later steps are compared by their drops' existence, not their identity."""
     assert all(r["moe_dropped_tokens"] > 0 for r in capacity_reference.values()), "capacity 1.0 should drop"
     assert all(max(max(t) for t in r["moe_tokens_per_expert"]) <= 8 * 32 for r in capacity_reference.values())
     got = _run(4, tmp_path, corpus, *CAPACITY, "parallel.ep=2")
     assert sorted(got) == sorted(capacity_reference) == list(range(1, STEPS + 1))
     for s in range(1, 5):
         ref = capacity_reference[s]
-        assert got[s]["moe_tokens_per_expert"] == ref["moe_tokens_per_expert"], s
-        assert got[s]["moe_dropped_tokens"] == ref["moe_dropped_tokens"], s
+        for mine, theirs in zip(got[s]["moe_tokens_per_expert"], ref["moe_tokens_per_expert"], strict=True):
+            assert sum(abs(a - b) for a, b in zip(mine, theirs)) <= 2, (s, got[s]["moe_tokens_per_expert"],
+                                                                         ref["moe_tokens_per_expert"])
+        assert abs(got[s]["moe_dropped_tokens"] - ref["moe_dropped_tokens"]) <= 2, s
         assert _rel(got[s]["loss"], ref["loss"]) <= REL_TOL, (s, got[s]["loss"], ref["loss"])
     assert all(r["moe_dropped_tokens"] > 0 for r in got.values())
 
