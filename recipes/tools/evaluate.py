@@ -30,6 +30,7 @@ from pathlib import Path
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
 from recipes.config.cli_help import command_parser
+from recipes.tools import eval_names
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +71,19 @@ def _shipped(name: str) -> bool:
     return (TASKS_DIR / f"{name}.yaml").is_file()
 
 
-def task_manager(include_path: str | None, names: list[str]):
+def task_manager(include_path: str | None, names: list[str], builtin_dir: Path | None = None,
+                 cache_dir: Path | None = None):
     """lm-eval's TaskManager: its own tasks, plus those of `include_path`, none of which may take a known name. With
     no folder and only tasks shipped here (`names`; they go to lm-eval as configs), an empty one: indexing lm-eval's
-    ~14,700 task YAMLs costs ~9 s of CPU that such a run never uses.
+    ~14,700 task YAMLs costs ~9-13 s of CPU that such a run never uses.
 
     lm-eval lets a task of an include path replace a built-in one of the same name with only a log warning, so a
-    folder could run its code under a name users trust (`arc_easy`). The index is built with the folder *first* and
-    lm-eval's own tasks after it (a later path wins): a name of the folder whose entry is then not the folder's own
-    is a known name. One scan of lm-eval's ~14,000 names, as without a folder."""
+    folder could run its code under a name users trust (`arc_easy`): a folder name that lm-eval or this package ships
+    is refused. When the run needs only the folder's tasks (and shipped ones), lm-eval's names come from a cache
+    (recipes/tools/eval_names.py) and only the folder is indexed; otherwise the index is built with the folder
+    *first* and lm-eval's own tasks after it (a later path wins): a name of the folder whose entry is then not the
+    folder's own is a known name, and that index refreshes the cache. `builtin_dir` and `cache_dir` (for tests):
+    lm-eval's task tree and the cache's folder."""
     from lm_eval.tasks import TaskManager
 
     if not include_path:
@@ -87,18 +92,47 @@ def task_manager(include_path: str | None, names: list[str]):
     if not folder.is_dir():
         raise FileNotFoundError(f"--include-path {include_path}: no such directory (give a folder of lm-eval task "
                                 "YAMLs)")
-    own = TaskManager(include_path=str(folder), include_defaults=False).task_index
-    builtin_dir = Path(sys.modules[TaskManager.__module__].__file__).parent  # what include_defaults scans
-    merged = TaskManager(include_path=[str(folder), str(builtin_dir)], include_defaults=False)
+    own_manager = TaskManager(include_path=str(folder), include_defaults=False)
+    own = own_manager.task_index
+    builtin_dir = builtin_dir or Path(sys.modules[TaskManager.__module__].__file__).parent  # include_defaults' tree
+    if folder_suffices(own, names):
+        manager, known = own_manager, eval_names.builtin_names(builtin_dir, cache_dir)
+    else:
+        manager = TaskManager(include_path=[str(folder), str(builtin_dir)], include_defaults=False)
+        known = {name for name, entry in manager.task_index.items() if own.get(name) != entry}
+        eval_names.store_names(builtin_dir, known, cache_dir)
     shipped = {p.stem for p in TASKS_DIR.glob("*.yaml")}
     for name, entry in sorted(own.items()):
-        if name in shipped or merged.task_index.get(name) != entry:
+        if name in shipped or name in known:
             kind = entry.kind.name.lower().removeprefix("py_")  # task, group or tag
-            known = f"a task shipped in {TASKS_DIR}" if name in shipped else "a task lm-eval ships"
+            where = f"a task shipped in {TASKS_DIR}" if name in shipped else "a task lm-eval ships"
             raise RecipeError(f"--include-path {folder}: {kind} '{name}' ({entry.yaml_path or folder}) has the name "
-                              f"of {known}; a task folder is code (lm-eval imports the .py files its YAML names with "
+                              f"of {where}; a task folder is code (lm-eval imports the .py files its YAML names with "
                               f"!function) and must not replace a known task: rename it (e.g. my_{name})")
-    return merged
+    return manager
+
+
+def folder_suffices(own: dict, names: list[str]) -> bool:
+    """Whether the folder's own index runs `names`: each is shipped here or the folder's, and every member its groups
+    list by name is the folder's too (a group may list lm-eval's tasks, which only the full index holds)."""
+    if not all(_shipped(n) or n in own for n in names):
+        return False
+    return all(ref in own for entry in own.values() if entry.kind.name == "GROUP"
+               for ref in _member_names((entry.cfg or {}).get("task")))
+
+
+def _member_names(members):
+    """The names a group's `task:` list refers to: plain names, dict members' `task`, inline groups' members."""
+    for m in members if isinstance(members, list) else [members]:
+        if isinstance(m, str):
+            yield m
+        elif isinstance(m, dict):  # an inline group lists members itself; a dict task names one (with overrides)
+            if "group" not in m and isinstance(m.get("task"), str):
+                yield m["task"]
+            else:
+                yield from _member_names(m.get("task"))
+        elif m is not None:
+            yield str(m)
 
 
 def _as_jsonl(path: Path, tmp: Path) -> Path:

@@ -100,9 +100,12 @@ def test_a_folder_task_named_like_a_builtin_is_refused_before_its_code_runs(tmp_
     model = tiny_model(tmp_path / "model", ["def f(x):\n    return x + 1\n", "1 + 1 = 2\n"] * 20)
     marker = tmp_path / "payload_ran"
 
+    cache = tmp_path / "cache"  # lm-eval's names: indexed by the first call, read by the next
+
     def evaluate(folder: Path, task: str):
         return recipes_cli(["evaluate", "--model", str(model), "--include-path", str(folder), "--tasks", task,
-                            "--limit", "1", "--batch-size", "1"], env=dict(os.environ), timeout=900)
+                            "--limit", "1", "--batch-size", "1"], env=dict(os.environ, XDG_CACHE_HOME=str(cache)),
+                           timeout=900)
 
     shadow = task_folder(tmp_path / "shadow", "arc_easy", marker)
     r = evaluate(shadow, "arc_easy")
@@ -110,6 +113,8 @@ def test_a_folder_task_named_like_a_builtin_is_refused_before_its_code_runs(tmp_
     assert f"--include-path {shadow}: task 'arc_easy' ({shadow / 'arc_easy.yaml'}) has the name of a task " \
            "lm-eval ships" in r.stderr, r.stderr[-3000:]
     assert not marker.exists()  # refused before lm-eval imported the folder's code
+    (cached,) = (cache / "recipes").glob("lm_eval_names-*.json")  # (a warm cache refuses too: test_eval_names.py)
+    assert "arc_easy" in json.loads(cached.read_text())["names"]
     # the same folder under its own name runs, and its code with it: the refusal above is about the name
     own = task_folder(tmp_path / "own", "my_arc_easy", marker)
     r = evaluate(own, "my_arc_easy")
