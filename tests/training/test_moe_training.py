@@ -26,6 +26,7 @@ MOE = ["model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.layer_pattern=
        "model.moe.shared_expert_ffn_size=64", "model.moe.shared_expert_gate=true", "model.moe.aux_loss_coeff=0.01",
        "model.moe.z_loss_coeff=0.001", f"training.train_steps={STEPS}"]
 CAPACITY = ["model.moe.capacity_factor=1.0"]
+ROUTING_SLACK = 8  # assignments of a layer (of 8 x 64 x 2 = 1,024 per step) or drops that near-ties may move
 
 
 def _run(n, run_dir, corpus, *overrides, timeout=600):
@@ -81,11 +82,12 @@ def test_expert_parallel_layout_matches_single_process(name, reference, corpus, 
 def test_capacity_factor_drops_the_same_tokens_under_expert_parallelism(capacity_reference, corpus, tmp_path):
     """capacity_factor=1.0: each expert takes at most 32 of a micro-batch's 64 x 2 assignments, per rank. The
     1-process run counts its drops (equal to a direct count: tests/training/test_moe_layer.py); EP2 x DP2 routes and
-    drops the same tokens while the two runs' weights differ only by float summation order (steps 1-4 here), up to a
-    near-tie: one router choice flipped at step 3 in one run of many (one assignment moved, one more token dropped),
-    as the dropless layouts allow. After that, dropping is a discontinuity that amplifies those differences: a flip
-    moves other tokens across an expert's capacity (measured: 17 assignments differ at step 5, 65 at step 7, and the
-    losses by 4e-5), so later steps are compared by their drops' existence, not their identity."""
+    drops the same tokens while the two runs' weights differ only by float summation order (steps 1-4 here) but for
+    near-ties: a router logit within rounding of a tie flips, and the flip can push a token over or under an expert's
+    capacity. Measured: steps 1-2 identical, then 1-3 of a layer's 1,024 assignments and 3 of ~850 drops differ at
+    steps 3-4 on this AMD EPYC VM (none at steps 1-4 on an earlier machine), so up to ROUTING_SLACK is allowed there.
+    After that, dropping amplifies the differences (here 11-19 assignments at steps 5-6, the losses by 3e-5 at step
+    7), so later steps are compared by their drops' existence, not their identity."""
     assert all(r["moe_dropped_tokens"] > 0 for r in capacity_reference.values()), "capacity 1.0 should drop"
     assert all(max(max(t) for t in r["moe_tokens_per_expert"]) <= 8 * 32 for r in capacity_reference.values())
     got = _run(4, tmp_path, corpus, *CAPACITY, "parallel.ep=2")
@@ -93,9 +95,9 @@ def test_capacity_factor_drops_the_same_tokens_under_expert_parallelism(capacity
     for s in range(1, 5):
         ref = capacity_reference[s]
         for mine, theirs in zip(got[s]["moe_tokens_per_expert"], ref["moe_tokens_per_expert"], strict=True):
-            assert sum(abs(a - b) for a, b in zip(mine, theirs)) <= 2, (s, got[s]["moe_tokens_per_expert"],
-                                                                         ref["moe_tokens_per_expert"])
-        assert abs(got[s]["moe_dropped_tokens"] - ref["moe_dropped_tokens"]) <= 2, s
+            assert sum(abs(a - b) for a, b in zip(mine, theirs)) <= ROUTING_SLACK, (
+                s, got[s]["moe_tokens_per_expert"], ref["moe_tokens_per_expert"])
+        assert abs(got[s]["moe_dropped_tokens"] - ref["moe_dropped_tokens"]) <= ROUTING_SLACK, s
         assert _rel(got[s]["loss"], ref["loss"]) <= REL_TOL, (s, got[s]["loss"], ref["loss"])
     assert all(r["moe_dropped_tokens"] > 0 for r in got.values())
 
