@@ -3,8 +3,8 @@
 `recipes evaluate --include-path DIR` must refuse a folder task that takes a name lm-eval ships (lm-eval would let the
 folder's code run under it). Knowing those names means indexing lm-eval's ~14,000 task YAMLs: ~9-13 s of CPU on every
 call. The names only change when lm-eval's task files do, so they are cached under `$XDG_CACHE_HOME/recipes` (default
-~/.cache/recipes), keyed by the path, size and mtime of every YAML file there (~0.15 s of CPU to check). A missing, unreadable
-or stale cache is rebuilt; nothing in it is executed.
+~/.cache/recipes), keyed by the path, size and mtime of every YAML file there (~0.15 s of CPU to check). A missing,
+unreadable or stale cache is rebuilt; nothing in it is executed.
 """
 from __future__ import annotations
 
