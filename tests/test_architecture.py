@@ -1,8 +1,10 @@
 """The import direction is one way (pyproject.toml's import-linter contracts): the real tree keeps every contract,
-and a planted wrong-way import in a copy of it breaks one."""
+and a planted wrong-way import in a copy of it breaks one. Tests import code as users do, by package name: none puts
+a folder on sys.path or loads a module from a file path."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,22 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 LINT = str(Path(sys.executable).with_name("lint-imports"))
+
+
+# tests/support's two fork servers run a command's module or script as `python -m X` / `python FILE` would: that is
+# their job, not an import of product code
+BY_PATH = re.compile(r"sys\.path\.(insert|append)|spec_from_file_location|SourceFileLoader|runpy\.run_path")
+RUNS_COMMANDS = {"tests/support/forkserver.py", "tests/support/rank_forks.py"}
+
+
+def imports_by_path(root: Path) -> list[str]:
+    hits = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if name in RUNS_COMMANDS or name == "tests/test_architecture.py":
+            continue
+        hits += [f"{name}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if BY_PATH.search(line)]
+    return hits
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
@@ -52,3 +70,11 @@ def test_a_wrong_way_import_breaks_the_build(tmp_path, module, planted, contract
     r = _lint(root)
     assert r.returncode != 0, r.stdout[-3000:]
     assert contract in r.stdout and "BROKEN" in r.stdout, r.stdout[-3000:]
+
+
+def test_no_test_imports_code_by_path(tmp_path):
+    assert imports_by_path(REPO) == []
+    planted = tmp_path / "tests" / "recipes" / "test_planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("import sys\nsys.path.insert(0, 'docs')\n")
+    assert imports_by_path(tmp_path) == ["tests/recipes/test_planted.py:2"]

@@ -7,7 +7,6 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,8 @@ from recipes.config.loading import load_recipe
 from recipes.model.shape import count_parameters
 from recipes.parallel.rendezvous import reserved_port
 from recipes.planner.cost import Assumptions, deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
+from tests.recipes.planner_real_worker import COUNT_PRESETS, RECIPE, ZERO_SHAPE
 from tests.support import rank_forks
-
-sys.path.insert(0, str(Path(__file__).parent))
-from planner_real_worker import COUNT_PRESETS, RECIPE, ZERO_SHAPE  # noqa: E402
 
 pytestmark = pytest.mark.multiproc
 
