@@ -73,7 +73,23 @@ class _Meter:
             except OSError as e:
                 error = e
                 time.sleep(0.1)
-        print(f"cpu_per_test: {self.group} kept: a process of the run is still in it ({error})", file=sys.stderr)
+        print(f"cpu_per_test: {self.group} kept: a process of the run is still in it ({error}): "
+              f"{'; '.join(self._members()) or 'none left now'}", file=sys.stderr)
+
+    def _members(self) -> list[str]:
+        """Who is still in the group, as `pid command line`: a process the run started and did not end."""
+        try:
+            pids = (self.group / "cgroup.procs").read_text().split()
+        except OSError:
+            return []
+        rows = []
+        for pid in pids:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            rows.append(f"{pid} {cmd.strip()[:200]}")
+        return rows
 
 
 def pytest_configure(config):
