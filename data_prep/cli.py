@@ -330,36 +330,40 @@ def cmd_blend(a) -> int:
 
 
 def cmd_plan(a) -> int:
-    from data_prep.tools.plan import calibrate, peak_flops, plan
-    from data_prep.tools.sample_corpus import build
+    import tempfile
 
-    sample = a.sample
-    tok = a.tokenizer
+    from data_prep.tools.plan import calibrate, peak_flops, plan
+
     if a.gpus:  # an unknown GPU is refused before any calibration, not priced as some other GPU
         peak_flops(a.gpu)
-    if sample:  # read (and credentials) checked, and the text field, before any calibration
-        _check_sample(sample, a.text_field)
-    if not sample or not tok:
-        import tempfile
+    if a.sample:  # read (and credentials) checked, and the text field, before any calibration
+        _check_sample(a.sample, a.text_field)
+    # a sample corpus and a tokenizer made for the plan last as long as the plan (~4 MB each call otherwise left)
+    with tempfile.TemporaryDirectory(prefix="data_prep_plan_") as scratch:
+        sample, tok = _plan_sample_and_tokenizer(a, scratch)
+        cal = calibrate(sample, tok, io.parse_size(a.sample_size), text_field=a.text_field)
+        print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params,
+                   a.gpus, a.gpu, a.mfu, a.days))
+        if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
+            from data_prep.tools.plan_curation import calibrate_curation, curation_lines
 
-        d = tempfile.mkdtemp(prefix="data_prep_plan_")
-        sample = sample or [build(d, 4 << 20)]
-        if not tok:
-            from data_prep.steps.train_tokenizer import train
-
-            tok = train(sample, os.path.join(d, "sp"), vocab_size=4000, quiet=True, sample_bytes=4 << 20,
-                        text_field=a.text_field)
-    cal = calibrate(sample, tok, io.parse_size(a.sample_size), text_field=a.text_field)
-    print(plan(io.parse_size(a.corpus_size), cal, a.nodes, a.cores_per_node, a.shard_size, a.model_params, a.gpus,
-               a.gpu, a.mfu, a.days))
-    if a.steps != "none":  # the filter and dedup stages (tools/plan_curation.py)
-        from data_prep.tools.plan_curation import calibrate_curation, curation_lines
-
-        ccal = calibrate_curation(sample, a.steps, io.parse_size(a.curation_sample_size), unit_bytes=a.shard_size)
-        print("\n".join(curation_lines(io.parse_size(a.corpus_size), ccal, a.nodes, a.cores_per_node,
-                                       tokenize_mb_per_s=cal["mb_per_s_per_core"],
-                                       bytes_per_token=cal["bytes_per_token"])))
+            ccal = calibrate_curation(sample, a.steps, io.parse_size(a.curation_sample_size), unit_bytes=a.shard_size)
+            print("\n".join(curation_lines(io.parse_size(a.corpus_size), ccal, a.nodes, a.cores_per_node,
+                                           tokenize_mb_per_s=cal["mb_per_s_per_core"],
+                                           bytes_per_token=cal["bytes_per_token"])))
     return 0
+
+
+def _plan_sample_and_tokenizer(a, scratch: str) -> tuple[list, str]:
+    """The user's sample and tokenizer, or, for what is not given, the embedded sample corpus and a tokenizer trained
+    on it, made in `scratch`."""
+    from data_prep.steps.train_tokenizer import train
+    from data_prep.tools.sample_corpus import build
+
+    sample = a.sample or [build(scratch, 4 << 20)]
+    tok = a.tokenizer or train(sample, os.path.join(scratch, "sp"), vocab_size=4000, quiet=True,
+                               sample_bytes=4 << 20, text_field=a.text_field)
+    return sample, tok
 
 
 def _check_sample(sample: list, text_field: str) -> None:

@@ -251,6 +251,16 @@ def test_plan_prints_tokens_shards_time_and_training_share(tmp_path, corpus, sp_
 
 
 @pytest.mark.multiproc
+def test_plan_without_a_sample_or_tokenizer_leaves_nothing_behind(tmp_path):
+    """Given neither, the plan builds a sample corpus and trains a tokenizer on it (~4 MB): gone when it ends."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    r = run_cli("plan", "--corpus-size", "1G", "--steps", "none", env_extra={"TMPDIR": str(scratch)})
+    assert "bytes/token" in r.stdout
+    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.multiproc
 def test_ray_executor_on_a_local_ray_cluster_equals_local(tmp_path, corpus, sp_model, reference):
     out = tmp_path / "out"
     m = run(Settings(inputs=[str(corpus)], output_dir=str(out), tokenizer=sp_model, shard_size=30_000, workers=2,
