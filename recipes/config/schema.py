@@ -185,6 +185,11 @@ class ParallelConfig(_Section):
     cp: PositiveInt = 1  # context parallelism: each sequence split over cp ranks (recipes.model.context)
     recompute: Literal["none", "selective", "full"] = "none"
     pipeline_partition: Literal["uniform", "parameters"] = "uniform"  # see recipes.parallel.partition
+    # virtual pipeline stages: each pipeline rank holds vpp model chunks (interleaved schedules, recipes.parallel.pipeline)
+    vpp: PositiveInt = 1
+    # the pipeline schedule (PP > 1): "auto" = 1f1b at vpp = 1, interleaved_1f1b at vpp > 1; zero_bubble splits each
+    # backward into its input and weight halves and fills the bubble with the weight halves
+    pipeline_schedule: Literal["auto", "1f1b", "interleaved_1f1b", "zero_bubble"] = "auto"
     # expert parallelism (model.moe): the experts of each MoE layer split over ep ranks inside the data-parallel
     # dimension (ep divides dp); dense parameters stay replicated over all of dp
     ep: PositiveInt = 1

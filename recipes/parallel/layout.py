@@ -41,6 +41,8 @@ class Layout:
     recompute: str = "none"  # none | selective | full
     cp: int = 1  # context parallelism: each micro-batch's sequence split over cp ranks (recipes.model.context)
     ep: int = 1  # expert parallelism inside DP x CP (MoE layers only; see the module docstring)
+    vpp: int = 1  # virtual pipeline stages: model chunks per pipeline rank (recipes.parallel.pipeline)
+    schedule: str = "1f1b"  # pipeline schedule: 1f1b | interleaved_1f1b | zero_bubble (resolved from "auto")
 
     @property
     def world_size(self) -> int:
@@ -99,6 +101,7 @@ class Layout:
                 out.append(LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
                                          f"parallel.pp={pp} gives stages different optimizer param groups "
                                          f"({problem})", UNEVEN_GROUPS_FIX))
+        out += self._pipeline_schedule_problems(model_cfg)
         if self.zero_stage >= 2 and pp > 1:
             out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
                                      f"{pp}: DeepSpeed's pipeline engine only supports ZeRO-0/1",
@@ -115,6 +118,30 @@ class Layout:
                                      f"of parallel.micro_batch x dp = {self.micro_batch} x {self.dp} = {per}",
                                      f"use global_batch={_round_to(global_batch, per)} (a multiple of {per}) or a "
                                      f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
+        return out
+
+    def _pipeline_schedule_problems(self, model_cfg) -> list[LayoutProblem]:
+        """Virtual stages and the schedule: each of the pp x vpp chunks needs a decoder layer; 1F1B runs one chunk
+        per rank, interleaved 1F1B several."""
+        out: list[LayoutProblem] = []
+        pp, vpp, layers = self.pp, self.vpp, model_cfg.num_layers
+        if vpp > 1 and pp == 1:
+            out.append(LayoutProblem("parallel.vpp", f"parallel.vpp={vpp} with parallel.pp=1: virtual stages split a "
+                                     "pipeline rank's layers, and there is no pipeline", "set parallel.vpp=1 or "
+                                     "parallel.pp >= 2"))
+        elif pp * vpp > layers and pp <= layers:
+            fits = [v for v in range(1, layers // pp + 1)]
+            out.append(LayoutProblem("parallel.vpp", f"parallel.pp x vpp = {pp} x {vpp} = {pp * vpp} model chunks for "
+                                     f"model.num_layers={layers}: every chunk needs at least one decoder layer",
+                                     f"use vpp in {fits}"))
+        if self.schedule == "1f1b" and vpp > 1:
+            out.append(LayoutProblem("parallel.pipeline_schedule", f"parallel.pipeline_schedule=1f1b runs one model "
+                                     f"chunk per pipeline rank, but parallel.vpp={vpp}", "use pipeline_schedule="
+                                     "interleaved_1f1b (or auto, or zero_bubble), or set parallel.vpp=1"))
+        elif self.schedule == "interleaved_1f1b" and vpp == 1 and pp > 1:
+            out.append(LayoutProblem("parallel.pipeline_schedule", "parallel.pipeline_schedule=interleaved_1f1b needs "
+                                     "several model chunks per pipeline rank, but parallel.vpp=1",
+                                     "set parallel.vpp >= 2 (e.g. 2), or use pipeline_schedule=1f1b"))
         return out
 
     def _sequence_split_problems(self, model_cfg) -> list[LayoutProblem]:
@@ -215,6 +242,8 @@ class Layout:
             extra.append("SP")
         if self.recompute != "none":
             extra.append(f"recompute={self.recompute}")
+        if self.pp > 1 and (self.vpp > 1 or self.schedule != "1f1b"):
+            extra.insert(0, f"VPP={self.vpp}, schedule {self.schedule}")
         tail = (", " + ", ".join(extra)) if extra else ""
         cp = f" x CP={self.cp}" if self.cp > 1 else ""
         return (f"TP={self.tp}{cp} x PP={self.pp} x DP={self.dp}, ZeRO-{self.zero_stage}, micro-batch "
@@ -242,6 +271,8 @@ class Layout:
             recompute=p.recompute,
             cp=p.cp,
             ep=p.ep,
+            vpp=p.vpp,
+            schedule=resolve_schedule(p.pipeline_schedule, p.vpp),
         )
 
 
@@ -270,15 +301,26 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
                                       f"{names} among the divisors of {world}: {_divisors_upto(world, world)}"))
     else:
         dp = world // mp
+    pipe = dict(vpp=p.vpp, schedule=resolve_schedule(p.pipeline_schedule, p.vpp))
     lay = None if dp is None else Layout(tp=p.tp, pp=p.pp, dp=dp, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
                                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp,
-                                         ep=p.ep)
+                                         ep=p.ep, **pipe)
     probe = lay or Layout(tp=p.tp, pp=p.pp, dp=p.ep, zero_stage=p.zero_stage, micro_batch=p.micro_batch,
-                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp, ep=p.ep)
+                          sequence_parallel=p.sequence_parallel, recompute=p.recompute, cp=p.cp, ep=p.ep, **pipe)
     # Without a valid dp the batch rule cannot be judged; the rest can.
     problems += probe.problems(recipe.model, recipe.training.global_batch if lay else None,
                                p.pipeline_partition, max_tp)
     return lay, problems
+
+
+SCHEDULES = ("1f1b", "interleaved_1f1b", "zero_bubble")
+
+
+def resolve_schedule(name: str, vpp: int) -> str:
+    """parallel.pipeline_schedule with "auto" resolved: plain 1F1B for one chunk per rank, interleaved 1F1B for more."""
+    if name == "auto":
+        return "1f1b" if vpp == 1 else "interleaved_1f1b"
+    return name
 
 
 def _replica(p) -> tuple[str, str, int]:
