@@ -14,6 +14,11 @@ Commands: `python -m recipes <command>` (or the `llm-recipes` console script); s
 """
 
 from recipes.config.logs import drop_library_noise
+from recipes.torch_guard import guard_torch_on_import
+
+# Checkpoints are data: torch.load of every process of the project, whoever calls it, is weights-only with an
+# allow-list (recipes.torch_guard, recipes.checkpoint.safe_load), installed as soon as torch is imported.
+guard_torch_on_import()
 
 # Every process of the project imports this package before DeepSpeed: the ranks, the checkpoint writer processes they
 # spawn (a spawned child does not re-run `python -m recipes`), evaluations, exports. So the filter of DeepSpeed's

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from recipes.checkpoint import safe_load, shm_writer, writer
+from recipes.checkpoint import shm_writer, writer
 from recipes.config import file_mode
 from recipes.checkpoint.format import rng
 from recipes.checkpoint.format.tags import MARKER, client_state as marked_client_state, mark_complete, newest_complete
@@ -202,7 +202,6 @@ def resume(engine, ckpt_dir: str | None) -> dict | None:
     if tag is None:
         return None
     tag_dir = Path(ckpt_dir) / tag
-    safe_load.guard_engine(engine)  # DeepSpeed's own reads of model/optimizer files: data only
     path, client_state = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
     if path is None:

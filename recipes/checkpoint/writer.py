@@ -25,6 +25,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
 from data_prep.io import fsync_dir, fsync_file, open_write
+from recipes.checkpoint import safe_load
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,7 @@ class FileEngine(CheckpointEngine):
         pass
 
     def load(self, path: str, map_location=None):
-        # recipes.checkpoint.safe_load.guard_engine replaces this with the allow-listed loader before any resume
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return safe_load.load(path, map_location=map_location)
 
     def commit(self, info) -> bool:
         return True  # durability is ours: complete.json (recipes.checkpoint.store)
