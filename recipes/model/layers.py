@@ -1,15 +1,16 @@
-"""Decoder-only transformer from megatron-core tensor-parallel pieces, cut into DeepSpeed pipeline layers.
+"""Decoder-only transformer from megatron-core tensor-parallel pieces, as numbered pipeline layers.
 
-One model, two containers:
-  * `recipes.parallel.pipeline.build_pipeline_module` cuts them into a DeepSpeed `PipelineModule` (any PP; ZeRO 0/1),
-  * `build_plain_module`    -> the same layers in a plain `nn.Module` (PP = 1; any ZeRO stage, DeepSpeed's pipeline
-    engine refuses ZeRO-2/3).
-Both number their layers the same way, so parameter names agree:
+One model, one container: `DecoderStack` holds the layers a rank owns as children named by their index, so parameter
+names are the same at every layout. PP = 1: all of them (`PlainDecoder`); PP > 1: the layers of the rank's chunks
+(recipes.parallel.partition), each chunk a `StageChunk` that torch.distributed.pipelining runs
+(recipes.parallel.pipeline):
 
   index 0          embedding       `EmbeddingPipe`
   index 1 .. L     decoder layers  `DecoderLayerPipe` (megatron-core `TransformerLayer` from a local ModuleSpec)
   index L+1        final norm      `FinalNormPipe`
-  index L+2        output head     `OutputHeadPipe` (untied) or the embedding's `TiedLayerSpec` (tied)
+  index L+2        output head     `OutputHeadPipe` (untied); a tied head reuses layer 0's word embedding, and in a
+                   pipeline the last rank holds a copy of it under the same name ("0.word_embeddings.weight",
+                   `TiedHeadCopy`), kept equal by summing the two copies' gradients (recipes.parallel.pipeline)
 
 Parameters (names inside one pipeline layer; h hidden, V padded vocab, a heads, g query groups, d = h / a head dim,
 f ffn size; "TP dim" is the dimension split over tensor-parallel ranks, "-" = replicated):
@@ -75,7 +76,8 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
     """megatron-core TransformerConfig for a recipe's model section at tensor-parallel degree `tp` (and expert-
     parallel degree `ep` for model.moe, see recipes.model.moe).
 
-    Pipeline parallelism is DeepSpeed's job, so megatron-core sees pipeline size 1. Fusions are off unless `fused`
+    Pipeline parallelism is the schedule's job (recipes.parallel.pipeline), so megatron-core's layers see pipeline
+    size 1. Fusions are off unless `fused`
     (CUDA runs, see `recipes.model.fast_path`): they compile kernels, which costs minutes on CPU for no gain; torch SDPA
     gives the attention speed on GPU.
     """
@@ -501,70 +503,111 @@ class VocabParallelLoss:
         return context.mean_over_context((losses * mask).sum(), mask.sum())
 
 
-# ------------------------------------------------------------------------------------------------ specs / modules
-def layer_specs(model_cfg, config: TransformerConfig, seed: int):
-    """The pipeline's layer specs, in order (see the module docstring for the numbering)."""
-    from deepspeed.pipe import LayerSpec, TiedLayerSpec
-
+# ------------------------------------------------------------------------------------------------ layers / stacks
+def layer_builders(model_cfg, config: TransformerConfig, seed: int) -> list:
+    """index -> a function that builds that layer (see the module docstring for the numbering); a tied model has no
+    index L+2 (its head is layer 0's embedding)."""
     L = model_cfg.num_layers
-    if model_cfg.tied_embeddings:
-        embed = TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed,
-                              tied_weight_attr="word_embeddings.weight")
-    else:
-        embed = LayerSpec(EmbeddingPipe, config, model_cfg, seed)
-    specs = [embed]
-    specs += [LayerSpec(MoEDecoderLayerPipe if model_cfg.is_moe_layer(i - 1) else DecoderLayerPipe, config, model_cfg,
-                        i, seed + SEED_STRIDE * i) for i in range(1, L + 1)]
-    specs.append(LayerSpec(FinalNormPipe, config))
-    if model_cfg.tied_embeddings:
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, model_cfg, seed, forward_fn=tied_head_forward,
-                                   tied_weight_attr="word_embeddings.weight"))
-    else:
-        specs.append(LayerSpec(OutputHeadPipe, config, model_cfg, seed + SEED_STRIDE * (L + 2)))
-    return specs
+    builders = [partial(EmbeddingPipe, config, model_cfg, seed)]
+    builders += [partial(MoEDecoderLayerPipe if model_cfg.is_moe_layer(i - 1) else DecoderLayerPipe, config, model_cfg,
+                         i, seed + SEED_STRIDE * i) for i in range(1, L + 1)]
+    builders.append(partial(FinalNormPipe, config))
+    if not model_cfg.tied_embeddings:
+        builders.append(partial(OutputHeadPipe, config, model_cfg, seed + SEED_STRIDE * (L + 2)))
+    return builders
 
 
-class PlainDecoder(nn.Module):
-    """The pipeline's layers in one module for PP = 1 (any ZeRO stage): tokens -> vocab-parallel logits.
+class TiedHeadCopy(EmbeddingPipe):
+    """The last pipeline rank's copy of a tied word embedding, used as the output head. Built from the embedding's
+    own seed (the same initial values) and without position embeddings; its gradient is summed with the first
+    rank's before every optimizer step, so both copies take the same updates."""
 
-    `inputs` is what the pipeline's first stage takes: tokens [b, s], or (tokens, position_ids) with
-    `model.document_mask`. Children are named "0", "1", ... exactly like the PipelineModule's layer indices.
-    """
+    def __init__(self, config: TransformerConfig, model_cfg, seed: int):
+        super().__init__(config, model_cfg, seed)
+        self.position_embeddings = None
+        self.word_embeddings.weight.ds_pipe_replicated = True  # ZeRO's grad norm counts the first rank's copy only
 
-    def __init__(self, recipe, layout):
+    def forward(self, hidden):
+        return tied_head_forward(self, hidden)
+
+
+class DecoderStack(nn.Module):
+    """Layers `indices` of the model (recipes.parallel.partition's numbering) as children "0", "3", ...: the names
+    of the parameters do not depend on the layout. `tied_copy`: this rank holds the tied head of a pipeline (a
+    `TiedHeadCopy` as child "0")."""
+
+    def __init__(self, recipe, layout, indices: list[int], tied_copy: bool = False):
         super().__init__()
         from recipes.model.fast_path import fusions_enabled
 
         m = recipe.model
-        config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe),
-                                    layout.ep)
+        config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe), layout.ep)
         self.recompute_full = layout.recompute == "full"
-        self.loss_fn = VocabParallelLoss(m.vocab_size)
         self.tied = m.tied_embeddings
-        built = []
-        for spec in layer_specs(m, config, recipe.training.seed):
-            if self.tied and built and getattr(spec, "key", None) == "embed":
-                built.append(None)  # the tied head reuses layer 0
-            else:
-                built.append(spec.build())
-        for i, mod in enumerate(built):
-            if mod is not None:
-                self.add_module(str(i), mod)
-        self.num_pipe_layers = len(built)
+        self.head_index = m.num_layers + 2
+        self.loss_fn = VocabParallelLoss(m.vocab_size)
+        builders = layer_builders(m, config, recipe.training.seed)
+        held = sorted(set(indices) | ({0} if tied_copy else set()))
+        for i in held:
+            if i == 0 and tied_copy:
+                self.add_module("0", TiedHeadCopy(config, m, recipe.training.seed))
+            elif i < len(builders):
+                self.add_module(str(i), builders[i]())
+
+    def run(self, indices: list[int], x):
+        """Layers `indices` in order on x: tokens (or (tokens, position_ids)) into layer 0, hidden states between,
+        vocab-parallel logits out of the head."""
+        for i in indices:
+            x = self._layer(i, x)
+        if isinstance(x, tuple):  # (hidden, position_ids) leaving a chunk that ends before the final norm
+            x = x[0]
+        return x
+
+    def _layer(self, i: int, x):
+        if self.tied and i == self.head_index:
+            return tied_head_forward(getattr(self, "0"), x)
+        layer = getattr(self, str(i))
+        if self.recompute_full and isinstance(layer, DecoderLayerPipe) and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        return layer(x)
+
+
+class StageChunk(nn.Module):
+    """One virtual pipeline stage: layers `indices` of `stack`, run by torch.distributed.pipelining. The stack is
+    kept outside this module's children, so the chunk adds no parameter names of its own (its `parameters()` are the
+    stack's layers it runs). Input: tokens (first chunk) or the hidden state; with document masking the position ids
+    come as a keyword on every stage (the schedule hands the same micro-batch's kwargs to each)."""
+
+    def __init__(self, stack: DecoderStack, indices: list[int]):
+        super().__init__()
+        object.__setattr__(self, "_stack", stack)  # not a child: the stack owns the names
+        self.indices = list(indices)
+        for i in self.indices:  # parameters() of the chunk = its layers' (the schedule's weight gradients use them)
+            if not (stack.tied and i == stack.head_index):
+                self.add_module(f"layer_{i}", getattr(stack, str(i)))
+        if stack.tied and stack.head_index in self.indices:
+            self.add_module("tied_head", getattr(stack, "0"))
+
+    def forward(self, x, position_ids=None):
+        if position_ids is not None:
+            x = (x, position_ids)
+        return self._stack.run(self.indices, x)
+
+
+class PlainDecoder(DecoderStack):
+    """All layers in one module (PP = 1, any ZeRO stage): tokens -> vocab-parallel logits -> loss.
+
+    `inputs` is what the first layer takes: tokens [b, s], or (tokens, position_ids) with `model.document_mask`.
+    Children are named "0", "1", ... by layer index."""
+
+    def __init__(self, recipe, layout):
+        L = recipe.model.num_layers
+        super().__init__(recipe, layout, list(range(L + 2 + (0 if recipe.model.tied_embeddings else 1))))
+        self.order = list(range(L + 3))
+        self.num_pipe_layers = L + 3
 
     def logits(self, inputs):
-        x = inputs
-        last = self.num_pipe_layers - 1
-        for i in range(self.num_pipe_layers):
-            if i == last and self.tied:
-                x = tied_head_forward(getattr(self, "0"), x)
-                continue
-            layer = getattr(self, str(i))
-            if self.recompute_full and isinstance(layer, DecoderLayerPipe) and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
-            else:
-                x = layer(x)
-        return x
+        return self.run(self.order, inputs)
 
     def forward(self, inputs, labels, loss_mask):
         return self.loss_fn(self.logits(inputs), (labels, loss_mask))

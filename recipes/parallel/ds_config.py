@@ -1,4 +1,4 @@
-"""The DeepSpeed JSON config of a recipe at a layout (batch sizes, ZeRO stage, precision, clipping, pipeline, recompute).
+"""The DeepSpeed JSON config of a recipe at a layout (batch sizes, ZeRO stage, precision, clipping, recompute).
 
 The optimizer and the lr scheduler are NOT in this dict: `recipes.train.engine` builds them in Python (torch's AdamW, its
 fused kernel on GPU; warmup + cosine/linear decay as a LambdaLR) and hands them to deepspeed.initialize,
@@ -25,12 +25,6 @@ def build_ds_config(recipe, layout: Layout, device_type: str | None = None) -> d
         "wall_clock_breakdown": False,
         "zero_optimization": _zero_section(layout, device_type or recipe.cluster.device),
         "zero_allow_untested_optimizer": True,  # torch AdamW on CPU is a plain torch optimizer
-        "pipeline": {
-            # Pipeline engine: full recompute checkpoints every decoder layer; activations cross stage boundaries whole.
-            "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
-            "pipe_partitioned": False,  # send whole activations between stages (simple, SP-safe)
-            "grad_partitioned": False,
-        },
         "activation_checkpointing": {
             # Used by deepspeed.checkpointing when recompute == "full"; partitioning over TP needs the mpu.
             "partition_activations": False,
@@ -56,17 +50,19 @@ def build_ds_config(recipe, layout: Layout, device_type: str | None = None) -> d
     return cfg
 
 
-def zero_comm_settings(zero_stage: int, device_type: str) -> dict:
+def zero_comm_settings(zero_stage: int, device_type: str, pp: int = 1) -> dict:
     """The communication part of DeepSpeed's zero_optimization section: the one source for the JSON we write and for
     the planner's assumptions (`recipes.planner.cost.Assumptions`), so the plan prices the config the trainer runs.
 
     GPU runs overlap the gradient reduction with the backward on a side stream (overlap_comm) into contiguous
     buffers; CPU/gloo runs keep overlap off: no side streams to overlap on, and the CPU tests' numbers stay as
-    measured. Bucket sizes are DeepSpeed's defaults.
+    measured. A pipeline (pp > 1) keeps it off too: its backward runs in the schedule, outside DeepSpeed's engine, and
+    the gradients are reduced once after the last micro-batch (recipes.train.step). Bucket sizes are DeepSpeed's
+    defaults.
     """
     if zero_stage == 0:
         return {}
-    z = {"reduce_scatter": True, "overlap_comm": device_type == "cuda", "contiguous_gradients": True,
+    z = {"reduce_scatter": True, "overlap_comm": device_type == "cuda" and pp == 1, "contiguous_gradients": True,
          "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8}
     if zero_stage == 3:
         z["stage3_prefetch_bucket_size"] = 5e7
@@ -75,7 +71,7 @@ def zero_comm_settings(zero_stage: int, device_type: str) -> dict:
 
 def _zero_section(layout: Layout, device_type: str) -> dict:
     z: dict = {"stage": layout.zero_stage}
-    z.update(zero_comm_settings(layout.zero_stage, device_type))
+    z.update(zero_comm_settings(layout.zero_stage, device_type, layout.pp))
     if layout.zero_stage == 3:
         z.update({"stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": False})
     return z

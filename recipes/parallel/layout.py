@@ -87,10 +87,9 @@ class Layout:
         elif pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1):
             # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong; with
             # expert parallelism a stage without MoE layers also lacks the experts' param group)
-            from recipes.parallel.partition import (UNEVEN_GROUPS_FIX, layer_names, stage_boundaries,
-                                                    uneven_group_problem)
-            problem = uneven_group_problem(layer_names(model_cfg), stage_boundaries(
-                model_cfg, tp, pp, partition or "uniform", self.ep), self.ep)
+            from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
+            problem = uneven_group_problem(layer_names(model_cfg), rank_layers(
+                model_cfg, tp, pp, self.vpp, partition or "uniform", self.ep), self.ep)
             if problem and "MoE" in problem:
                 out.append(LayoutProblem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: "
                                          f"stages get different optimizer param groups ({problem})",

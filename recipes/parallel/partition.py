@@ -1,19 +1,24 @@
-"""Which pipeline stage holds which layer, and the one split DeepSpeed's ZeRO-1 cannot run.
+"""Which pipeline rank holds which layer: the model cut into pp x vpp virtual stages (chunks), and the one split
+ZeRO-1 cannot run.
 
-The pipeline's layer specs are: embedding, decoder layers 1..L, final norm, output head (recipes.model.layers.layer_specs).
-`parallel.pipeline_partition` picks how DeepSpeed cuts them into stages:
+The model's layers, in pipeline order: embedding (0), decoder layers 1..L, final norm (L+1), output head (L+2; a tied
+head is a copy of the embedding, recipes.model.layers). They are cut into n = pp x vpp contiguous chunks, virtual
+stages 0..n-1; pipeline rank r holds chunks r, r + pp, r + 2 pp, ... (the looped placement of interleaved 1F1B:
+Narayanan et al. 2021, and torch.distributed.pipelining's multi-stage schedules). `parallel.pipeline_partition`:
 
-- "uniform" (default): the decoder layers split as evenly as possible (DeepSpeed `type:DecoderLayerPipe`); the
-  embedding joins the first stage, the final norm and head the last — Megatron-LM's split, and the one the planner
-  models (ceil(L / pp) layers on the busiest stage).
-- "parameters": DeepSpeed balances parameter counts over all specs. With a large vocabulary and few layers this can
-  give the embedding or the head a stage of its own.
+- "uniform" (default): the decoder layers split as evenly as possible over the n chunks; the embedding joins the
+  first chunk, the final norm and head the last. Where L does not divide evenly, the extra layers go to the middle
+  chunks first: the first and last chunks also carry the embedding and the output head with the loss (Llama 3 took
+  one layer off each for the same reason). The busiest chunk holds ceil(L / n) decoder layers, what the planner
+  models.
+- "parameters": the specs balanced by parameter count over the n chunks (DeepSpeed's partition_balanced). With a large
+  vocabulary and few layers this can give the embedding or the head a chunk of its own.
 
-Why a stage without a decoder layer matters: each rank's optimizer puts matrices (weight decay) and norms/biases (no
+Why a rank without a decoder layer matters: each rank's optimizer puts matrices (weight decay) and norms/biases (no
 decay) in separate param groups, and DeepSpeed drops a group that is empty on that rank. ZeRO-1 then all-reduces the
-gradient norm once per group over the model-parallel (TP x PP) group, so stages with different group counts issue
+gradient norm once per group over the model-parallel (TP x PP) group, so ranks with different group counts issue
 different numbers of collectives and the job hangs in the first optimizer step (DeepSpeed issue #1522). We refuse
-such a split before start (validation) and again at engine build time (the split DeepSpeed actually chose).
+such a split before start (validation) and again at engine build time.
 """
 from __future__ import annotations
 
@@ -45,13 +50,8 @@ def layer_names(model_cfg) -> list[str]:
     return ["EmbeddingPipe"] + decoders + ["FinalNormPipe", head]
 
 
-def deepspeed_method(partition: str) -> str:
-    """The PipelineModule partition_method for a recipe's parallel.pipeline_partition."""
-    return "parameters" if partition == "parameters" else "type:DecoderLayerPipe"
-
-
 def layer_weights(model_cfg, tp: int, partition: str, ep: int = 1) -> list[float]:
-    """What DeepSpeed balances: per-spec trainable parameters on one TP (and EP) rank, or 1 per decoder layer."""
+    """What a partition balances: per-spec trainable parameters on one TP (and EP) rank, or 1 per decoder layer."""
     names = layer_names(model_cfg)
     if partition != "parameters":
         return [1.0 if n.endswith("DecoderLayerPipe") else 0.0 for n in names]
@@ -68,14 +68,49 @@ def layer_weights(model_cfg, tp: int, partition: str, ep: int = 1) -> list[float
     return [count[n] for n in names]
 
 
-def stage_boundaries(model_cfg, tp: int, pp: int, partition: str, ep: int = 1) -> list[int]:
-    """DeepSpeed's own split (its partition_balanced): stage s holds specs [parts[s], parts[s + 1])."""
-    weights = layer_weights(model_cfg, tp, partition, ep)
-    if partition != "parameters":  # 0/1 weights: the same split without importing DeepSpeed (`plan` stays light)
-        return balanced_split(weights, pp)
-    from deepspeed.runtime.utils import partition_balanced
+def chunk_boundaries(model_cfg, tp: int, chunks: int, partition: str, ep: int = 1) -> list[int]:
+    """The split into `chunks` virtual stages: chunk c holds specs [parts[c], parts[c + 1])."""
+    if partition == "parameters":
+        return balanced_split(layer_weights(model_cfg, tp, partition, ep), chunks)
+    L = model_cfg.num_layers
+    if chunks > L:  # refused by validation (every chunk needs a decoder layer); some chunks stay empty
+        return balanced_split(layer_weights(model_cfg, tp, partition, ep), chunks)
+    counts = [L // chunks] * chunks
+    for c in _extras_order(chunks)[:L % chunks]:
+        counts[c] += 1
+    parts, at = [0], 1
+    for c in range(chunks - 1):
+        at += counts[c]
+        parts.append(at)
+    return parts + [len(layer_names(model_cfg))]
 
-    return [int(b) for b in partition_balanced(weights=weights, num_parts=pp)]
+
+def _extras_order(chunks: int) -> list[int]:
+    """Where the decoder layers that do not divide evenly go: the middle chunks first, then the first (an embedding
+    lookup is cheap), then the last (the output head and the loss)."""
+    return list(range(1, chunks - 1)) + [0, chunks - 1][:chunks]
+
+
+def stage_boundaries(model_cfg, tp: int, pp: int, partition: str, ep: int = 1) -> list[int]:
+    """One chunk per pipeline rank (vpp = 1): stage s holds specs [parts[s], parts[s + 1])."""
+    return chunk_boundaries(model_cfg, tp, pp, partition, ep)
+
+
+def virtual_stages(pp_rank: int, pp: int, vpp: int) -> list[int]:
+    """The chunks a pipeline rank holds, in the order it runs them: r, r + pp, r + 2 pp, ..."""
+    return [pp_rank + c * pp for c in range(vpp)]
+
+
+def chunk_layers(model_cfg, tp: int, pp: int, vpp: int, partition: str, ep: int = 1) -> list[list[int]]:
+    """Layer indices of each of the pp x vpp virtual stages, in pipeline order."""
+    parts = chunk_boundaries(model_cfg, tp, pp * vpp, partition, ep)
+    return [list(range(a, b)) for a, b in zip(parts, parts[1:])]
+
+
+def rank_layers(model_cfg, tp: int, pp: int, vpp: int, partition: str, ep: int = 1) -> list[list[int]]:
+    """Spec indices each pipeline rank holds (all its chunks), per rank."""
+    chunks = chunk_layers(model_cfg, tp, pp, vpp, partition, ep)
+    return [sorted(i for c in virtual_stages(r, pp, vpp) for i in chunks[c]) for r in range(pp)]
 
 
 def balanced_split(weights: list[float], num_parts: int) -> list[int]:
@@ -112,16 +147,17 @@ def _groups(name: str, ep: int) -> frozenset:
     return groups if ep > 1 else groups - {"experts"}
 
 
-def uneven_group_problem(names: list[str], parts: list[int], ep: int = 1) -> str | None:
-    """None when every stage's optimizer has the same number of param groups, else what is wrong, per stage."""
-    per_stage = []
-    for s in range(len(parts) - 1):
-        held = names[parts[s]:parts[s + 1]]
-        groups = frozenset().union(*(_groups(n, ep) for n in held)) if held else frozenset()
-        per_stage.append((s, held, groups))
-    if len({len(g) for _, _, g in per_stage}) <= 1:
+def uneven_group_problem(names: list[str], held: list[list[int]], ep: int = 1) -> str | None:
+    """None when every pipeline rank's optimizer has the same number of param groups, else what is wrong, per rank.
+    `held`: the spec indices of each rank (rank_layers)."""
+    per_rank = []
+    for r, indices in enumerate(held):
+        specs = [names[i] for i in indices]
+        groups = frozenset().union(*(_groups(n, ep) for n in specs)) if specs else frozenset()
+        per_rank.append((r, specs, groups))
+    if len({len(g) for _, _, g in per_rank}) <= 1:
         return None
-    lines = [f"stage {s}: {_describe(held)} -> {len(g)} optimizer param group(s)" for s, held, g in per_stage]
+    lines = [f"stage {r}: {_describe(specs)} -> {len(g)} optimizer param group(s)" for r, specs, g in per_rank]
     return "; ".join(lines)
 
 

@@ -1,25 +1,143 @@
-"""The model cut into DeepSpeed pipeline stages: a PipelineModule over megatron-core's rank order."""
+"""Pipeline parallelism on torch.distributed.pipelining: the rank's chunks of the model, and one optimizer step's
+forward and backward on the recipe's schedule.
+
+- The model: pipeline rank r holds the layers of its virtual stages r, r + pp, ... (recipes.parallel.partition) in one
+  `DecoderStack`, the module DeepSpeed wraps (ZeRO-1 shards its optimizer state over DP); each virtual stage is a
+  `StageChunk` over those layers, run by a `PipelineStage`.
+- The schedules (`parallel.pipeline_schedule`): `1f1b` (torch's Schedule1F1B, one chunk per rank: bubble (p-1)/m),
+  `interleaved_1f1b` (ScheduleInterleaved1F1B, v chunks per rank: (p-1)/(v m)), `zero_bubble`
+  (ScheduleInterleavedZeroBubble: each backward split into its input half, on the critical path, and its weight half,
+  deferred into the bubble). These are the schedules torchtitan runs; megatron-core's own hard-code CUDA.
+- Gradients: the loss of each micro-batch is divided by m before backward (DeepSpeed's own convention, so MoE's
+  auxiliary loss and fp16 loss scaling keep their meaning), the schedule accumulates them on the parameters, then a
+  tied embedding's two copies (first and last rank) are summed over megatron-core's embedding group, and ZeRO reduces
+  over DP and steps (recipes.train.step).
+- The bubble is measured: the time each rank waits on pipeline sends and receives (recipes.parallel.torch_private).
+"""
 from __future__ import annotations
 
-from recipes.model.fast_path import fusions_enabled
-from recipes.model.layers import VocabParallelLoss, layer_specs, transformer_config
-from recipes.parallel.partition import deepspeed_method
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from recipes.parallel.partition import chunk_layers, virtual_stages
+
+SCHEDULES = {"1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
+             "zero_bubble": "ScheduleInterleavedZeroBubble"}
 
 
-def build_pipeline_module(recipe, layout):
-    """DeepSpeed PipelineModule over a PipeModelDataParallelTopology matching megatron-core's rank order."""
-    from deepspeed.pipe import PipelineModule
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+def microbatch_problem(schedule: str, pp: int, m: int) -> str | None:
+    """Why torch's multi-chunk schedules cannot run m micro-batches over pp ranks (None: they can): they run the
+    micro-batches in rounds of pp (fewer than pp: one round of m) and need whole rounds."""
+    if schedule == "1f1b" or pp == 1:
+        return None
+    rounds = max(1, m // pp)
+    if m % rounds:
+        return f"{m} micro-batches per step do not make whole rounds of parallel.pp={pp}"
+    return None
+
+
+@dataclass
+class PipelineModel:
+    stack: torch.nn.Module  # this rank's layers (recipes.model.layers.DecoderStack): what DeepSpeed wraps
+    chunks: list  # StageChunk per virtual stage this rank holds, in the order it runs them
+    stages: list[int]  # their virtual stage indices
+    num_stages: int  # pp x vpp
+
+
+def build_pipeline_model(recipe, layout, pp_rank: int) -> PipelineModel:
+    from recipes.model.layers import DecoderStack, StageChunk
 
     m = recipe.model
-    config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe), layout.ep)
-    # DeepSpeed's data axis is DP x CP (CP fastest inside it, as in megatron-core's tp-cp-dp-pp order)
-    topo = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp, num_dp=layout.data_axis)
-    return PipelineModule(
-        layers=layer_specs(m, config, recipe.training.seed),
-        topology=topo,
-        loss_fn=VocabParallelLoss(m.vocab_size),
-        partition_method=deepspeed_method(recipe.parallel.pipeline_partition),
-        activation_checkpoint_interval=1 if layout.recompute == "full" else 0,
-        checkpointable_layers=["DecoderLayerPipe", "MoEDecoderLayerPipe"],
-    )
+    chunks = chunk_layers(m, layout.tp, layout.pp, layout.vpp, recipe.parallel.pipeline_partition, layout.ep)
+    mine = virtual_stages(pp_rank, layout.pp, layout.vpp)
+    held = sorted(i for v in mine for i in chunks[v])
+    tied_copy = m.tied_embeddings and len(chunks) - 1 in mine
+    stack = DecoderStack(recipe, layout, held, tied_copy=tied_copy)
+    return PipelineModel(stack=stack, chunks=[StageChunk(stack, chunks[v]) for v in mine], stages=mine,
+                         num_stages=len(chunks))
+
+
+@dataclass
+class StepFigures:
+    seconds: float = 0.0  # wall time of the schedule (forward and backward of every micro-batch)
+    blocked: float = 0.0  # of which waiting on pipeline sends and receives
+    extra: dict = field(default_factory=dict)
+
+
+class PipelineRunner:
+    """Runs one step's micro-batches through this rank's stages on the recipe's schedule."""
+
+    def __init__(self, model: PipelineModel, layout, device: torch.device, micro_batches: int, loss_fn):
+        from megatron.core import parallel_state as ps
+        from torch.distributed import pipelining
+
+        from recipes.parallel.torch_private import P2P_WAIT_CLOCK
+
+        self.model, self.m, self.loss_fn = model, micro_batches, loss_fn
+        self.clock = P2P_WAIT_CLOCK.install()
+        self.group = ps.get_pipeline_model_parallel_group()
+        self.stages = [pipelining.PipelineStage(chunk, v, model.num_stages, device, group=self.group)
+                       for chunk, v in zip(model.chunks, model.stages)]
+        self.has_first = 0 in model.stages
+        self.has_last = model.num_stages - 1 in model.stages
+        cls = getattr(pipelining, SCHEDULES[layout.schedule])
+        target = self.stages[0] if layout.schedule == "1f1b" else self.stages
+        # scale_grads=False: the loss is divided by m here, as DeepSpeed's engine does (see the module docstring)
+        self.schedule = cls(target, n_microbatches=micro_batches, loss_fn=self._loss, scale_grads=False)
+        self.losses: list[torch.Tensor] = []  # this step's micro-batch losses (last rank), unscaled
+        self.scale = 1.0  # fp16: the loss scale of this step
+        self.last = StepFigures()
+
+    def _loss(self, logits, target):
+        loss = self.loss_fn(logits, (target[:, 0], target[:, 1].float()))
+        self.losses.append(loss.detach().float())
+        return loss * (self.scale / self.m)
+
+    def train(self, micro_batches, scale: float = 1.0) -> float:
+        """Forward and backward of every micro-batch (gradients accumulated on this rank's parameters). Returns the
+        mean loss over the micro-batches, on every rank of the pipeline."""
+        self.scale = scale
+        return self._run(micro_batches, self.schedule.step)
+
+    def evaluate(self, micro_batches) -> float:
+        """Forward only: the mean loss of this rank's micro-batches, on every rank of the pipeline."""
+        return self._run(micro_batches, self.schedule.eval)
+
+    def _run(self, micro_batches, call) -> float:
+        tokens, target, kwargs = pack(list(micro_batches))
+        self.losses = []
+        self.clock.start()
+        t0 = time.perf_counter()
+        try:
+            call(tokens, target=target, **kwargs)
+        finally:
+            self.last = StepFigures(seconds=time.perf_counter() - t0, blocked=self.clock.stop())
+        return self._mean_loss(tokens.device)
+
+    def _mean_loss(self, device) -> float:
+        """The last rank's mean over the micro-batches, handed to every rank of the pipeline (a sum over the PP group
+        of that mean and zeros: a fixed-shape tensor, nothing pickled)."""
+        total = torch.zeros((), device=device)
+        if self.has_last and self.losses:
+            # the last m: a schedule's first step (and each switch between training and evaluation) also runs the
+            # loss once while it infers the shapes its stages exchange
+            total += torch.stack(self.losses[-self.m:]).mean()
+        torch.distributed.all_reduce(total, group=self.group)
+        return float(total)
+
+
+def pack(micro_batches: list):
+    """The step's micro-batches as whole-batch tensors, which the schedule cuts back into the same micro-batches
+    (torch.tensor_split along the batch dimension): tokens [m b, s], target [m b, 2, s] (labels and loss mask), and
+    the position ids as a keyword (document masking: every stage needs them)."""
+    inputs = [mb[0] for mb in micro_batches]
+    kwargs = {}
+    if isinstance(inputs[0], tuple):
+        kwargs["position_ids"] = torch.cat([i[1] for i in inputs])
+        inputs = [i[0] for i in inputs]
+    labels = torch.cat([mb[1][0] for mb in micro_batches])
+    mask = torch.cat([mb[1][1] for mb in micro_batches])
+    target = torch.stack([labels, mask.to(labels.dtype)], dim=1)
+    return torch.cat(inputs), target, kwargs

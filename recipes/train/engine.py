@@ -1,8 +1,10 @@
 """Parallel wiring in one place: torch.distributed, megatron-core parallel_state, the mpu adapter DeepSpeed needs,
 the optimizer / lr schedule, and `deepspeed.initialize`.
 
-PP > 1 runs DeepSpeed's pipeline engine over a `PipelineModule` (ZeRO 0/1); PP = 1 runs the plain DeepSpeed engine
-over the same layers in one module (`PlainDecoder`), which allows ZeRO 0/1/2/3.
+One engine kind: DeepSpeed's plain engine over the layers this rank holds. PP = 1: all of them (`PlainDecoder`, ZeRO
+0/1/2/3). PP > 1: the layers of this rank's virtual stages (recipes.parallel.pipeline), run by a
+torch.distributed.pipelining schedule outside the engine; DeepSpeed's ZeRO-0/1 reduces the gradients over DP and
+steps (`PipelineMPU`: its model-parallel group spans TP x PP, so the gradient norm covers every stage).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from recipes.model.fast_path import any_non_finite, check_attention_backend, com
 from recipes.parallel.cpu_buffers import place_sequence_parallel_buffers_on_cpu
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
-from recipes.parallel.partition import UNEVEN_GROUPS_FIX, uneven_group_problem
+from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
 
 
 # ---------------------------------------------------------------------------------------------------- distributed
@@ -155,6 +157,23 @@ class MegatronMPU:
         return self.ps.get_pipeline_model_parallel_group()
 
 
+class PipelineMPU(MegatronMPU):
+    """The mpu of a pipeline (PP > 1) run: "model parallel" = TP x PP (megatron-core's model-parallel group), so ZeRO
+    sums the gradient norm over every stage and every TP rank; its rank, stage x TP + TP rank, names the checkpoint
+    files (`mp_rank_MM`, as DeepSpeed's own pipeline grid named them). "tensor model parallel" stays TP: ZeRO counts
+    a replicated parameter (a norm) on TP rank 0 only."""
+
+    def get_model_parallel_rank(self):
+        return (self.ps.get_pipeline_model_parallel_rank() * self.ps.get_tensor_model_parallel_world_size()
+                + self.ps.get_tensor_model_parallel_rank())
+
+    def get_model_parallel_world_size(self):
+        return self.ps.get_tensor_model_parallel_world_size() * self.ps.get_pipeline_model_parallel_world_size()
+
+    def get_model_parallel_group(self):
+        return self.ps.get_model_parallel_group()
+
+
 # ------------------------------------------------------------------------------------------------ optimizer, lr
 class GuardedAdamW(torch.optim.AdamW):
     """AdamW (or Adam with weight_decay 0) that skips the update when any rank holds a non-finite gradient.
@@ -234,20 +253,23 @@ def lr_multiplier(recipe, total_steps: int):
 # -------------------------------------------------------------------------------------------------------- engine
 @dataclass
 class Engine:
-    engine: object  # deepspeed DeepSpeedEngine or PipelineEngine
-    module: torch.nn.Module
+    engine: object  # deepspeed DeepSpeedEngine over this rank's layers
+    module: torch.nn.Module  # those layers (recipes.model.layers.DecoderStack)
     optimizer: GuardedAdamW
     layout: Layout
     device: torch.device
     is_pipe: bool
     ds_config: dict
     attention_backend: str = ""  # the torch SDPA kernel the attention runs on (recipes.model.fast_path)
+    pipeline: object = None  # PP > 1: recipes.parallel.pipeline.PipelineRunner (the schedule over this rank's stages)
 
 
-def _refuse_uneven_stage_groups(model, ep: int = 1) -> None:
-    """Raise (on every rank alike, before any collective) when the split DeepSpeed chose gives stages different
-    optimizer param-group counts: ZeRO-1 would hang in the first step (see recipes.parallel.partition)."""
-    problem = uneven_group_problem(deepspeed_private.layer_class_names(model), list(model.parts), ep)
+def _refuse_uneven_stage_groups(recipe, layout) -> None:
+    """Raise (on every rank alike, before any collective) when the split gives pipeline ranks different optimizer
+    param-group counts: ZeRO-1 would hang in the first step (see recipes.parallel.partition)."""
+    m = recipe.model
+    held = rank_layers(m, layout.tp, layout.pp, layout.vpp, recipe.parallel.pipeline_partition, layout.ep)
+    problem = uneven_group_problem(layer_names(m), held, layout.ep)
     if problem:
         raise ValueError(f"pipeline split gives stages different optimizer param groups ({problem}); "
                          f"{UNEVEN_GROUPS_FIX}")
@@ -269,23 +291,25 @@ def _quiet_known_optimizer_warning(ds_logger: logging.Logger) -> None:
 def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -> Engine:
     """Build model, optimizer and lr schedule and hand them to deepspeed.initialize. parallel_state must be up."""
     import deepspeed
+    from megatron.core import parallel_state
 
-    from recipes.model.layers import PlainDecoder
-    from recipes.parallel.pipeline import build_pipeline_module
+    from recipes.model.layers import PlainDecoder, VocabParallelLoss
 
     ds_config = build_ds_config(recipe, layout, device.type)
     if device.type == "cpu" and layout.sequence_parallel and layout.tp > 1:
         place_sequence_parallel_buffers_on_cpu()  # megatron-core's SP collectives allocate on CUDA otherwise
     attention_backend = check_attention_backend(recipe, device)  # before building: a refusal costs nothing
     is_pipe = layout.pp > 1
+    pipe_model = None
     if is_pipe:
-        model = build_pipeline_module(recipe, layout)
-        mpu = None  # the PipelineModule carries DeepSpeed's own grid (same rank order)
+        from recipes.parallel.pipeline import build_pipeline_model
+
         if layout.zero_stage == 1:
-            _refuse_uneven_stage_groups(model, layout.ep)
+            _refuse_uneven_stage_groups(recipe, layout)
+        pipe_model = build_pipeline_model(recipe, layout, parallel_state.get_pipeline_model_parallel_rank())
+        model, mpu = pipe_model.stack, PipelineMPU()
     else:
-        model = PlainDecoder(recipe, layout)
-        mpu = MegatronMPU()
+        model, mpu = PlainDecoder(recipe, layout), MegatronMPU()
     model.to(device)
     if recipe.training.compile_decoder_layers:
         compile_decoder_layers(model)
@@ -299,5 +323,11 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
         from recipes.train.expert_parallel import after_initialize
 
         after_initialize(engine, layout)
+    pipeline = None
+    if is_pipe:
+        from recipes.parallel.pipeline import PipelineRunner
+
+        pipeline = PipelineRunner(pipe_model, layout, device, layout.grad_accum_steps(recipe.training.global_batch),
+                                  VocabParallelLoss(recipe.model.vocab_size))
     return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,
-                  ds_config=ds_config, attention_backend=attention_backend)
+                  ds_config=ds_config, attention_backend=attention_backend, pipeline=pipeline)

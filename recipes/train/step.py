@@ -1,5 +1,5 @@
-"""One optimizer step: forward/backward over this rank's micro-batches (the pipeline engine's schedule, or the plain
-engine's loop), what the optimizer did with it (grad norm, skipped on a non-finite loss or gradient), and the NaN
+"""One optimizer step: forward/backward over this rank's micro-batches (the pipeline schedule, or the plain engine's
+loop), what the optimizer did with it (grad norm, skipped on a non-finite loss or gradient), and the NaN
 policy (how many skipped steps in a row end the run)."""
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from recipes.checkpoint.format import deepspeed_private
 
 logger = logging.getLogger(__name__)
 
@@ -18,9 +20,10 @@ class NonFiniteLossError(RuntimeError):
 
 def train_step(eng, micro_batches) -> float:
     """One optimizer step over this rank's micro-batches; returns the mean loss over the global batch."""
-    if eng.is_pipe:
-        return float(eng.engine.train_batch(data_iter=iter(micro_batches)))
     from megatron.core import parallel_state
+
+    if eng.pipeline is not None:
+        return _mean_over_dp(pipeline_step(eng, micro_batches), eng.device)
 
     total = torch.zeros((), device=eng.device)
     n = 0
@@ -31,6 +34,42 @@ def train_step(eng, micro_batches) -> float:
         total += loss.detach().float()
         n += 1
     total /= n
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return float(total) / parallel_state.get_data_parallel_world_size()
+
+
+def pipeline_step(eng, micro_batches) -> float:
+    """PP > 1: the schedule runs every micro-batch's forward and backward with DeepSpeed's gradient reduction held
+    back (`no_sync`), the tied embedding's two copies get the sum of their gradients, then ZeRO reduces over DP once
+    and steps: what DeepSpeed's own pipeline engine did after its 1F1B schedule. Returns the pipeline's mean loss."""
+    ds = eng.engine
+    ds.set_gradient_accumulation_boundary(False)
+    with ds.no_sync():
+        loss = eng.pipeline.train(micro_batches, scale=loss_scale(eng) if eng.ds_config.get("fp16") else 1.0)
+    sum_tied_embedding_grads(eng.module)
+    ds.set_gradient_accumulation_boundary(True)
+    deepspeed_private.reduce_pipeline_gradients(ds)
+    ds.step()
+    return loss
+
+
+def sum_tied_embedding_grads(stack) -> None:
+    """A tied word embedding lives on the first pipeline rank (the input) and the last (the head, `TiedHeadCopy`):
+    each copy's gradient becomes their sum (megatron-core's embedding group: those two ranks of each pipeline), so
+    both take the same update and stay equal."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.is_rank_in_embedding_group(ignore_virtual=True) or not hasattr(stack, "0") or not stack.tied:
+        return
+    weight = getattr(stack, "0").word_embeddings.weight
+    if weight.grad is not None:
+        torch.distributed.all_reduce(weight.grad, group=ps.get_embedding_group())
+
+
+def _mean_over_dp(loss: float, device) -> float:
+    from megatron.core import parallel_state
+
+    total = torch.tensor(loss, device=device, dtype=torch.float32)
     torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
     return float(total) / parallel_state.get_data_parallel_world_size()
 

@@ -53,12 +53,16 @@ class CommClock:
         self._cuda = False
 
     def install(self) -> "CommClock":
-        """Wrap torch.distributed's calls (both names each has); idempotent."""
-        for module in (torch.distributed, c10d):
-            for name in _CALLS:
-                fn = getattr(module, name, None)
-                if fn is not None and not getattr(fn, "_comm_clock", False):
-                    setattr(module, name, self._wrap(fn))
+        """Wrap torch.distributed's calls, one wrapper under both names each has (torch.distributed.isend is
+        c10d.isend: P2POp checks the op it is given against c10d's names); idempotent."""
+        for name in _CALLS:
+            fn = getattr(c10d, name, None) or getattr(torch.distributed, name, None)
+            if fn is None or getattr(fn, "_comm_clock", False):
+                continue
+            timed = self._wrap(fn)
+            for module in (torch.distributed, c10d):
+                if getattr(module, name, None) is not None:
+                    setattr(module, name, timed)
         return self
 
     def start(self, device: torch.device) -> None:

@@ -17,8 +17,10 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
     losses = []
     for i in range(iters):
         mbs = batches.step(i * global_batch)
-        if eng.is_pipe:
-            losses.append(float(eng.engine.eval_batch(data_iter=iter(mbs))))
+        if eng.pipeline is not None:
+            total = torch.tensor(eng.pipeline.evaluate(mbs), device=eng.device)
+            torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+            losses.append(float(total) / parallel_state.get_data_parallel_world_size())
             continue
         eng.engine.eval()
         total = torch.zeros((), device=eng.device)

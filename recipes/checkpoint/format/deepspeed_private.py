@@ -77,10 +77,19 @@ def zero_stage_enum(stage: int):
 
 
 # ------------------------------------------------------------------------------------------- pipeline, process groups
-def layer_class_names(pipeline_module) -> list[str]:
-    """Class name of every layer of a PipelineModule, in order (relies on its private `_layer_specs`: the LayerSpecs
-    it was built from, each with `typename`)."""
-    return [spec.typename.__name__ for spec in pipeline_module._layer_specs]
+def reduce_pipeline_gradients(engine) -> None:
+    """After a pipeline schedule ran every micro-batch's backward outside the engine (in `engine.no_sync()`): reduce
+    the accumulated gradients over DP as DeepSpeed's own pipeline engine did after its schedule. ZeRO-1 relies on
+    DeepSpeedZeroOptimizer.reduce_gradients(pipeline_parallel=True), which sets up the contiguous reduction buffer
+    that a backward through the engine would have set up (with pipeline_parallel=False it is missing when the
+    schedule computed the weight gradients apart, as zero-bubble does: tested); ZeRO-0 uses the public
+    `allreduce_gradients`."""
+    optimizer = engine.optimizer
+    if zero_optimizer(optimizer) is not None and hasattr(optimizer, "reduce_gradients"):
+        optimizer.set_gradient_accumulation_boundary(True)
+        optimizer.reduce_gradients(pipeline_parallel=True)
+    else:
+        engine.allreduce_gradients()
 
 
 def bind_new_group_timeout(timeout: timedelta) -> None:

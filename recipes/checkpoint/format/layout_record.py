@@ -1,7 +1,9 @@
 """What a checkpoint tag records about the run that saved it, inside its complete.json (written with the marker, in
 the same atomic write, so a tag is never complete without it):
 
-  "layout": {"tp", "cp", "pp", "dp", "ep", "zero_stage", "padded_vocab_size", "seq_length", "world_size"}
+  "layout": {"tp", "cp", "pp", "vpp", "dp", "ep", "zero_stage", "padded_vocab_size", "seq_length", "world_size",
+             "schedule", "format"}  (format 2: every model-parallel rank's layers in its mp_rank file; a tag without
+             it and with per-layer files was written by DeepSpeed's pipeline engine, recipes.checkpoint.format.layout)
   "model":  the fields that fix the parameters' names and shapes (num_layers, hidden_size, heads, ...)
   "recipe": {"name", "sha256"} of the recipe that saved it
 
@@ -18,6 +20,11 @@ from pathlib import Path
 
 from recipes.checkpoint.format.tags import MARKER
 
+# 2: each model-parallel rank (stage x TP + TP rank) keeps its layers in mp_rank_MM_model_states.pt under their
+# canonical names (the plain engine under a torch.distributed.pipelining schedule); before it, a pipeline checkpoint
+# was DeepSpeed's PipelineModule format (one file per layer and TP rank).
+FORMAT = 2
+
 # The model fields that decide the parameters' names and shapes (a checkpoint's weights fit a model only if these
 # agree). seq_length is not one of them with RoPE; position_embedding=learned makes it one (checked separately).
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "query_groups", "ffn_size", "vocab_size",
@@ -32,6 +39,7 @@ class SavedLayout:
     dp: int
     zero_stage: int
     ep: int = 1
+    vpp: int = 1  # model chunks per pipeline rank (which layers a rank's files hold)
     padded_vocab_size: int | None = None  # None: not recorded (a tag from before the record)
     seq_length: int | None = None
     recorded: bool = True  # False: inferred from the DeepSpeed files (cp then 1 and dp the data axis DP x CP)
@@ -43,11 +51,12 @@ class SavedLayout:
 
     def record(self) -> dict:
         """As a checkpoint records it (None where unknown: a tag from before the record)."""
-        return {f: getattr(self, f) for f in ("tp", "cp", "pp", "dp", "ep", "zero_stage", "padded_vocab_size",
+        return {f: getattr(self, f) for f in ("tp", "cp", "pp", "vpp", "dp", "ep", "zero_stage", "padded_vocab_size",
                                               "seq_length")}
 
     def describe(self) -> str:
         ep = f" x EP={self.ep}" if self.ep > 1 else ""
+        ep += f" x VPP={self.vpp}" if self.vpp > 1 else ""
         if not self.recorded:
             return (f"TP={self.tp} x PP={self.pp} x DP x CP={self.dp}{ep}, ZeRO-{self.zero_stage} (inferred from its "
                     "files: it predates the layout record)")
@@ -58,7 +67,7 @@ class SavedLayout:
 def layout_of(recipe, layout) -> SavedLayout:
     """The layout `recipe` runs at (`layout`: its recipes.parallel.layout.Layout), as a checkpoint would record it."""
     return SavedLayout(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage,
-                       ep=getattr(layout, "ep", 1), padded_vocab_size=recipe.model.padded_vocab_size(layout.tp),
+                       ep=getattr(layout, "ep", 1), vpp=getattr(layout, "vpp", 1), padded_vocab_size=recipe.model.padded_vocab_size(layout.tp),
                        seq_length=recipe.model.seq_length)
 
 
@@ -70,7 +79,8 @@ def record(recipe, layout) -> dict:
     """The entries a tag's complete.json gets (recipes.checkpoint.format.tags.mark_complete)."""
     from recipes.checkpoint.recipe_file import recipe_digest
 
-    return {"layout": {**layout_of(recipe, layout).record(), "world_size": layout.world_size},
+    return {"layout": {**layout_of(recipe, layout).record(), "world_size": layout.world_size,
+                       "schedule": getattr(layout, "schedule", "1f1b"), "format": FORMAT},
             "model": model_shape(recipe.model),
             "recipe": {"name": recipe.name, "sha256": recipe_digest(recipe)}}
 
@@ -87,7 +97,7 @@ def saved_layout(tag_dir: Path) -> SavedLayout:
     rec = marker(tag_dir).get("layout")
     if isinstance(rec, dict):
         return SavedLayout(tp=rec["tp"], cp=rec.get("cp", 1), pp=rec["pp"], dp=rec["dp"], ep=rec.get("ep", 1),
-                           zero_stage=rec["zero_stage"], padded_vocab_size=rec.get("padded_vocab_size"),
+                           vpp=rec.get("vpp", 1), zero_stage=rec["zero_stage"], padded_vocab_size=rec.get("padded_vocab_size"),
                            seq_length=rec.get("seq_length"))
     from recipes.checkpoint.format.layout import detect_layout
 
