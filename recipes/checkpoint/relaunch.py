@@ -1,18 +1,20 @@
 """Can a launch resume checkpoint.dir at the layout it asks for? Decided before any rank starts
 (recipes.planner.validation.validate_for_launch) from the layout the newest complete tag records
-(recipes.checkpoint.format.layout_record), instead of by DeepSpeed's load errors once every rank is up.
+(recipes.checkpoint.format.layout_record), instead of by load errors once every rank is up.
 
-Loadable as it is, by DeepSpeed's own load_checkpoint at the new layout:
-the same TP, PP, EP, ZeRO stage, padded vocabulary and DP x CP. DP x CP is DeepSpeed's data axis, over which ZeRO
-partitions the optimizer state; CP holds no parameters, so CP=2 x DP=1 files are those of CP=1 x DP=2 and a trade
-between the two loads as it is (tests/training/test_context_parallel_resume.py). At ZeRO-0 nothing is partitioned
-over that axis (the optimizer state is in the model-parallel files every data-parallel rank loads), so DP may change
-freely (tests/launch/test_documented_path.py relaunches a ZeRO-0 DP=4 run at DP=2). ZeRO-1 <-> ZeRO-2 writes the same
-files, but no test here resumes one as the other, so it is refused too (the reshape is cheap: the streaming writer).
-Anything else is refused, naming both layouts, with the `recipes reshape` command that writes the checkpoint at the
-new layout and how to resume there. A different model.seq_length is refused on its own: a resumed run keeps its
-sequence length (its consumed-samples count and data index are in sequences of that length); a longer-context stage
-is a new run started from this one (checkpoint.init_from).
+Loadable as it is, by DeepSpeed's own load_checkpoint at the new layout (`layout_changes` is empty): the same TP, PP,
+VPP, EP, ZeRO stage, padded vocabulary and DP x CP. DP x CP is DeepSpeed's data axis, over which ZeRO partitions the
+optimizer state; CP holds no parameters, so CP=2 x DP=1 files are those of CP=1 x DP=2 and a trade between the two
+loads as it is (tests/training/test_context_parallel_resume.py). At ZeRO-0 nothing is partitioned over that axis, so
+DP may change freely.
+
+Any other change is resharded on load (recipes.checkpoint.reshard): `recipes train` reads the slices each rank needs
+and goes on at the new layout. Refused here, naming both sides and the way forward: a source whose optimizer state
+cannot be re-laid (ZeRO-0: torch keeps it without parameter names), a source whose experts are split over EP ranks
+(read by engines only: `recipes reshape` does it), a ZeRO-3 target (its partitions are not filled tensor by tensor),
+a different model shape, and a different model.seq_length (a resumed run keeps its sequence length: its consumed-
+samples count and data index are in sequences of that length; a longer-context stage is a new run started from this
+one, checkpoint.init_from).
 """
 from __future__ import annotations
 
@@ -49,12 +51,14 @@ def relaunch_refusals(recipe, layout) -> list[Refusal]:
         return [Refusal("checkpoint.dir", f"checkpoint.dir = {c.dir}: the layout of {tag} cannot be read: {e}",
                         "move the damaged tag aside, or set checkpoint.dir to another directory")]
     wanted = layout_of(recipe, layout)
-    out = []
+    out = shape_refusals(c.dir, tag_dir, recipe.model)
     changes = layout_changes(saved, wanted, recipe.model)
     if changes:
-        out.append(Refusal("parallel", f"checkpoint.dir = {c.dir} holds {tag}, saved at {saved.describe()}; this "
-                           f"launch is {wanted.describe()}: DeepSpeed cannot load it at {', '.join(changes)}",
-                           _reshape_fix(c.dir, tag, saved, wanted, recipe.model)))
+        why = _why_not_resharded(saved, wanted)
+        if why:
+            out.append(Refusal("parallel", f"checkpoint.dir = {c.dir} holds {tag}, saved at {saved.describe()}; this "
+                               f"launch is {wanted.describe()} ({', '.join(changes)}), and {why}",
+                               _reshape_fix(c.dir, tag, saved, wanted, recipe.model)))
     if saved.seq_length is not None and saved.seq_length != wanted.seq_length:
         out.append(Refusal("model.seq_length", f"checkpoint.dir = {c.dir} holds {tag} of a run at model.seq_length="
                            f"{saved.seq_length}; this launch has model.seq_length={wanted.seq_length}: a resumed run "
@@ -65,11 +69,43 @@ def relaunch_refusals(recipe, layout) -> list[Refusal]:
     return out
 
 
+def _why_not_resharded(saved: SavedLayout, wanted: SavedLayout) -> str | None:
+    """Why `recipes train` cannot reshard this tag on load (None: it can)."""
+    if saved.zero_stage == 0:
+        return "a ZeRO-0 checkpoint's optimizer state cannot be resharded (torch keeps it without parameter names)"
+    if saved.ep > 1:
+        return (f"its experts are split over EP={saved.ep} ranks, which only engines read (resharding on load reads "
+                "files)")
+    if wanted.zero_stage == 3:
+        return "resharding on load fills ZeRO-0/1/2 engines, not ZeRO-3 partitions"
+    return None
+
+
+def shape_refusals(ckpt_dir: str, tag_dir: Path, model_cfg) -> list[Refusal]:
+    """The recipe's model must be the one the tag holds (its record's shape fields): named field by field."""
+    from recipes.checkpoint.format.layout_record import SHAPE_FIELDS, marker, model_shape
+
+    theirs = marker(tag_dir).get("model")
+    if not isinstance(theirs, dict):
+        return []
+    ours = model_shape(model_cfg)
+    diff = [f for f in SHAPE_FIELDS if f in theirs and theirs[f] != ours[f]]
+    if not diff:
+        return []
+    said = ", ".join(f"model.{f}={theirs[f]} (this recipe: {ours[f]})" for f in diff)
+    return [Refusal("model", f"checkpoint.dir = {ckpt_dir} holds {tag_dir.name} of another model: {said}",
+                    "use the recipe that checkpoint was trained with (its copy: "
+                    f"{Path(ckpt_dir) / 'recipe.yaml'}), or give this run its own checkpoint.dir "
+                    f"(checkpoint.init_from={ckpt_dir} starts it from those weights when the shapes fit)")]
+
+
 def layout_changes(saved: SavedLayout, wanted: SavedLayout, model_cfg) -> list[str]:
-    """The differences DeepSpeed's load cannot take ([] if it loads as it is). The padded vocabulary is named when
+    """The differences DeepSpeed's load cannot take ([] if it loads as it is; the rest is resharded on load, see
+    `relaunch_refusals`). The padded vocabulary is named when
     model.make_vocab_size_divisible_by changed (a TP change pads it anew by itself)."""
     out = []
-    for name, a, b in (("TP", saved.tp, wanted.tp), ("PP", saved.pp, wanted.pp), ("EP", saved.ep, wanted.ep)):
+    for name, a, b in (("TP", saved.tp, wanted.tp), ("PP", saved.pp, wanted.pp), ("EP", saved.ep, wanted.ep),
+                       ("VPP", saved.vpp if saved.pp > 1 else 1, wanted.vpp if wanted.pp > 1 else 1)):
         if a != b:
             out.append(f"{name}={b} (saved {name}={a})")
     # ZeRO-0 partitions nothing: the optimizer state is in the model-parallel ranks' files, which every data-parallel
@@ -103,15 +139,12 @@ def _reshape_fix(ckpt_dir: str, tag: str, saved: SavedLayout, w: SavedLayout, mo
         return (f"a ZeRO-0 checkpoint's optimizer state cannot be re-laid (torch keeps it without parameter names): "
                 f"relaunch at the saved layout, or start a new run from its weights: checkpoint.dir=NEW_DIR "
                 f"checkpoint.init_from={ckpt_dir}")
-    zero = w.zero_stage
-    lead = ""
-    if zero == 3:  # recipes reshape writes ZeRO-0/1/2
-        zero = 2 if w.pp == 1 else 1
-        lead = (f"`recipes reshape` writes ZeRO-0/1/2, not ZeRO-3: relaunch with parallel.zero_stage={zero} after "
-                "reshaping to it; ")
-        w = SavedLayout(**{**w.__dict__, "zero_stage": zero})
+    if w.zero_stage == 3:  # neither resharding on load nor recipes reshape fill ZeRO-3 partitions
+        return (f"resume at parallel.zero_stage={2 if w.pp == 1 else 1} (`recipes train` reshards it on load); a "
+                "ZeRO-3 run resumes only a ZeRO-3 checkpoint of its own layout")
+    extra = (f",ep={w.ep}" if w.ep > 1 or saved.ep > 1 else "") + (f",vpp={w.vpp}" if w.vpp > 1 else "")
     out = shlex.quote(reshaped_dir(ckpt_dir, w))
     vocab = f" model.make_vocab_size_divisible_by={divisible_by}" if divisor_changed else ""
-    return (f"{lead}reshape it first: `python -m recipes reshape --checkpoint {shlex.quote(str(ckpt_dir))} --tag {tag} "
-            f"--out {out} --to tp={w.tp},pp={w.pp},dp={w.dp},cp={w.cp},zero={zero}{vocab}`, then resume there: launch "
-            f"again with checkpoint.dir={out} (the original stays as it is)")
+    return (f"reshape it first: `python -m recipes reshape --checkpoint {shlex.quote(str(ckpt_dir))} --tag {tag} "
+            f"--out {out} --to tp={w.tp},pp={w.pp},dp={w.dp},cp={w.cp}{extra},zero={w.zero_stage}{vocab}`, then "
+            f"resume there: launch again with checkpoint.dir={out} (the original stays as it is)")

@@ -196,13 +196,24 @@ def _disk_full_message(root: Path, tag: str, e: BaseException | None) -> str | N
 
 def resume(engine, ckpt_dir: str | None) -> dict | None:
     """Collective. Load the newest complete checkpoint; returns its client_state, or None when starting fresh."""
+    tag_dir = newest_agreed(ckpt_dir)
+    return None if tag_dir is None else load(engine, tag_dir)
+
+
+def newest_agreed(ckpt_dir: str | None) -> Path | None:
+    """Collective: the newest complete tag of `ckpt_dir` as rank 0 finds it, the same on every rank (None: none)."""
     if not ckpt_dir:
         return None
     tag = _agreed_tag(ckpt_dir)
-    if tag is None:
-        return None
-    tag_dir = Path(ckpt_dir) / tag
-    path, client_state = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
+    return None if tag is None else Path(ckpt_dir) / tag
+
+
+def load(engine, tag_dir: Path) -> dict:
+    """Collective: DeepSpeed's own load of a tag saved at this engine's layout (every file read as data:
+    recipes.torch_guard), then each rank's RNG states; returns the tag's client state."""
+    tag_dir = Path(tag_dir)
+    tag = tag_dir.name
+    path, client_state = engine.load_checkpoint(str(tag_dir.parent), tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
     if path is None:
         raise RuntimeError(f"checkpoint: DeepSpeed could not load {tag_dir}; move it aside to start over")

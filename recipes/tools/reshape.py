@@ -40,14 +40,14 @@ log = logging.getLogger(__name__)
 
 
 def parse_target(spec: str) -> dict:
-    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1} (and 'cp' / 'ep': N when given; cp
-    defaults to 1, ep to the source run's)."""
+    """'tp=1,pp=4,dp=2,zero=1' -> {'tp': 1, 'pp': 4, 'dp': 2, 'zero_stage': 1} (and 'cp' / 'ep' / 'vpp': N when given;
+    cp and vpp default to 1, ep to the source run's)."""
     out = {}
     for part in filter(None, spec.split(",")):
         key, _, value = part.partition("=")
         key = {"zero": "zero_stage"}.get(key.strip(), key.strip())
-        if key not in ("tp", "pp", "dp", "cp", "ep", "zero_stage") or not value.strip().isdigit():
-            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,cp=N][,ep=N][,zero=N], got '{part}'")
+        if key not in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage") or not value.strip().isdigit():
+            raise RecipeError(f"--to {spec}: expected tp=N,pp=N,dp=N[,cp=N][,ep=N][,vpp=N][,zero=N], got '{part}'")
         out[key] = int(value)
     for key in ("tp", "pp", "dp"):
         if key not in out:
@@ -65,7 +65,8 @@ def target_recipe(recipe, target: dict, source_zero: int):
                           "from a ZeRO-1/2 reshape only through export/import of the weights)")
     data = recipe.model_dump(mode="json")
     data["parallel"].update(tp=target["tp"], pp=target["pp"], dp=target["dp"], zero_stage=zero,
-                            cp=target.get("cp", 1), ep=target.get("ep", recipe.parallel.ep))
+                            cp=target.get("cp", 1), ep=target.get("ep", recipe.parallel.ep),
+                            vpp=target.get("vpp", 1), pipeline_schedule="auto")
     new = type(recipe).model_validate(data)
     world = target["tp"] * new.parallel.cp * target["pp"] * target["dp"]
     ep = f", ep={new.parallel.ep}" if recipe.model.moe is not None else ""

@@ -1,14 +1,16 @@
 """Where a run starts: the training state (step, samples consumed, skipped steps) from the newest complete checkpoint
 of checkpoint.dir (checkpoint.auto_resume), else from another run's checkpoint (checkpoint.init_from: its weights,
 and optionally its optimizer state, at this run's layout, with the step and samples at zero), else from the
-beginning. The engine's weights, optimizer, lr schedule and RNG states are loaded with it
-(recipes.checkpoint.store.resume, recipes.checkpoint.init_from.initialise)."""
+beginning. The engine's weights, optimizer, lr schedule and RNG states are loaded with it: by DeepSpeed when the tag
+was saved at this layout (recipes.checkpoint.store.load), else resharded on load (recipes.checkpoint.reshard); from
+another run by recipes.checkpoint.init_from.initialise."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-from recipes.checkpoint import init_from, store
+from recipes.checkpoint import init_from, reshard, store
+from recipes.checkpoint.format.layout_record import saved_layout
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +39,30 @@ class TrainState:
         return self.init_from is not None and self.resumed_from is None
 
 
+def _resume_own(eng, recipe) -> dict | None:
+    """Collective: the newest complete tag of checkpoint.dir, loaded by DeepSpeed when saved at this layout, else
+    resharded on load (recipes.checkpoint.reshard). Its client state, or None (nothing to resume)."""
+    from megatron.core import parallel_state
+
+    tag_dir = store.newest_agreed(recipe.checkpoint.dir)
+    if tag_dir is None:
+        return None
+    if reshard.loads_as_saved(tag_dir, recipe, eng.layout):
+        return store.load(eng.engine, tag_dir)
+    saved = saved_layout(tag_dir)
+    logger.info(f"checkpoint: {tag_dir} was saved at {saved.describe()}; resharding it on load to "
+                f"{eng.layout.describe()} (the checkpoint is only read; the next save writes this layout)")
+    state = reshard.load_resharded(eng, recipe, tag_dir, parallel_state.get_tensor_model_parallel_rank(),
+                                   parallel_state.get_expert_model_parallel_rank())
+    logger.info(f"checkpoint: resumed from {tag_dir} at step {state['step']}, {state['consumed_samples']} samples "
+                "consumed")
+    return state
+
+
 def resume(eng, recipe) -> TrainState:
     """Collective: load the newest complete checkpoint into `eng` (recipes.train.engine.Engine) if there is one, else
     initialise it from checkpoint.init_from if set."""
-    saved = store.resume(eng.engine, recipe.checkpoint.dir) if recipe.checkpoint.auto_resume else None
+    saved = _resume_own(eng, recipe) if recipe.checkpoint.auto_resume else None
     if saved:
         if recipe.checkpoint.init_from is not None:
             logger.info(f"checkpoint.dir {recipe.checkpoint.dir} holds this run's own checkpoint (step {saved['step']}):"

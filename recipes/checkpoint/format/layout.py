@@ -2,8 +2,11 @@
 at, and reading one of them as data.
 
 Where the tensors live:
-  * PP > 1 (pipeline engine, ZeRO 0/1): `layer_XX-model_TT-model_states.pt` per pipeline layer and TP rank.
-  * PP = 1, ZeRO 0/1/2: `mp_rank_TT_model_states.pt` ['module'].
+  * ZeRO 0/1/2 (any PP): `mp_rank_MM_model_states.pt` ['module']: the layers model-parallel rank MM holds, under their
+    canonical names (format 2, recipes.checkpoint.format.layout_record; a tied head's copy on the last stage is
+    "0.word_embeddings.weight" again).
+  * PP > 1 written by DeepSpeed's pipeline engine (before format 2, ZeRO 0/1): `layer_XX-model_TT-model_states.pt` per
+    pipeline layer and TP rank, the tied embedding as `tied_modules.embed.*` (read here, never written).
   * ZeRO-3: weights only in the fp32 partitions of `zero_pp_rank_D_mp_rank_TT_optim_states.pt`.
   * ZeRO >= 1: fp32 master weights and Adam moments as flat per-DP-rank partitions in the optim files (prefixed
     `bf16_` by DeepSpeed's bf16 optimizer).
@@ -68,10 +71,16 @@ class SourceLayout:
     pp: int
     dp: int
     zero_stage: int
-    pipeline_files: bool  # per-layer files (PipelineModule)
+    pipeline_files: bool  # per-layer files (DeepSpeed's PipelineModule, before format 2)
+    vpp: int = 1
 
     def describe(self) -> str:
-        return f"TP={self.tp} x PP={self.pp} x DP={self.dp}, ZeRO-{self.zero_stage}"
+        vpp = f" x VPP={self.vpp}" if self.vpp > 1 else ""
+        return f"TP={self.tp} x PP={self.pp}{vpp} x DP={self.dp}, ZeRO-{self.zero_stage}"
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp
 
 
 def detect_layout(tag_dir: Path) -> SourceLayout:
@@ -99,4 +108,11 @@ def detect_layout(tag_dir: Path) -> SourceLayout:
         tp = int(dims.get("tp_degree", len(layer_tp)))
         pp = int(dims.get("pp_degree", len(mp_files) // tp))
         return SourceLayout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, pipeline_files=True)
-    return SourceLayout(tp=len(mp_files), pp=1, dp=dp, zero_stage=zero_stage, pipeline_files=False)
+    # format 2: the record names TP and PP (each of the TP x PP model-parallel ranks has its own mp_rank file);
+    # a tag without one predates pipelines in this format (PP = 1)
+    from recipes.checkpoint.format.layout_record import marker
+
+    rec = marker(tag_dir).get("layout") or {}
+    pp = int(rec.get("pp", 1))
+    return SourceLayout(tp=int(rec.get("tp", len(mp_files) // pp)), pp=pp, dp=dp, zero_stage=zero_stage,
+                        pipeline_files=False, vpp=int(rec.get("vpp", 1)))

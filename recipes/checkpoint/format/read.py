@@ -49,12 +49,12 @@ def _local_weights_from_module_files(tag_dir: Path, lay: SourceLayout) -> list[d
             for k, v in load(path).items():
                 if torch.is_tensor(v):
                     per_tp[tp][f"{layer}.{k}"] = v
-    else:
-        for tp in range(lay.tp):
-            module = load(tag_dir / model_states_name(tp))["module"]
+    else:  # model-parallel rank mp = stage x TP + TP rank; a tied head's copy (last stage) follows the first's
+        for mp in range(lay.model_parallel):
+            module = load(tag_dir / model_states_name(mp))["module"]
             for k, v in module.items():
                 if torch.is_tensor(v) and not k.endswith("_extra_state"):
-                    per_tp[tp][canonical_name(k)] = v
+                    per_tp[mp % lay.tp].setdefault(canonical_name(k), v)
     return per_tp
 
 

@@ -10,8 +10,10 @@ over the source TP ranks: recipes.checkpoint.format.shards), re-padded and cut f
 released.
 `engine.load_checkpoint` at the target layout then loads these files as its own (same keys, same flat layout).
 
-Tied embeddings: a pipeline keeps the word embedding (DeepSpeed's `tied_modules.embed`) on its first and last stage,
-each copy in that stage's flat groups; both are written from the one canonical tensor (see `_stage_params`).
+Tied embeddings: a pipeline keeps the word embedding on its first stage and a copy (its head) on the last, each in
+that stage's flat groups; both are written from the one canonical tensor (see `_stage_params`). Sources written by
+DeepSpeed's pipeline engine (per-layer files, `tied_modules.embed`) are read; targets are always format 2
+(recipes.checkpoint.format.layout_record).
 
 Work items are the target's (stage, TP rank) pairs; a pool of worker processes writes them side by side (`workers`).
 Memory per worker: one full tensor (x3: master, exp_avg, exp_avg_sq) plus its item's own pieces: one DP rank's
@@ -43,7 +45,7 @@ from recipes.checkpoint import safe_load
 from recipes.checkpoint.format import deepspeed_private, layout_record
 from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.expert_shards import is_moe_split, tp_dim as expert_tp_dim
-from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, layer_name, model_states_name,
+from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, model_states_name,
                                               optim_file_name, optim_name)
 from recipes.checkpoint.format.shards import (canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp,
                                               strip_vocab)
@@ -133,10 +135,15 @@ class Source:
             for p in sorted(self.dir.glob("layer_*-model_00-model_states.pt")):
                 layer = int(p.name.split("-", 1)[0][len("layer_"):])
                 keys[layer] = [f"{layer}.{k}" for k in safe_load.load(p, mmap=True)]
-        else:
-            for k in first["module"]:
-                keys.setdefault(int(k.split(".", 1)[0]), []).append(k)
-        return keys
+            return keys
+        for stage in range(self.lay.pp):  # each stage's layers (the first stage's copy of a tied embedding)
+            module = first["module"] if stage == 0 else self.load(model_states_name(stage * self.lay.tp))["module"]
+            stage_keys: dict[int, list[str]] = {}
+            for k in module:
+                stage_keys.setdefault(int(k.split(".", 1)[0]), []).append(k)
+            for layer, names in stage_keys.items():
+                keys.setdefault(layer, names)
+        return dict(sorted(keys.items()))
 
     def _partition(self, d: int, mp: int, g: int, kind: str) -> torch.Tensor:
         o = self.load(optim_name(self.dir, d, mp))["optimizer_state_dict"]
@@ -245,40 +252,52 @@ class Plan:
     ds_config: dict
     version: str | None
     wd: float
+    tied_copies: list[bool] = field(default_factory=list)  # per stage: layer 0 is a tied head's copy
 
 
 def _layer(name: str) -> int:
     return int(name.split(".", 1)[0])
 
 
-def _stage_params(src: Source, layers: list[int], stage: int, pp: int, tied: bool) -> list[tuple[str, str]]:
-    """(name in the target's files, canonical name) of one target stage, in its `model.parameters()` order.
-
-    A tied embedding in a pipeline (PP > 1) lives in DeepSpeed's `tied_modules.embed` on the first stage and again
-    on the last (its head); `tied_modules` is registered before the layers, so its parameters come first on both
-    stages. Both copies are the canonical tensor: the pipeline all-reduces their gradients, so they stay identical
-    (the last stage's copy of a learned position embedding is never used and follows the first stage's)."""
+def _stage_params(src: Source, layers: list[int], tied_copy: bool) -> list[tuple[str, str]]:
+    """(name in the target's files, canonical name) of one target stage, in its `model.parameters()` order: its
+    layers in index order (recipes.model.layers.DecoderStack). `tied_copy`: the last stage of a pipeline holds a copy
+    of a tied word embedding as layer 0 (its head), written from the one canonical tensor: the pipeline sums the two
+    copies' gradients, so they are the same tensor."""
     names = [n for n in src.order if _layer(n) in layers]
-    if not tied or pp == 1 or 0 < stage < pp - 1:
-        return [(n, n) for n in names]
-    embed = [n for n in src.order if _layer(n) == 0]
-    rest = [n for n in names if _layer(n) != 0]
-    return [(f"tied_modules.embed.{n.split('.', 1)[1]}", n) for n in embed] + [(n, n) for n in rest]
+    if tied_copy:
+        names = [n for n in names if _layer(n) != 0 or n == TIED_COPY]
+    return [(n, n) for n in names]
+
+
+TIED_COPY = "0.word_embeddings.weight"
+
+
+def _target_layers(src: Source, recipe, layout) -> list[tuple[list[int], bool]]:
+    """Per target pipeline stage: the layers its DecoderStack holds, and whether layer 0 is a tied head's copy."""
+    from recipes.parallel.partition import rank_layers
+
+    cfg = recipe.model
+    if layout.pp == 1:
+        return [(sorted(src.module_keys), False)]
+    head = cfg.num_layers + 2
+    out = []
+    for held in rank_layers(cfg, layout.tp, layout.pp, layout.vpp, recipe.parallel.pipeline_partition, layout.ep):
+        copy = cfg.tied_embeddings and head in held and 0 not in held
+        out.append((sorted({0 if (copy and i == head) else i for i in held} & set(src.module_keys)), copy))
+    return out
 
 
 def _plan(src: Source, tag_dir: Path, out_tag: Path, recipe, layout) -> Plan:
     from recipes.parallel.ds_config import build_ds_config
-    from recipes.parallel.partition import stage_boundaries
 
     cfg = recipe.model
     tp, pp = layout.tp, layout.pp
     padded = cfg.padded_vocab_size(tp)
-    parts = stage_boundaries(cfg, tp, pp, recipe.parallel.pipeline_partition) if pp > 1 else [0, 1 << 30]
-    stage_layers, stage_groups = [], []
-    for stage in range(pp):
-        layers = [L for L in sorted(src.module_keys) if parts[stage] <= L < parts[stage + 1]]
+    stage_layers, stage_groups, copies = [], [], []
+    for layers, copy in _target_layers(src, recipe, layout):
         groups = [Group(decay=True), Group(decay=False)]
-        for name, canon in _stage_params(src, layers, stage, pp, cfg.tied_embeddings):
+        for name, canon in _stage_params(src, layers, copy):
             shape = _local_shape(canon, src.full_shape(canon), tp, padded)
             grp = groups[0 if len(shape) >= 2 else 1]
             grp.names.append(name)
@@ -287,14 +306,15 @@ def _plan(src: Source, tag_dir: Path, out_tag: Path, recipe, layout) -> Plan:
             grp.shapes.append(shape)
             grp.numel += math.prod(shape)
         stage_layers.append(layers)
+        copies.append(copy)
         stage_groups.append([g for g in groups if g.names])  # DeepSpeed drops an empty param group
-        opt = recipe.training.optimizer
+    opt = recipe.training.optimizer
     return Plan(tag_dir=tag_dir, out_tag=out_tag, model_cfg=cfg, tp=tp, pp=pp, dp=layout.dp,
                 zero=layout.zero_stage, padded=padded, swiglu=cfg.activation == "swiglu",
                 dtype=recipe.training.precision, stage_layers=stage_layers, stage_groups=stage_groups,
                 model_states={**src.model_states, "client_state": marked_client_state(tag_dir)},
                 ds_config=build_ds_config(recipe, layout), version=src.model_states.get("ds_version"),
-                wd=opt.weight_decay if opt.type == "adamw" else 0.0)
+                wd=opt.weight_decay if opt.type == "adamw" else 0.0, tied_copies=copies)
 
 
 def default_workers(items: int) -> int:
@@ -375,8 +395,8 @@ def _run_pool(plan: Plan, items: list[tuple[int, int]], workers: int, done) -> N
 
 
 def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
-    """Target pipeline stage `stage`, TP rank `t`: its layer files (PP > 1) or module (PP = 1), its model-states
-    file and one optimizer file per DP rank."""
+    """Target pipeline stage `stage`, TP rank `t`: its model-states file (its layers' weights in it) and one
+    optimizer file per DP rank."""
     cache = _OneTensorCache(src)
     figures = {"bytes": 0, "files": 0}
 
@@ -396,22 +416,18 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
 
 
 def _write_weights(plan: Plan, src: Source, cache: _OneTensorCache, stage: int, t: int, save) -> OrderedDict:
-    """One file per layer (pipeline), or the module of the whole TP shard (PP = 1: DeepSpeed's format) returned
-    for the model-states file."""
+    """The module of one target stage and TP rank (its layers' TP shards, canonical names) for its model-states
+    file."""
     dtype = _DTYPES[plan.dtype]
     module = OrderedDict()
+    copy = plan.tied_copies[stage] if plan.tied_copies else False
     for L in plan.stage_layers[stage]:
-        weights = OrderedDict()
-        for key in src.module_keys[L]:
-            weights[key] = None  # `_extra_state` entries (the parameters are filled in)
+        keys = [TIED_COPY] if copy and L == 0 else src.module_keys[L]
+        for key in keys:
+            module[key] = None  # `_extra_state` entries (the parameters are filled in)
             if key in src.index:
                 full = pad_vocab(key, cache.get(key, ("fp32",))["fp32"], plan.padded)
-                weights[key] = split_tp(key, full, plan.tp, t, plan.swiglu).to(dtype).clone()
-        if plan.pp > 1:
-            save(OrderedDict((k.split(".", 1)[1], v) for k, v in weights.items()), layer_name(L, t))
-        else:
-            module.update(weights)
-        del weights
+                module[key] = split_tp(key, full, plan.tp, t, plan.swiglu).to(dtype).clone()
     return module
 
 
@@ -423,11 +439,11 @@ def _model_states(plan: Plan, stage: int, module: OrderedDict) -> dict:
     for key in ("base_lrs", "_last_lr", "lr_lambdas"):
         if key in lr_sched:
             lr_sched[key] = [lr_sched[key][0]] * len(groups)
+    model_states.pop("checkpoint_parallel_dimensions", None)  # DeepSpeed's pipeline engine's (a source before format 2)
     model_states.update(
-        module=module if plan.pp == 1 else None, optimizer=None, lr_scheduler=lr_sched,
+        module=module, optimizer=None, lr_scheduler=lr_sched,
         param_shapes=[OrderedDict((n, torch.Size(s)) for n, s in zip(g.names, g.shapes)) for g in groups],
-        dp_world_size=plan.dp, mp_world_size=plan.tp * plan.pp, ds_config=plan.ds_config,
-        checkpoint_parallel_dimensions={"pp_degree": plan.pp, "tp_degree": plan.tp})
+        dp_world_size=plan.dp, mp_world_size=plan.tp * plan.pp, ds_config=plan.ds_config)
     model_states.update(plan.model_states["client_state"])
     return model_states
 
