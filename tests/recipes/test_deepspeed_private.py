@@ -93,12 +93,34 @@ def test_new_groups_get_the_bound_timeout(world_of_one):
         del ds_comm.cdb.new_group  # the backend's own method again
 
 
-def test_layer_class_names_of_a_pipeline_module(world_of_one):
-    from deepspeed.pipe import LayerSpec, PipelineModule
+def test_reduce_pipeline_gradients_then_step_is_adamw_on_the_outside_backward(world_of_one):
+    """A backward run outside the engine (as a pipeline schedule runs it, inside no_sync), then the reduction
+    DeepSpeed's pipeline engine ran after its schedule, then the engine's step: torch's AdamW step exactly."""
+    import copy
 
-    module = PipelineModule(layers=[LayerSpec(torch.nn.Linear, 4, 4), LayerSpec(torch.nn.ReLU),
-                                    LayerSpec(torch.nn.Linear, 4, 2)], num_stages=1)
-    assert dsp.layer_class_names(module) == ["Linear", "ReLU", "Linear"]
+    import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    reference, initial = copy.deepcopy(model), copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, dist_init_required=False, config={
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1},
+        "zero_allow_untested_optimizer": True})
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    x = torch.randn(2, 4)
+    engine.set_gradient_accumulation_boundary(False)
+    with engine.no_sync():
+        for i in range(2):  # two micro-batches, each loss / 2 as the schedule's loss function divides
+            (model(x[i:i + 1]).square().sum() / 2).backward()
+    engine.set_gradient_accumulation_boundary(True)
+    dsp.reduce_pipeline_gradients(engine)
+    engine.step()
+    (reference(x).square().sum() / 2).backward()
+    ref_opt.step()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert not any(torch.equal(a, b) for a, b in zip(model.parameters(), initial.parameters()))  # it stepped
 
 
 def test_link_optimizer_state_lets_public_setters_fill_zero_partitions(world_of_one):
@@ -131,7 +153,7 @@ def test_no_other_module_reaches_into_deepspeed():
 
     root = Path(__file__).resolve().parents[2] / "recipes"
     private = re.compile(r"\._zero[23]_merge|(import|from) [\w.]*zero_to_fp32|zero_to_fp32 import|"
-                         r"\._lazy_init_hp_params_optimizer_state|\._layer_specs\b|\.cdb\b|__compatible_ops__")
+                         r"\._lazy_init_hp_params_optimizer_state|\.reduce_gradients\(|\.cdb\b|__compatible_ops__")
     wrapper = root / "checkpoint" / "format" / "deepspeed_private.py"
     assert private.search(wrapper.read_text())  # the pattern finds the uses where they are
     found = [f"{p.relative_to(root)}: {m.group(0)}" for p in root.rglob("*.py") if p != wrapper

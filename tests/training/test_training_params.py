@@ -57,17 +57,19 @@ def test_initial_weights_do_not_depend_on_the_pipeline_cut(single_process_group)
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_partition_inputs_match_the_built_layers(name, single_process_group):
-    """recipes.parallel.partition predicts DeepSpeed's pipeline split (per-layer parameter counts) and each stage's optimizer
+    """recipes.parallel.partition predicts the pipeline split (per-layer parameter counts) and each stage's optimizer
     param groups without building the model; both must equal what the real layers and build_optimizer give."""
     from recipes.train.engine import build_optimizer
-    from recipes.model.layers import layer_specs, transformer_config
+    from recipes.model.layers import layer_builders, transformer_config
     from recipes.parallel.partition import GROUPS_OF_LAYER, layer_names, layer_weights
 
     recipe = _recipe(**SHAPES[name])
-    specs = layer_specs(recipe.model, transformer_config(recipe.model, 1), recipe.training.seed)
+    built = [build() for build in layer_builders(recipe.model, transformer_config(recipe.model, 1),
+                                                  recipe.training.seed)]
     names = layer_names(recipe.model)
-    assert [s.typename.__name__ for s in specs] == names
-    built = [s.build() for s in specs]
+    if recipe.model.tied_embeddings:  # the tied head is layer 0's embedding again, not a layer of its own
+        built.append(built[0])
+    assert [type(layer).__name__ for layer in built] == names
     assert [sum(p.numel() for p in layer.parameters()) for layer in built] == \
         layer_weights(recipe.model, 1, "parameters")
     for layer_name, layer in zip(names, built):
@@ -76,16 +78,15 @@ def test_partition_inputs_match_the_built_layers(name, single_process_group):
         assert used == GROUPS_OF_LAYER[layer_name], layer_name
 
 
-def test_engine_refuses_a_split_with_uneven_param_groups(single_process_group):
-    """The engine's own check (on the split DeepSpeed chose) refuses, on every rank alike, a split that would hang
-    ZeRO-1: embedding and head alone on their stages."""
-    from types import SimpleNamespace
-
+def test_engine_refuses_a_split_with_uneven_param_groups():
+    """The engine's own check refuses, on every rank alike, a split that would hang ZeRO-1: embedding and head alone
+    on their ranks (the parameter-balanced split of a large vocabulary over few layers); the uniform split passes."""
+    from recipes.parallel.layout import Layout
     from recipes.train.engine import _refuse_uneven_stage_groups
-    from recipes.model.layers import layer_specs, transformer_config
 
-    recipe = _recipe(num_layers=4)
-    specs = layer_specs(recipe.model, transformer_config(recipe.model, 1), recipe.training.seed)
-    _refuse_uneven_stage_groups(SimpleNamespace(_layer_specs=specs, parts=[0, 2, 3, 4, 7]))  # decoder layers each
+    recipe = _recipe(num_layers=2, vocab_size=3000)
+    layout = Layout(pp=4, zero_stage=1)
+    _refuse_uneven_stage_groups(recipe, Layout(pp=2, zero_stage=1))  # decoder layers on each rank
+    recipe.parallel.pipeline_partition = "parameters"
     with pytest.raises(ValueError, match=r"stage 0: EmbeddingPipe -> 1 .*stage 3: OutputHeadPipe -> 1"):
-        _refuse_uneven_stage_groups(SimpleNamespace(_layer_specs=specs, parts=[0, 1, 3, 6, 7]))
+        _refuse_uneven_stage_groups(recipe, layout)

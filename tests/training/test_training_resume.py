@@ -15,8 +15,9 @@ from tests.support.runs import on_corpus, REPO, losses, pretrain, pretrain_cmd, 
 pytestmark = pytest.mark.multiproc
 
 STEPS = 8
-# PP=2 x DP=2 (ZeRO-1): the pipeline engine's per-layer files and DP-sharded optimizer states are both exercised.
-LAYOUT = ["parallel.pp=2", "parallel.zero_stage=1", "checkpoint.save_interval=2", "checkpoint.keep_last=2",
+# PP=2 x VPP=2 x DP=2 (ZeRO-1, the interleaved 1F1B schedule): each pipeline rank's two chunks in its files and
+# DP-sharded optimizer states are both exercised.
+LAYOUT = ["parallel.pp=2", "parallel.vpp=2", "parallel.zero_stage=1", "checkpoint.save_interval=2", "checkpoint.keep_last=2",
           "training.global_batch=8"]
 N = 4
 
