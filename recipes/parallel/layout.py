@@ -315,6 +315,20 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
 SCHEDULES = ("1f1b", "interleaved_1f1b", "zero_bubble")
 
 
+def pipeline_bubble(schedule: str, pp: int, vpp: int, m: int, weight_share: float = 1 / 3) -> float:
+    """The pipeline bubble as a fraction of the compute time: idle time per rank over its forward and backward time.
+
+    1F1B: (p-1)/m (Narayanan et al. 2021); interleaved 1F1B over v chunks: (p-1)/(v m). Zero-bubble (torch's
+    ScheduleInterleavedZeroBubble, ZB-H1 of Qi et al. 2023 interleaved over v chunks) defers each backward's
+    weight half W into the bubble, leaving (p-1)(F + B - W) of the 1F1B bubble's (p-1)(F + B + W) per chunk:
+    (p-1)/(v m) x (1 - 2 w) with w = W / (F + B + W), the weight half's share of a micro-batch's work (1/3 when the
+    forward, the input backward and the weight backward cost the same, the paper's and our measured default)."""
+    if pp <= 1:
+        return 0.0
+    base = (pp - 1) / (vpp * m)
+    return base * (1 - 2 * weight_share) if schedule == "zero_bubble" else base
+
+
 def resolve_schedule(name: str, vpp: int) -> str:
     """parallel.pipeline_schedule with "auto" resolved: plain 1F1B for one chunk per rank, interleaved 1F1B for more."""
     if name == "auto":

@@ -62,13 +62,62 @@ class Fault:
         _hang_forever()
 
     def attach(self, module) -> None:
-        """Kind "slow": every forward pass of `module` (each micro-batch) sleeps once the fault fired."""
+        """Kind "slow": every forward pass of `module` (each micro-batch) sleeps once the fault fired. A pipeline
+        rank's layers run chunk by chunk, not through the module's own forward: its first layer is hooked instead."""
         if self.kind == "slow":
-            module.register_forward_pre_hook(self._slow_forward)
+            first = min(module.named_children(), key=lambda c: int(c[0]))[1] if hasattr(module, "run") else module
+            first.register_forward_pre_hook(self._slow_forward)
 
     def _slow_forward(self, module, args) -> None:
         if self.slowing:
             time.sleep(self.seconds)
+
+
+DELAY_ENV = "RECIPES_TEST_LAYER_SECONDS"
+
+
+class LayerDelays:
+    """Test-only fixed compute time per decoder layer, to measure a pipeline schedule's bubble against its formula
+    where real compute is too small and too noisy (the CPU tests' tiny model):
+        RECIPES_TEST_LAYER_SECONDS="F,B,W"
+    every decoder layer sleeps F seconds in its forward, B when the gradient of its output arrives (the input half of
+    its backward) and W when the gradient of its weights is computed (the weight half, which a zero-bubble schedule
+    runs apart). Read once at rank start, never from a recipe or a file."""
+
+    def __init__(self, forward: float = 0.0, backward_input: float = 0.0, backward_weight: float = 0.0):
+        self.f, self.b, self.w = forward, backward_input, backward_weight
+
+    @classmethod
+    def from_env(cls) -> "LayerDelays":
+        spec = os.environ.get(DELAY_ENV, "").strip()
+        if not spec:
+            return cls()
+        try:
+            f, b, w = (float(x) for x in spec.split(","))
+        except ValueError:
+            raise ValueError(f"{DELAY_ENV}={spec!r}: expected 'F,B,W' (seconds)") from None
+        return cls(f, b, w)
+
+    def attach(self, module) -> None:
+        if not (self.f or self.b or self.w):
+            return
+        for layer in module.modules():
+            if type(layer).__name__.endswith("DecoderLayerPipe"):
+                layer.register_forward_hook(self._forward)
+                weight = next(p for p in layer.parameters() if p.dim() >= 2)
+                weight.register_hook(self._weight_grad)
+
+    def _forward(self, module, args, out) -> None:
+        time.sleep(self.f)
+        hidden = out[0] if isinstance(out, tuple) else out
+        if self.b and hidden.requires_grad:
+            hidden.register_hook(self._input_grad)
+
+    def _input_grad(self, grad):
+        time.sleep(self.b)
+
+    def _weight_grad(self, grad):
+        time.sleep(self.w)
 
 
 def _hang_forever() -> None:

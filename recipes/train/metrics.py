@@ -203,3 +203,23 @@ def moe_routing(eng, recipe) -> dict:
 
     return routing_stats(eng.module, recipe.model, eng.layout.grad_accum_steps(recipe.training.global_batch),
                          eng.layout.dp, eng.device)
+
+
+def pipeline_figures(eng, recipe) -> dict:
+    """Collective at the log interval (every rank, the same steps): the last step's measured pipeline bubble beside
+    the planner's, for the step's record; {} without a pipeline (no collective). Each rank's bubble is the time it
+    waited on pipeline sends and receives over the rest of its schedule time (forward and backward); the record has
+    their mean over ranks and the largest wait."""
+    if eng.pipeline is None:
+        return {}
+    from recipes.parallel.layout import pipeline_bubble
+    from recipes.train.collectives import all_gather_floats
+
+    last, world = eng.pipeline.last, torch.distributed.get_world_size()
+    compute = max(last.seconds - last.blocked, 1e-9)
+    bubbles = all_gather_floats(last.blocked / compute, world, eng.device)
+    blocked = all_gather_floats(last.blocked, world, eng.device)
+    lay = eng.layout
+    m = lay.grad_accum_steps(recipe.training.global_batch)
+    return {"pp_bubble": sum(bubbles) / world, "pp_blocked_s": max(blocked),
+            "pp_bubble_predicted": pipeline_bubble(lay.schedule, lay.pp, lay.vpp, m)}

@@ -29,9 +29,9 @@ from recipes.train.build import build_data, parallel_state_and_seeds, run_dirs
 from recipes.train.checkpoints import RunCheckpoints
 from recipes.train.engine import init_distributed, initialize, shutdown_distributed
 from recipes.train.evaluation import BackgroundEval
-from recipes.train.faults import Fault
+from recipes.train.faults import Fault, LayerDelays
 from recipes.train.heartbeat import Heartbeat
-from recipes.train.metrics import StepFigures, build_metrics_log, moe_routing, progress
+from recipes.train.metrics import StepFigures, build_metrics_log, moe_routing, pipeline_figures, progress
 from recipes.train.resume import resume
 from recipes.train.signals import StopRequest
 from recipes.train.step import NanPolicy, StepResult, loss_scale, outcome, train_step
@@ -81,6 +81,7 @@ class Trainer:
         self.eng = initialize(recipe, self.layout, device, self.total_steps)
         if self.fault:
             self.fault.attach(self.eng.module)
+        LayerDelays.from_env().attach(self.eng.module)  # tests only: fixed compute time per layer
         heartbeat.beat(0, "resume")
         self.state = resume(self.eng, recipe)
         if self.rank == 0:  # the tracker resumes the run the checkpoint names
@@ -148,6 +149,7 @@ class Trainer:
         if interval:  # every rank, the same steps: a collective
             record.update(self.stragglers.gather())
             record.update(moe_routing(self.eng, self.recipe))  # MoE only: tokens per expert, drops, aux loss
+            record.update(pipeline_figures(self.eng, self.recipe))  # PP only: measured and predicted bubble
         if interval or result.skipped:
             self.log.write(record, result.step)
         self.progress.update(record, interval)
