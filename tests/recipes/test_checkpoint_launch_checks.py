@@ -1,7 +1,8 @@
 """The checkpoints a launch would load, checked before anything starts (`validate_for_launch`, the messages asserted):
-checkpoint.dir saved at another layout than the launch's (refused with the exact `recipes reshape` command; the
-command is parsed by the real `recipes reshape` parser here and run for real in tests/training/test_init_from.py), and
-a checkpoint.init_from that is missing or does not fit the model. The tags are complete.json records as the trainer
+checkpoint.dir saved at another layout than the launch's (resharded on load, recipes.checkpoint.reshard; refused only
+where that cannot be done, with the exact `recipes reshape` command or the resume that can; the command is parsed by
+the real `recipes reshape` parser here), checkpoint.dir holding another model, and a checkpoint.init_from that is
+missing or does not fit the model. The tags are complete.json records as the trainer
 writes them (tests/support/checkpoints.py). Proof that no rank exists when these fire:
 tests/recipes/test_validation_prespawn.py and tests/launch/test_launch_refusals.py."""
 import shlex
@@ -38,28 +39,50 @@ def test_a_relaunch_at_the_saved_layout_is_accepted(tmp_path):
     assert "ZeRO-1 (saved ZeRO-0)" in p.message
 
 
-def test_a_relaunch_at_another_layout_is_refused_with_the_reshape_command(tmp_path):
+def test_a_relaunch_at_another_layout_is_resharded_on_load(tmp_path):
     ck = tmp_path / "ck"
     recorded_tag(ck, TINY, "parallel.tp=2", world=2)
-    [p] = found(tmp_path, ck, world=2)  # TP=1 x DP=2 over a TP=2 checkpoint
+    assert found(tmp_path, ck, world=2) == []  # TP=1 x DP=2 over a TP=2 checkpoint: `recipes train` reshards it
+    assert found(tmp_path, ck, "parallel.pp=2", "parallel.vpp=2", world=4) == []
+    assert found(tmp_path, ck, "parallel.tp=2", "parallel.zero_stage=2", world=2) == []  # ZeRO-1 -> ZeRO-2 too
+    [p] = found(tmp_path, ck, "parallel.zero_stage=3", world=2)  # ZeRO-3 partitions are not filled tensor by tensor
+    assert p.field == "parallel" and "resharding on load fills ZeRO-0/1/2 engines" in p.message
+    assert p.fix.startswith("resume at parallel.zero_stage=2 (`recipes train` reshards it on load)")
+
+
+MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
+
+
+def test_experts_split_over_ep_ranks_are_refused_with_the_reshape_command(tmp_path):
+    ck = tmp_path / "ck"
+    recorded_tag(ck, TINY, *MOE, "parallel.ep=2", world=2)
+    [p] = found(tmp_path, ck, *MOE, "parallel.tp=2", world=2)  # TP=2 x DP=1 x EP=1 over an EP=2 x DP=2 one
     assert p.field == "parallel"
     assert str(p) == (
-        f"checkpoint.dir = {ck} holds global_step4, saved at TP=2 x CP=1 x PP=1 x DP=1, ZeRO-1, padded vocabulary 512, "
-        "seq_length 64; this launch is TP=1 x CP=1 x PP=1 x DP=2, ZeRO-1, padded vocabulary 384, seq_length 64: "
-        "DeepSpeed cannot load it at TP=1 (saved TP=2), DP x CP=2 (saved 1; ZeRO partitions the optimizer over it); "
+        f"checkpoint.dir = {ck} holds global_step4, saved at TP=1 x CP=1 x PP=1 x DP=2 x EP=2, ZeRO-1, padded "
+        "vocabulary 384, seq_length 64; this launch is TP=2 x CP=1 x PP=1 x DP=1, ZeRO-1, padded vocabulary 512, "
+        "seq_length 64 (TP=2 (saved TP=1), EP=1 (saved EP=2), DP x CP=1 (saved 2; ZeRO partitions the optimizer over "
+        "it)), and its experts are split over EP=2 ranks, which only engines read (resharding on load reads files); "
         f"reshape it first: `python -m recipes reshape --checkpoint {ck} --tag global_step4 --out "
-        f"{ck}-tp1-cp1-pp1-dp2-zero1 --to tp=1,pp=1,dp=2,cp=1,zero=1`, then resume there: launch again with "
-        f"checkpoint.dir={ck}-tp1-cp1-pp1-dp2-zero1 (the original stays as it is)")
+        f"{ck}-tp2-cp1-pp1-dp1-zero1 --to tp=2,pp=1,dp=1,cp=1,ep=1,zero=1`, then resume there: launch again with "
+        f"checkpoint.dir={ck}-tp2-cp1-pp1-dp1-zero1 (the original stays as it is)")
     # the command is one the real `recipes reshape` parser takes, and the target it names is this launch's layout
     from recipes.tools.reshape import parse_target
 
     argv = shlex.split(str(p).split("`")[1])
     assert argv[:4] == ["python", "-m", "recipes", "reshape"]
     args = dict(zip(argv[4::2], argv[5::2]))
-    assert parse_target(args["--to"]) == {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "zero_stage": 1}
-    # the ZeRO stage alone is a change too (ZeRO-1 -> ZeRO-2 is not resumed as it is)
-    [p] = found(tmp_path, ck, "parallel.tp=2", "parallel.zero_stage=2", world=2)
-    assert "DeepSpeed cannot load it at ZeRO-2 (saved ZeRO-1)" in p.message and ",zero=2`" in p.fix
+    assert parse_target(args["--to"]) == {"tp": 2, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "zero_stage": 1}
+
+
+def test_a_relaunch_of_another_model_is_refused_naming_both(tmp_path):
+    ck = tmp_path / "ck"
+    recorded_tag(ck, TINY)
+    [p] = found(tmp_path, ck, "model.hidden_size=128", "model.num_layers=2")
+    assert p.field == "model"
+    assert p.message == (f"checkpoint.dir = {ck} holds global_step4 of another model: model.num_layers=4 (this "
+                         "recipe: 2), model.hidden_size=64 (this recipe: 128)")
+    assert str(ck / "recipe.yaml") in p.fix
 
 
 def test_a_relaunch_at_another_sequence_length_points_to_init_from(tmp_path):
