@@ -3,7 +3,7 @@
 9f66cc0. It cannot be made again from later commits (that engine is gone from recipes/); it is kept so that the
 readers of today are tested on what earlier runs wrote: resume, export-hf, reshape, init_from.
 
-    git checkout 9f66cc0 && .venv/bin/python tests/assets/make_deepspeed_pipe_checkpoint.py OUT_DIR
+    git checkout 9f66cc0 && .venv/bin/python -m tests.assets.make_deepspeed_pipe_checkpoint OUT_DIR
 
 The run: the tiny recipe shrunk (hidden 32, ffn 64, vocab 320, tied embeddings), TP2 x PP2 x DP1, ZeRO-1, fp32, on
 tests.support.corpus.write_corpus's corpus (the running Python's stdlib sources), saved at step 2. `expected.json`
@@ -47,7 +47,6 @@ def tensor_stats(state: dict) -> dict:
 
 
 def main(out_dir: str) -> None:
-    sys.path.insert(0, str(REPO))
     from recipes.checkpoint.format.read import read_full_state
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
     from tests.support.corpus import write_corpus

@@ -1,6 +1,6 @@
 """`recipes train` refuses every recipe and data mistake before any rank process exists: exit 2, the message naming
-the field or file (the checkpoint refusals too: a checkpoint.dir saved at another layout, with the reshape command; a
-checkpoint.init_from missing or of another model). Proof, per refusal: `recipes.train.cli.main` runs in a fresh
+the field or file (the checkpoint refusals too: a checkpoint.dir that cannot be resharded to the launch's layout, or
+holding another model; a checkpoint.init_from missing or of another model). Proof, per refusal: `recipes.train.cli.main` runs in a fresh
 interpreter under a Python audit hook that records every process it would start (subprocess.Popen, fork, exec,
 posix_spawn) and every import of the training loop; with `--local 2` nothing may be started, and as a rank under a
 launcher (WORLD_SIZE=2, RANK=0) neither the loop nor a process group may exist when it returns."""
@@ -69,10 +69,14 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "no checkpoint dir on a long run": ([f"data.manifests=[{good}]", "training.train_steps=3000000",
                                              "checkpoint.dir=null"], "checkpoint.dir: not set, and this run is "
                                                                      "predicted to take"),
-        # a TP=2 checkpoint relaunched at TP=1 x DP=2 (both cases start 2 ranks)
-        "relaunch at another layout": ([f"data.manifests=[{good}]", f"checkpoint.dir={tp2}"],
-                                       f"`python -m recipes reshape --checkpoint {tp2} --tag global_step4 --out "
-                                       f"{tp2}-tp1-cp1-pp1-dp2-zero1 --to tp=1,pp=1,dp=2,cp=1,zero=1`"),
+        # a TP=2 checkpoint relaunched as ZeRO-3 (resharding on load fills ZeRO-0/1/2 engines; both cases 2 ranks)
+        "relaunch at a layout it cannot reshard to": ([f"data.manifests=[{good}]", f"checkpoint.dir={tp2}",
+                                                       "parallel.zero_stage=3"],
+                                                      "resume at parallel.zero_stage=2 (`recipes train` reshards it "
+                                                      "on load)"),
+        "relaunch of another model": ([f"data.manifests=[{good}]", f"checkpoint.dir={tp2}", "model.num_layers=2"],
+                                      f"checkpoint.dir = {tp2} holds global_step4 of another model: "
+                                      "model.num_layers=4 (this recipe: 2)"),
         "init_from missing": ([f"data.manifests=[{good}]", f"checkpoint.init_from={tmp / 'gone'}"],
                               f"checkpoint.init_from = {tmp / 'gone'}: "),
         "init_from of another model": ([f"data.manifests=[{good}]", f"checkpoint.init_from={tp2}",
