@@ -154,3 +154,19 @@ def test_a_bad_calibration_file_is_one_line(tmp_path, capsys):
         ["models/llama-7b", "--global-batch", "64", "--calibration", str(good)]))
     assert plan.assume.kernel_efficiency == 0.25 and plan.calibration.path == good
     assert replace(plan.assume, kernel_efficiency=0.7) != plan.assume
+
+
+def test_the_measured_bubble_is_read_when_the_trainer_logs_it(tmp_path):
+    """pp_blocked_s (seconds blocked in pipeline sends/receives per step) is used as logged; pp_bubble (its share of
+    the step) is turned into seconds; a run without either is read without them."""
+    from recipes.planner.runs import read_run
+
+    run = make_run(tmp_path, "pp2")
+    metrics = run / "logs" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert read_run(run).pp_blocked_s is None
+    metrics.write_text("".join(json.dumps({**r, "pp_bubble": 0.25}) + "\n" for r in records))
+    assert read_run(run).pp_blocked_s == pytest.approx(0.25 * records[-1]["step_time_s"])
+    metrics.write_text("".join(json.dumps({**r, "pp_bubble": 0.25, "pp_blocked_s": 0.125}) + "\n" for r in records))
+    measured = read_run(run)
+    assert measured.pp_blocked_s == 0.125 and ("blocked", 0.125) in cluster_fit._observations(measured)
