@@ -132,7 +132,10 @@ def fit(predict: Callable[[Assumptions], Sequence[float]], measured: Sequence[fl
     """The values of `terms` (the rest of `base` kept) that minimise the squared log errors of `predict(assume)`
     against `measured`: every run weighs the same whatever its size, and an error of +10% costs what -10% does.
     `bounds` replaces some of BOUNDS."""
-    from scipy.optimize import least_squares  # scipy is only needed to fit, not to plan
+    try:
+        from scipy.optimize import least_squares  # scipy is only needed to fit, not to plan
+    except ImportError:
+        raise RecipeError("fitting a calibration needs scipy (its least_squares); pip install scipy") from None
 
     unknown = [t for t in terms if t not in FITTED_TERMS]
     if unknown:

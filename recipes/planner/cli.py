@@ -5,8 +5,11 @@
     python -m recipes plan configs/examples/c-llama-7b-one-node.yaml --json
     python -m recipes plan models/llama-70b --cluster clusters/h100-80gb --nodes 16 --tokens 2e12 \\
         --data /shared/corpus/manifest.json --checkpoint-dir /shared/ckpt/l70 --write-recipe configs/runs/l70.yaml
+    python -m recipes plan --calibrate /shared/ckpt/run-a /shared/ckpt/run-b --held-out /shared/ckpt/run-c
 
 The source is a model preset or a full recipe; dotted overrides (parallel.tp=2, training.global_batch=512) follow it.
+The efficiency terms come from the cluster's calibration file (configs/clusters/calibration/: fitted to published runs
+per GPU family, or to the cluster's own runs by --calibrate), named on the plan's Calibration line.
 Exit code 2 for anything the user must fix (unknown preset, bad YAML, bad sizes, no layout fits, bad --data).
 """
 from __future__ import annotations
