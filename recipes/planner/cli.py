@@ -5,8 +5,11 @@
     python -m recipes plan configs/examples/c-llama-7b-one-node.yaml --json
     python -m recipes plan models/llama-70b --cluster clusters/h100-80gb --nodes 16 --tokens 2e12 \\
         --data /shared/corpus/manifest.json --checkpoint-dir /shared/ckpt/l70 --write-recipe configs/runs/l70.yaml
+    python -m recipes plan --calibrate /shared/ckpt/run-a /shared/ckpt/run-b --held-out /shared/ckpt/run-c
 
 The source is a model preset or a full recipe; dotted overrides (parallel.tp=2, training.global_batch=512) follow it.
+The efficiency terms come from the cluster's calibration file (configs/clusters/calibration/: fitted to published runs
+per GPU family, or to the cluster's own runs by --calibrate), named on the plan's Calibration line.
 Exit code 2 for anything the user must fix (unknown preset, bad YAML, bad sizes, no layout fits, bad --data).
 """
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from data_prep.io import parse_size as parse_bytes
@@ -22,12 +25,14 @@ from recipes.config.loading import RecipeError, apply_overrides, deep_merge, loa
 from recipes.config.schema import Recipe
 from recipes.model.shape import count_parameters, model_flops_per_step
 from recipes.parallel.layout import Layout
-from recipes.planner import write_recipe
-from recipes.planner.cost import (
-    Assumptions, Estimate, device_memory, estimate, layout_problems, listed_rank, plan_layouts, what_would_fit,
-)
+from recipes.planner import cluster_fit, write_recipe
+from recipes.planner.assumptions import Assumptions
+from recipes.planner.cost import Estimate, device_memory, estimate, layout_problems
+from recipes.planner.search import listed_rank, plan_layouts, what_would_fit
 from recipes.planner.data_checks import data_problems
-from recipes.planner.explain import Plan, explain, recommend
+from recipes.planner.calibration import assumptions_for
+from recipes.planner.explain import IMBALANCE_DEFAULT, Plan, explain, recommend, verdict_words
+from recipes.planner.runs import METRICS, read_run
 from recipes.planner.save_interval import save_interval
 from recipes.planner.units import format_duration, human_params
 from recipes.planner.validation import validate_for_launch
@@ -74,7 +79,7 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m recipes plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("source", help="model preset (models/llama-7b) or recipe file")
+    ap.add_argument("source", nargs="?", help="model preset (models/llama-7b) or recipe file")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.global_batch=512")
     ap.add_argument("--cluster", help="cluster preset or file merged over the source (clusters/a100-80gb)")
     ap.add_argument("--nodes", type=_positive(int))
@@ -92,9 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--headroom", type=_fraction, default=Assumptions().memory_headroom,
                     help="share of each GPU's memory a recommended layout leaves free (default 0.1)")
     ap.add_argument("--top", type=_positive(int), default=12, help="rows of the ranked table")
+    ap.add_argument("--calibration", metavar="FILE", help="efficiency terms fitted by --calibrate (default: the "
+                    "cluster's file in configs/clusters/calibration/, by cluster.name, then GPU family)")
+    ap.add_argument("--from-run", metavar="RUN_DIR", help="a MoE run's directory: its measured load imbalance "
+                    "(logs/metrics.jsonl moe_load_imbalance) prices expert parallelism")
+    ap.add_argument("--calibrate", nargs="+", metavar="RUN_DIR", help="fit the efficiency terms to these runs "
+                    "(checkpoint.dir: recipe.yaml + logs/metrics.jsonl) and store them for their cluster; no SOURCE")
+    ap.add_argument("--held-out", nargs="+", default=[], metavar="RUN_DIR", help="with --calibrate: runs predicted "
+                    "with the fitted terms but not fitted to (the calibration's error on layouts it did not see)")
+    ap.add_argument("--out", metavar="FILE", help="with --calibrate: where to write the calibration (default "
+                    "configs/clusters/calibration/CLUSTER_NAME.yaml)")
     ap.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     ap.add_argument("--write-recipe", metavar="PATH",
                     help="write the recommended layout as a run recipe (extends the source; only the changed keys)")
+    ap.add_argument("--force", action="store_true", help="with --write-recipe or --calibrate: replace an existing "
+                    "file")
     ap.add_argument("--data", nargs="+", metavar="MANIFEST", help="with --write-recipe: the data_prep manifests to "
                     "train on (data.manifests)")
     ap.add_argument("--checkpoint-dir", metavar="DIR", help="with --write-recipe: checkpoint.dir (a directory every "
@@ -146,14 +163,24 @@ def token_budget(args, recipe: Recipe) -> tuple[float | None, dict | None]:
 def _row(i: int, e: Estimate, experts: bool = False) -> str:
     lay = e.layout
     tc = e.time_s
-    fits = "tight" if e.tight else ("yes" if e.fits else "NO")
+    fits = {"fits": "yes", "tight": "tight", "maybe": "maybe", "over": "NO"}[e.memory_verdict]
     ep = f" {lay.ep:>3}" if experts else ""
-    return (f"{i:>3} {lay.tp:>3} {lay.pp:>3} {lay.dp:>5} {lay.zero_stage:>4} {lay.micro_batch:>3} "
+    return (f"{i:>3} {lay.tp:>3} {lay.pp:>3} {_schedule_cell(lay):>8} {lay.dp:>5} {lay.zero_stage:>4} "
+            f"{lay.micro_batch:>3} "
             f"{lay.recompute:>9} {'y' if lay.sequence_parallel else 'n':>2} {lay.cp:>3}{ep} "
             f"{e.memory_gib['total']:>7.1f} "
             f"{fits:>5} {tc['step']:>8.2f} {e.tokens_per_s:>11,.0f} {e.tflops_per_gpu:>6.0f} "
             f"{e.mfu:>5.0%} {e.bubble_fraction:>6.1%} {_comm_seconds(tc):>7.2f}"
             + (f" {format_duration(e.days * 86400):>11}" if e.days is not None else ""))
+
+
+def _schedule_cell(lay: Layout) -> str:
+    """The pipeline schedule in a table cell: '-' without PP, '1f1b', 'int x8' (interleaved, 8 chunks per rank),
+    'zb', 'zb x2'."""
+    if lay.pp <= 1:
+        return "-"
+    name = {"1f1b": "1f1b", "interleaved_1f1b": "int", "zero_bubble": "zb"}[lay.schedule]
+    return name + (f" x{lay.vpp}" if lay.vpp > 1 else "")
 
 
 def _comm_seconds(terms: dict[str, float]) -> float:
@@ -168,7 +195,7 @@ def format_report(plan: Plan, lines: list[str], top: int) -> str:
             f"| global batch {recipe.training.global_batch} x {m.seq_length} tokens | {len(ests)} layouts, "
             f"{sum(e.fits_with_headroom for e in ests)} fit with {assume.memory_headroom:.0%} headroom "
             f"({rec.memory_budget_gib:.1f} of {device_memory(c)}), {sum(e.tight for e in ests)} tight", "",
-            ("  # ·TP ·PP ···DP ZeRO ·mb recompute SP ·CP" + (" ·EP" if m.moe else "")
+            ("  # ·TP ·PP schedule ···DP ZeRO ·mb recompute SP ·CP" + (" ·EP" if m.moe else "")
              + " mem·GiB ·fits ··step·s ···tokens/s TFLOP·MFU bubble comm·s").replace("·", " ")
             + ("   run time" if plan.tokens else "")]
     shown = ests[:top]
@@ -184,7 +211,9 @@ def format_report(plan: Plan, lines: list[str], top: int) -> str:
              "reduce-scatters overlap each micro-batch's backward; ZeRO-3 fetches each module's weights behind the "
              "modules before it (as far as the prefetch bucket reaches), one collective each."
              + (" MoE: the dispatch / combine all-to-alls are not overlapped; the busiest EP rank gets "
-                f"{assume.moe_load_imbalance:g}x the mean routed tokens (assumed)." if m.moe else "")]
+                f"{assume.moe_load_imbalance:g}x the mean routed tokens ({plan.imbalance_source})." if m.moe else ""),
+             "Calibration: " + (plan.calibration.describe() if plan.calibration else
+                                "none for this cluster: the constants above are the A100 fit's (docs/planner.md)")]
     return "\n".join(head)
 
 
@@ -205,12 +234,11 @@ def recipe_layout_estimate(recipe: Recipe, ests: list[Estimate], assume: Assumpt
                     precision=recipe.training.precision, assume=assume)
 
 
-def own_layout_line(own: Estimate, ests: list[Estimate], rec: Estimate) -> str:
+def own_layout_line(own: Estimate, ests: list[Estimate], rec: Estimate, assume: Assumptions) -> str:
     rank = listed_rank(own, ests)
-    fit = "does NOT fit" if not own.fits else ("fits, tight" if own.tight else "fits")
     return (f"The recipe's own layout ({own.layout.describe()}) "
             + (f"ranks {rank} of {len(ests)}: " if rank else "is outside the search: ")
-            + f"{own.memory_gib['total']:.1f} GiB per GPU ({fit}), "
+            + f"{own.memory_gib['total']:.1f} GiB per GPU ({verdict_words(own, assume)}), "
             f"{own.tokens_per_s / rec.tokens_per_s:.0%} of the recommended throughput.")
 
 
@@ -271,29 +299,83 @@ def _no_layout(recipe: Recipe, ests: list[Estimate], assume: Assumptions) -> Rec
 
 
 def make_plan(args) -> Plan:
-    assume = Assumptions(memory_headroom=args.headroom)
     recipe = load_plan_recipe(args)
+    assume, calibration = assumptions_for(recipe.cluster, Assumptions(memory_headroom=args.headroom),
+                                          args.calibration)
+    imbalance = IMBALANCE_DEFAULT
+    if args.from_run:
+        assume, imbalance = measured_imbalance(args.from_run, recipe, assume)
     tokens, corpus = token_budget(args, recipe)
     ests = plan_layouts(recipe.model, recipe.cluster, recipe.training.global_batch,
                         precision=recipe.training.precision, train_tokens=tokens, assume=assume)
     rec = recommend(ests)
     if rec is None:
         raise _no_layout(recipe, ests, assume)
-    return Plan(recipe, ests, rec, tokens, corpus, args.max_days, assume)
+    return Plan(recipe, ests, rec, tokens, corpus, args.max_days, assume, calibration, imbalance)
+
+
+def measured_imbalance(run_dir: str, recipe: Recipe, assume: Assumptions) -> tuple[Assumptions, str]:
+    """The run's measured moe_load_imbalance (median over its steps) in place of the default, and the words that
+    say where it comes from."""
+    if recipe.model.moe is None:
+        raise RecipeError(f"--from-run {run_dir}: the planned model has no experts (no model.moe); --from-run "
+                          "reads a MoE run's load imbalance")
+    run = read_run(run_dir)
+    if run.moe_load_imbalance is None:
+        raise RecipeError(f"{run.path / METRICS}: no moe_load_imbalance in its step records; --from-run needs a MoE "
+                          "run's metrics (a dense run logs none)")
+    words = (f"measured: {run.path / METRICS}, median of {run.records} steps; the busiest expert over the mean, an "
+             "upper bound for an EP rank")
+    return replace(assume, moe_load_imbalance=max(1.0, run.moe_load_imbalance)), words
+
+
+def calibrate_main(args) -> int:
+    """`plan --calibrate RUN_DIR... [--held-out RUN_DIR...] [--out FILE] [--force]`."""
+    try:
+        base, fitted, rows = cluster_fit.calibrate(args.calibrate, args.held_out)
+        out = Path(args.out) if args.out else cluster_fit.default_path(rows)
+        cluster_fit.save(out, fitted, rows, args.force)
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"Calibrated {len([r for r in rows if r.role == 'fit'])} runs on {rows[0].run.recipe.cluster.name}:")
+    print(cluster_fit.report(base, fitted, rows))
+    print(f"wrote {out}: `recipes plan` applies it to clusters named {rows[0].run.recipe.cluster.name}"
+          + ("" if not args.out else f" when given --calibration {out}"))
+    return 0
+
+
+def _argument_error(args) -> str | None:
+    """Flags that go together, checked before any work."""
+    if args.calibrate:
+        if args.source or args.write_recipe:
+            return "--calibrate fits terms to runs; it takes no SOURCE and writes no recipe (plan with them after)"
+        return None
+    if args.held_out or args.out:
+        return "--held-out and --out go with --calibrate RUN_DIR..."
+    if not args.source:
+        return "SOURCE is required: a model preset (models/llama-7b) or a recipe file, or --calibrate RUN_DIR..."
+    if (args.data or args.checkpoint_dir or args.force) and not args.write_recipe:
+        return "--data, --checkpoint-dir and --force go with the written recipe; add --write-recipe PATH"
+    return None
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    if (args.data or args.checkpoint_dir) and not args.write_recipe:
-        print("error: --data and --checkpoint-dir go into the written recipe; add --write-recipe PATH",
-              file=sys.stderr)
+    problem = _argument_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.calibrate:
+        return calibrate_main(args)
     try:
+        if args.write_recipe:  # before any work: a finished recipe is replaced only when asked
+            write_recipe.refuse_existing(Path(args.write_recipe), args.force)
         plan = make_plan(args)
         lines = explain(plan)
         own = recipe_layout_estimate(plan.recipe, plan.ests, plan.assume)
         if own is not None:
-            lines.append(own_layout_line(own, plan.ests, plan.rec))
+            lines.append(own_layout_line(own, plan.ests, plan.rec, plan.assume))
         written = write_planned_recipe(args, plan) if args.write_recipe else None
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -323,6 +405,7 @@ def plan_document(plan: Plan, lines: list[str], own: Estimate | None, written: d
         "layouts_searched": len(ests), "layouts_fitting": sum(e.fits_with_headroom for e in ests),
         "layouts_tight": sum(e.tight for e in ests),
         "recommended": rec.to_dict(), "explanation": lines, "assumptions": asdict(plan.assume),
+        "calibration": (plan.calibration.describe() if plan.calibration else None),
         "ranked": [e.to_dict() for e in ests[:top]],
         "recipe_layout": own.to_dict() if own is not None else None,
         "written_recipe": written,

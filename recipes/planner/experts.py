@@ -28,8 +28,22 @@ def stage_layers(model_cfg, pp: int) -> tuple[int, int]:
     per = -(-L // pp)
     if model_cfg.moe is None:  # dense: the search asks this for every candidate layout (~70,000 times a doc build)
         return per, 0
-    most = max(sum(model_cfg.is_moe_layer(i) for i in range(s, min(s + per, L))) for s in range(0, L, per))
-    return per, most
+    key = (_pattern(model_cfg.moe), L, per)  # the search asks this tens of thousands of times for one model
+    if key not in _MOST_MOE_LAYERS:
+        if len(_MOST_MOE_LAYERS) > 1024:
+            _MOST_MOE_LAYERS.clear()
+        _MOST_MOE_LAYERS[key] = max(sum(model_cfg.is_moe_layer(i) for i in range(s, min(s + per, L)))
+                                    for s in range(0, L, per))
+    return per, _MOST_MOE_LAYERS[key]
+
+
+_MOST_MOE_LAYERS: dict[tuple, int] = {}  # (which layers are MoE, layers, layers per stage) -> the most MoE layers
+
+
+def _pattern(moe) -> tuple:
+    """What `is_moe_layer` reads of model.moe, as a dictionary key."""
+    pattern = moe.layer_pattern
+    return (moe.first_dense_layers, pattern if isinstance(pattern, int) else tuple(pattern))
 
 
 def stage_parameters(model_cfg, tp: int, pp: int, ep: int = 1) -> tuple[float, float]:
@@ -138,7 +152,7 @@ def expert_flops(model_cfg, layout, recompute: str) -> tuple[float, float]:
     passes = 4.0 if recompute == "full" else 3.0
     tokens = model_cfg.seq_length // layout.cp * layout.micro_batch
     per_layer = passes * tokens * expert_flops_per_token(model_cfg) / layout.tp
-    total = sum(model_cfg.is_moe_layer(i) for i in range(model_cfg.num_layers))
+    total = stage_layers(model_cfg, 1)[1]  # one stage holding every layer: all the MoE layers
     return stage_layers(model_cfg, layout.pp)[1] * per_layer, total * per_layer
 
 

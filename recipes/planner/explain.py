@@ -12,12 +12,16 @@ from typing import Callable, Optional
 
 from recipes.model.shape import count_parameters
 from recipes.parallel.layout import Layout
-from recipes.planner.cost import (
-    CP_SEARCH_FROM, Assumptions, Estimate, candidate_layouts, device_memory, estimate, format_memory,
-)
+from recipes.planner.assumptions import Assumptions
+from recipes.planner.cost import Estimate, device_memory, estimate, format_memory
+from recipes.planner.search import CP_SEARCH_FROM, candidate_layouts
 from recipes.planner.experts import ep_members_per_node, expert_degrees, load_imbalance, stage_parameters
+from recipes.planner.links import nvlink_vs_nic
+from recipes.planner.pipeline import SCHEDULES, in_flight, schedule_options, schedule_words
 from recipes.planner.units import count, format_duration, human_params
 
+IMBALANCE_DEFAULT = ("the default: published MoE throughput is measured with the tokens force-balanced, "
+                     "Megatron-Bridge's performance summary; `plan --from-run RUN_DIR` takes a run's measured figure")
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal tokens per parameter
 NEAR_BEST = 0.02  # layouts within 2% of the fastest are "as fast"; among them the simplest is recommended
 
@@ -32,6 +36,8 @@ class Plan:
     corpus: dict | None = None
     max_days: float = 90.0
     assume: Assumptions = Assumptions()
+    calibration: object = None  # recipes.planner.calibration.Calibration applied, or None
+    imbalance_source: str = IMBALANCE_DEFAULT  # where assume.moe_load_imbalance comes from
 
     @property
     def model(self):
@@ -49,15 +55,18 @@ class Plan:
 _SIMPLER = ("no model parallelism", "no context parallelism (a collective per layer on the critical path)",
             "no ZeRO-3 (whose weight gathers every micro-batch are the least certain overlap in the model)",
             "less model parallelism", "less context parallelism", "fewer pipeline stages", "a lower ZeRO stage",
-            "less recompute")
+            "less recompute", "a simpler pipeline schedule (1F1B, then interleaved 1F1B, then zero-bubble)",
+            "fewer model chunks per pipeline rank")
 
 
 def complexity(e: Estimate) -> tuple:
     """Sort key of simplicity, in the order of `_SIMPLER`: no model parallelism first, then no CP, no ZeRO-3, the
-    least TP x PP, the least CP, the fewest stages, the lowest ZeRO stage, the least recompute."""
+    least TP x PP, the least CP, the fewest stages, the lowest ZeRO stage, the least recompute, the simplest
+    pipeline schedule, the fewest chunks per rank."""
     lay = e.layout
     return (lay.model_parallel_size > 1, lay.cp > 1, lay.zero_stage == 3, lay.model_parallel_size, lay.cp, lay.pp,
-            lay.zero_stage, ("none", "selective", "full").index(lay.recompute), -e.tokens_per_s)
+            lay.zero_stage, ("none", "selective", "full").index(lay.recompute), SCHEDULES.index(lay.schedule),
+            lay.vpp, -e.tokens_per_s)
 
 
 def pure_data_parallel(lay: Layout) -> bool:
@@ -75,8 +84,10 @@ def _data_axis(lay: Layout) -> str:
 
 def recommend(ests: list[Estimate]) -> Estimate | None:
     """The simplest layout (see `complexity`) among those within 2% of the fastest that fit with the memory headroom;
-    when none does, the same among the tight ones (the explanation says so)."""
-    for pool in ([e for e in ests if e.fits_with_headroom], [e for e in ests if e.fits]):
+    when none does, the same among the tight ones, then among those that fit only under the lean activation count
+    (the explanation says so)."""
+    for verdict in ("fits", "tight", "maybe"):
+        pool = [e for e in ests if e.memory_verdict == verdict]
         if pool:
             best = max(e.tokens_per_s for e in pool)
             return min((e for e in pool if e.tokens_per_s >= best * (1 - NEAR_BEST)), key=complexity)
@@ -122,9 +133,9 @@ def _compute_words(x: Estimate, r: Estimate, model_cfg) -> str:
 
 
 def bubble_words(e: Estimate) -> str:
-    """'(p-1)/m = 4/128 = 3.1%': the 1F1B bubble as a share of the compute (above 100% when m < p - 1)."""
-    p, m = e.layout.pp, e.micro_batches
-    return f"(p-1)/m = {p - 1}/{m} = {e.bubble_fraction:.1%}"
+    """'1F1B: bubble (p-1)/m = 4/128 = 3.1%': the schedule's bubble as a share of the compute (above 100% when m is
+    below p - 1), by its own formula (recipes.planner.pipeline)."""
+    return schedule_words(e.layout, e.micro_batches, e.bubble_fraction)
 
 
 def term_words(term: str, x: Estimate, r: Estimate, model_cfg) -> str:
@@ -150,7 +161,10 @@ def term_words(term: str, x: Estimate, r: Estimate, model_cfg) -> str:
     if term == "bubble":
         return f"the pipeline bubble (PP={lay.pp}, {bubble_words(x)})"
     if term == "pp_comm":
-        return f"stage-to-stage sends (PP={lay.pp})"
+        return f"stage-to-stage sends (PP={lay.pp}" + (f", {lay.vpp} chunks per rank: {lay.vpp}x the sends)"
+                                                       if lay.vpp > 1 else ")")
+    if term == "overhead":
+        return "the fixed per-step overhead (optimizer, data, logging; calibrated)"
     if lay.zero_stage == 3:
         return (f"ZeRO-3's weight all-gathers and gradient reduce-scatters over {_data_axis(lay)}, module by module "
                 "every micro-batch, that the compute does not hide")
@@ -284,19 +298,53 @@ def tensor_parallel(plan: Plan) -> Optional[str]:
     where = (f"stays inside a node (at most {c.gpus_per_node} GPUs on NVLink)" if inside
              else "crosses nodes (more than one node's GPUs)")
     what = "all-gathers and reduce-scatters (SP)" if rec.layout.sequence_parallel else "all-reduces"
+    nvlink, nic = nvlink_vs_nic(c, plan.assume)
     return (f"TP={rec.layout.tp} {where}: its {what} cost {t['tp_comm']:.2f} s per step "
-            f"({t['tp_comm'] / t['step']:.0%})" + (f"; over InfiniBand they would run at "
-                                                   f"~{c.inter_node_gbps / c.gpus_per_node:.0f} instead of "
-                                                   f"{c.intra_node_gbps:.0f} GB/s per GPU." if inside else "."))
+            f"({t['tp_comm'] / t['step']:.0%})" + (
+                f"; over InfiniBand they would get ~{nic:.0f} GB/s of bus bandwidth per GPU (its share of the "
+                f"node's {c.inter_node_gbps:g} GB/s of NICs, one direction) instead of NVLink's ~{nvlink:.0f} (the "
+                f"{c.intra_node_gbps:g} GB/s datasheet figure counts both directions; both as priced)."
+                if inside else "."))
 
 
 def pipeline(plan: Plan) -> Optional[str]:
+    """PP > 1: the schedule chosen and its priced terms (bubble, sends, activations in flight), against the other
+    schedules at the same degrees, each compared by the terms it changes."""
     rec = plan.rec
-    if rec.layout.pp <= 1:
+    lay = rec.layout
+    if lay.pp <= 1:
         return None
-    return (f"PP={rec.layout.pp} splits the layers into stages; with {rec.micro_batches} micro-batches per step the "
-            f"1F1B bubble {bubble_words(rec)} costs {rec.time_s['bubble']:.2f} s, and "
-            f"stage-to-stage sends {rec.time_s['pp_comm']:.2f} s.")
+    t = rec.time_s
+    text = (f"PP={lay.pp} splits the layers into stages; with {rec.micro_batches} micro-batches per step the "
+            f"bubble costs {t['bubble']:.2f} s ({bubble_words(rec)}), stage-to-stage sends {t['pp_comm']:.2f} s, and "
+            f"the first stage holds {in_flight(lay, rec.micro_batches):.3g} micro-batches of activations "
+            f"({rec.memory_gib['activations']:.1f} GiB).")
+    others = [_schedule_twin_words(plan, sched, v) for sched, v in schedule_options(plan.model, lay.pp)
+              if (sched, v) != (lay.schedule, lay.vpp)]
+    others = [o for o in others if o]
+    return text + (" Other schedules here: " + "; ".join(others) + "." if others else "")
+
+
+def _schedule_name(lay: Layout) -> str:
+    if lay.schedule == "interleaved_1f1b":
+        return f"interleaved 1F1B ({lay.vpp} chunks per rank)"
+    if lay.schedule == "zero_bubble":
+        return "zero-bubble" + (f" ({lay.vpp} chunks per rank)" if lay.vpp > 1 else "")
+    return "1F1B"
+
+
+def _schedule_twin_words(plan: Plan, schedule: str, vpp: int) -> Optional[str]:
+    """The recommended layout under another schedule: its bubble, sends and memory against the recommendation's."""
+    rec, batch = plan.rec, plan.recipe.training.global_batch
+    twin = replace(rec.layout, schedule=schedule, vpp=vpp)
+    if twin.problems(plan.model, batch):
+        return None
+    e = estimate(plan.model, plan.cluster, twin, batch, precision=plan.recipe.training.precision, assume=plan.assume)
+    d = e.terms.minus(rec.terms)
+    mem = (f"{e.memory_gib['total']:.1f} GiB" + ("" if e.fits_with_headroom else
+                                                 f", over the {rec.memory_budget_gib:.1f} GiB budget"))
+    return (f"{_schedule_name(twin)} {e.tokens_per_s / rec.tokens_per_s:.0%} of the throughput (bubble "
+            f"{d['bubble']:+.2f} s, sends {d['pp_comm']:+.2f} s; {mem})")
 
 
 def context_parallel(plan: Plan) -> Optional[str]:
@@ -333,8 +381,10 @@ def _without_cp(plan: Plan) -> str:
     no_cp = [e for e in plan.ests if e.layout.cp == 1]
     best = best_fitting(no_cp, lambda l: True)
     if twin is not None and not twin.fits_with_headroom:
+        lean = (f" ({twin.memory_gib['total_lean']:.1f} GiB under the lean activation count, within the device: "
+                "a stack that remakes element-wise outputs could run it)" if twin.memory_verdict == "maybe" else "")
         head = (f"CP is what makes this layout fit: without it ({twin_layout.describe()}) it would need "
-                f"{twin.memory_gib['total']:.1f} GiB, over the {rec.memory_budget_gib:.1f} GiB budget; ")
+                f"{twin.memory_gib['total']:.1f} GiB{lean}, over the {rec.memory_budget_gib:.1f} GiB budget; ")
     else:
         head = ""
     if best is None:
@@ -350,7 +400,8 @@ def _without_cp(plan: Plan) -> str:
 
 def expert_parallel(plan: Plan) -> Optional[str]:
     """A MoE model: what EP the recommendation uses, what its all-to-alls cost and where they run (inside a node or,
-    the expensive case, across nodes), the assumed load imbalance, and why not the next lower or higher EP."""
+    the expensive case, across nodes), the load imbalance and where that figure comes from, the imbalance at which
+    the choice would change, and why not the next lower or higher EP."""
     rec, m, c = plan.rec, plan.model, plan.cluster
     if m.moe is None:
         return None
@@ -358,21 +409,59 @@ def expert_parallel(plan: Plan) -> Optional[str]:
     experts = stage_parameters(m, lay.tp, lay.pp, lay.ep)[1]
     if lay.ep == 1:
         text = (f"No expert parallelism: every GPU holds all {E} experts of its stage's MoE layers "
-                f"({human_params(experts)} expert parameters per GPU).")
+                f"({human_params(experts)} expert parameters per GPU). The layouts with EP were priced with the "
+                f"busiest EP rank at {plan.assume.moe_load_imbalance:g}x the mean routed tokens "
+                f"({plan.imbalance_source}).")
     else:
         inside = ep_members_per_node(lay, c.gpus_per_node) >= lay.ep
-        nic = c.inter_node_gbps * plan.assume.inter_link_efficiency / c.gpus_per_node
+        nvlink, nic = nvlink_vs_nic(c, plan.assume)
         where = ("inside a node, on NVLink" if inside else
                  f"across nodes, over InfiniBand: the expensive case, each GPU's share of its node's NICs is "
-                 f"~{nic:.0f} GB/s against NVLink's {c.intra_node_gbps * plan.assume.intra_link_efficiency:.0f}")
+                 f"~{nic:.0f} GB/s against NVLink's {nvlink:.0f} (bus bandwidth, as priced)")
         imb = load_imbalance(m, lay.ep, plan.assume)
         text = (f"EP={lay.ep} gives each GPU {E // lay.ep} of the {E} experts of every MoE layer "
                 f"({human_params(experts)} expert parameters per GPU instead of {lay.ep}x that); its dispatch and "
                 f"combine all-to-alls (4 per MoE layer per micro-batch) run {where}, {t['ep_comm']:.2f} s per step "
-                f"({t['ep_comm'] / t['step']:.0%}). Load imbalance is an assumption: the busiest EP rank gets "
-                f"{imb:g}x the mean routed tokens, which costs {t['imbalance']:.2f} s per step (measure it: "
-                "metrics.jsonl moe_load_imbalance, per expert: an upper bound).")
-    return text + "".join(" " + w for w in _other_ep(plan) if w)
+                f"({t['ep_comm'] / t['step']:.0%}). Load imbalance: the busiest EP rank gets {imb:g}x the mean "
+                f"routed tokens ({plan.imbalance_source}), {t['imbalance']:.2f} s per step.")
+    flip = ep_break_even(plan)
+    return text + (" " + flip if flip else "") + "".join(" " + w for w in _other_ep(plan) if w)
+
+
+def _at_imbalance(plan: Plan, layouts: list[Layout], imbalance: float) -> float:
+    """The best tokens/s among `layouts` if the busiest EP rank got `imbalance` x the mean routed tokens."""
+    assume = replace(plan.assume, moe_load_imbalance=imbalance)
+    return max(estimate(plan.model, plan.cluster, lay, plan.recipe.training.global_batch,
+                        precision=plan.recipe.training.precision, assume=assume).tokens_per_s for lay in layouts)
+
+
+def ep_break_even(plan: Plan, highest: float = 4.0, contenders: int = 5) -> Optional[str]:
+    """The imbalance at which the layouts of the other kind (EP = 1 against EP > 1; the fastest few that fit, each
+    re-priced) would overtake the recommendation's kind, found by bisection: the EP choice holds from the current
+    figure up to (or down to) it."""
+    rec = plan.rec
+    uses_ep = rec.layout.ep > 1
+    ranked = sorted((e for e in plan.ests if e.fits_with_headroom), key=lambda e: -e.tokens_per_s)
+    mine = [e.layout for e in ranked if (e.layout.ep > 1) == uses_ep][:contenders]
+    other = [e.layout for e in ranked if (e.layout.ep > 1) != uses_ep][:contenders]
+    if not other or not mine:
+        return None
+    ahead = (lambda x: _at_imbalance(plan, mine, x) >= _at_imbalance(plan, other, x))
+    kind = "layouts with EP" if uses_ep else "layouts without EP"
+    rival = "the best layout without EP" if uses_ep else "the best layout with EP"
+    lo, hi = 1.0, highest
+    if uses_ep and ahead(hi):
+        return f"The {kind} stay ahead of {rival} up to an imbalance of {hi:g}."
+    if not uses_ep and ahead(lo):
+        return f"The {kind} stay ahead even if the tokens were perfectly balanced (imbalance 1.0)."
+    if uses_ep and not ahead(lo):
+        return None
+    for _ in range(25):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ahead(mid) == uses_ep else (lo, mid)
+    if uses_ep:
+        return f"The {kind} stay ahead of {rival} up to an imbalance of {lo:.2f}."
+    return f"{rival[0].upper()}{rival[1:]} would win below an imbalance of {lo:.2f}."
 
 
 def _other_ep(plan: Plan) -> list[Optional[str]]:
@@ -420,15 +509,11 @@ def data_parallel_traffic(plan: Plan) -> Optional[str]:
 
 def memory(plan: Plan) -> str:
     rec, c = plan.rec, plan.cluster
-    head = plan.assume.memory_headroom
-    where = (f"within the {rec.memory_budget_gib:.1f} GiB budget ({head:.0%} headroom)" if not rec.tight else
-             f"TIGHT: above the {rec.memory_budget_gib:.1f} GiB budget ({head:.0%} headroom), as is every layout "
-             f"that fits; expect to tune micro-batch or recompute on the cluster")
     b = rec.buffers_gib
-    text = (f"Memory per GPU: {format_memory(rec.memory_gib)} of {device_memory(c)}, {where}. Buffers: CUDA context "
-            f"{b['cuda_context']:.1f} + {rec.communicators} NCCL communicators {b['communicators']:.1f} + DeepSpeed "
-            f"buckets {b['deepspeed_buckets']:.1f}" + (f" + gathered ZeRO-3 layers {b['zero3_gathered']:.1f}"
-                                                       if b["zero3_gathered"] else "") + " GiB.")
+    text = (f"Memory per GPU: {format_memory(rec.memory_gib)} of {device_memory(c)}, {verdict_words(rec, plan.assume)}. "
+            f"Buffers: CUDA context {b['cuda_context']:.1f} + {rec.communicators} NCCL communicators "
+            f"{b['communicators']:.1f} + DeepSpeed buckets {b['deepspeed_buckets']:.1f}"
+            + (f" + gathered ZeRO-3 layers {b['zero3_gathered']:.1f}" if b["zero3_gathered"] else "") + " GiB.")
     if rec.layout.recompute != "none":
         plain = estimate(plan.model, c, replace(rec.layout, recompute="none"), plan.recipe.training.global_batch,
                          precision=plan.recipe.training.precision, assume=plan.assume)
@@ -436,6 +521,26 @@ def memory(plan: Plan) -> str:
                  + (" (over the budget)." if not plain.fits_with_headroom else " (it would fit, but run slower)."
                     if plain.tokens_per_s < rec.tokens_per_s else "."))
     return text
+
+
+def verdict_words(e: Estimate, assume: Assumptions) -> str:
+    """The memory verdict where it is stated, with what it rests on: Korthikanti's activation count is an upper bound
+    (every tensor the layer saves); the lean count, what a stack that remakes element-wise outputs keeps, is the lower
+    one. A total within 5% of the line it is judged at is called near the boundary."""
+    mem, head = e.memory_gib, assume.memory_headroom
+    near = " (near the boundary: within 5%)" if e.near_boundary else ""
+    if e.memory_verdict == "fits":
+        return f"within the {e.memory_budget_gib:.1f} GiB budget ({head:.0%} headroom){near}"
+    if e.memory_verdict == "tight":
+        return (f"TIGHT: above the {e.memory_budget_gib:.1f} GiB budget ({head:.0%} headroom){near}; expect to tune "
+                "micro-batch or recompute on the cluster")
+    lean = (f"{mem['total_lean']:.1f} GiB under the lean activation count (norm outputs and the activation function's "
+            "output remade in the backward, as megatron-core's recompute_modules and torchtitan's op-level "
+            "checkpointing do; this project's trainer keeps them)")
+    if e.memory_verdict == "maybe":
+        return (f"MAYBE, near the boundary: over the device under Korthikanti's activation count, an upper bound "
+                f"(every tensor a layer saves), and within it at {lean}")
+    return f"does NOT fit, even at {lean}{near}"
 
 
 def step(plan: Plan) -> str:

@@ -20,7 +20,10 @@ from recipes.checkpoint.init_from import init_from_refusals
 from recipes.checkpoint.relaunch import relaunch_refusals
 from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
-from recipes.planner.cost import CP_SEARCH_FROM, Assumptions, device_memory, estimate, format_memory
+from recipes.planner.assumptions import Assumptions
+from recipes.planner.calibration import assumptions_for
+from recipes.planner.cost import device_memory, estimate, format_memory
+from recipes.planner.search import CP_SEARCH_FROM
 from recipes.planner.data_checks import Problem, data_problems
 from recipes.planner.units import format_duration
 
@@ -113,10 +116,14 @@ def memory_check(recipe, layout: Layout) -> tuple[list[str], list[RecipeWarning]
     launcher asks it at the world it starts)."""
     m, cl, tr = recipe.model, recipe.cluster, recipe.training
     est = estimate(m, cl, layout, tr.global_batch, precision=tr.precision)
-    if not est.fits:
+    if est.memory_verdict in ("maybe", "over"):
+        lean = ("" if est.memory_verdict == "over" else
+                f" (this trainer keeps every tensor a layer saves, Korthikanti's count; a stack that remakes the norm "
+                f"outputs and the activation function in the backward would need {est.memory_gib['total_lean']:.1f} "
+                "GiB)")
         return [f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB exceeds cluster.gpu_memory_gb="
-                f"{cl.gpu_memory_gb:g} ({device_memory(cl)}) for {layout.describe()}: {format_memory(est.memory_gib)}; "
-                + _memory_fixes(recipe, layout)], []
+                f"{cl.gpu_memory_gb:g} ({device_memory(cl)}) for {layout.describe()}: {format_memory(est.memory_gib)}"
+                f"{lean}; " + _memory_fixes(recipe, layout)], []
     if est.tight:
         return [], [RecipeWarning(
             "parallel", f"predicted memory per GPU {est.memory_gib['total']:.1f} GiB for {layout.describe()} fits the "
@@ -149,7 +156,7 @@ def _memory_fixes(recipe, layout: Layout, headroom: bool = False) -> str:
         if lay.problems(m, tr.global_batch):
             continue
         e = estimate(m, cl, lay, tr.global_batch, precision=tr.precision, assume=Assumptions())
-        if e.fits_with_headroom if headroom else e.fits:
+        if e.fits_with_headroom if headroom else e.memory_verdict in ("fits", "tight"):
             fits.append(f"{label} ({e.memory_gib['total']:.1f} GiB)")
     if fits:
         return "these single changes would fit: " + ", ".join(fits)
@@ -206,7 +213,7 @@ def checkpoint_problems(recipe, layout: Layout | None) -> list[Problem]:
     if ck.dir or not ck.require_dir or layout is None or not (tr.train_steps or tr.train_tokens):
         return []
     steps = tr.steps(m.seq_length)
-    assume = Assumptions.for_device(cl.device)
+    assume, _ = assumptions_for(cl, Assumptions.for_device(cl.device))  # the cluster's calibration, as `plan` prices
     step_s = estimate(m, cl, layout, tr.global_batch, precision=tr.precision, assume=assume).time_s["step"]
     if steps * step_s <= CHECKPOINT_REQUIRED_AFTER_S:
         return []

@@ -8,6 +8,7 @@ its preset, and loading it gives exactly the recipe that was planned (checked be
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -70,10 +71,17 @@ def with_defaults(base: dict) -> dict:
 
 
 def layout_keys(rec: Estimate) -> dict:
+    """The recommended layout as parallel.* keys, its pipeline schedule and model chunks per rank included."""
     lay = rec.layout
     return {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
             "micro_batch": lay.micro_batch, "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute,
-            "ep": lay.ep}
+            "ep": lay.ep, "vpp": lay.vpp, "pipeline_schedule": lay.schedule if lay.pp > 1 else "auto"}
+
+
+def refuse_existing(out: Path, force: bool) -> None:
+    """A recipe already at `out` (hand-written: comments, batch, learning rate) is replaced only with --force."""
+    if out.exists() and not force:
+        raise RecipeError(f"--write-recipe: {out} already exists; pass --force to replace it, or write to a new path")
 
 
 def write(out: Path, extends: list[str], base: dict, target: dict, header: str) -> dict:
@@ -83,12 +91,19 @@ def write(out: Path, extends: list[str], base: dict, target: dict, header: str) 
             **{k: v for k, v in changed(base, target).items() if k != "name"}}
     text = header + yaml.safe_dump(body, sort_keys=False)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
+    # A temporary file in the same directory (so `extends` resolves as it will), checked, flushed to disk, then
+    # renamed over `out` in one step: a reader sees the old file or the new one, never a part.
+    fd, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".yaml")
+    tmp = Path(name)
     try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         if load_recipe(tmp).model_dump() != recipe_from_dict(target, str(out)).model_dump():
             raise RecipeError(f"{out}: the written recipe would not load as planned (its extends resolve "
                               f"differently from {out.parent}); write it next to the source recipe")
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a recipe is shared like any other config
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)

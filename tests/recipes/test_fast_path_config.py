@@ -12,7 +12,8 @@ from recipes.parallel.ds_config import build_ds_config, zero_comm_settings
 from recipes.model.fast_path import any_non_finite, attention_problem, fused_config_kwargs, sdpa_backend
 from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, load_recipe
-from recipes.planner.cost import Assumptions, estimate, plan_layouts
+from recipes.planner.cost import Assumptions, estimate
+from recipes.planner.search import plan_layouts
 
 pytestmark = pytest.mark.unit
 
@@ -188,6 +189,7 @@ def test_plan_ranks_a_recipe_layout_that_is_listed_as_its_same_cost_twin(capsys)
                  "parallel.micro_batch=1", "parallel.zero_stage=1"]) == 0
     out = capsys.readouterr().out
     own = next(line for line in out.splitlines() if "The recipe's own layout" in line)
-    # listed as the `none` layout: the table row with TP 1, PP 1, DP 8, ZeRO 1, micro-batch 1, recompute none
-    row = next(line.split()[0] for line in out.splitlines() if line.split()[1:8] == "1 1 8 1 1 none n".split())
+    # listed as the `none` layout: the table row with TP 1, PP 1 (no schedule), DP 8, ZeRO 1, micro-batch 1,
+    # recompute none
+    row = next(line.split()[0] for line in out.splitlines() if line.split()[1:9] == "1 1 - 8 1 1 none n".split())
     assert "recompute=selective" in own and f"ranks {row} of" in own, own

@@ -15,15 +15,18 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.03  # a pinned figure may move 3% (a modelling change beyond that must update the pins and say why)
 
-# example -> (recommended layout, GiB per GPU, tokens/s): the README table as of CP pricing (issue 23). Since the
-# headroom change (issue 22) tokens/s rose by the attention the flash kernels skip (the masked half of causal
-# attention, priced at their own efficiency): (a) +0.3%, (b) +2.6%, (c) +3.3%, (d) +5.1% (8K tokens).
+# example -> (recommended layout, GiB per GPU, tokens/s): the README table as of the calibration against published
+# runs (issue 44) and the pipeline schedules in the search (issue 40). Against the pins before (issue 23's CP pricing):
+# the H100 examples (b, d, e) are 5-17% slower, priced by the H100 calibration (configs/clusters/calibration/h100.yaml:
+# the uncalibrated constants were 18-30% optimistic on Megatron-Core's published H100 runs); the A100 examples move
+# little (their calibration is the old constants refitted), (c) -2%; (a) now pipelines with zero-bubble, whose bubble
+# is smaller than 1F1B's, so fewer TP ranks and more stages win (TP=4 x PP=5 -> TP=2 x PP=10, +4%).
 PINNED = {
-    "a": ("TP=4 x PP=5 x DP=40, ZeRO-1, micro-batch 1, SP", 47.2, 177.1e3),
-    "b": ("TP=1 x PP=1 x DP=256, ZeRO-2, micro-batch 1", 48.7, 1.95e6),
-    "c": ("TP=1 x PP=1 x DP=8, ZeRO-1, micro-batch 1", 57.1, 30.3e3),
-    "d": ("TP=1 x PP=1 x DP=8, ZeRO-3, micro-batch 1", 60.7, 77.8e3),
-    "e": ("TP=1 x CP=16 x PP=1 x DP=2, ZeRO-3, micro-batch 1", 64.9, 81.0e3),
+    "a": ("TP=2 x PP=10 x DP=40, ZeRO-1, micro-batch 1, VPP=1, schedule zero_bubble, SP", 62.9, 184.8e3),
+    "b": ("TP=1 x PP=1 x DP=256, ZeRO-2, micro-batch 1", 48.7, 1.62e6),
+    "c": ("TP=1 x PP=1 x DP=8, ZeRO-1, micro-batch 1", 57.1, 29.7e3),
+    "d": ("TP=1 x PP=1 x DP=8, ZeRO-3, micro-batch 1", 60.7, 65.4e3),
+    "e": ("TP=1 x CP=16 x PP=1 x DP=2, ZeRO-3, micro-batch 1", 64.9, 77.1e3),
 }
 SOURCES = {"a": ["configs/examples/a-glm-130b-100x8-a100.yaml", "--corpus-bytes", "10PB"],
            "b": ["configs/examples/b-10b-tb-data-32x8-h100.yaml", "--corpus-bytes", "2TB"],
@@ -48,13 +51,13 @@ def test_no_stale_planner_command_in_the_docs():
 def test_headline_plan_for_the_130b_example():
     plan = cli.make_plan(cli.build_parser().parse_intermixed_args(SOURCES["a"]))
     lay, rec = plan.rec.layout, plan.rec
-    assert (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.micro_batch, lay.sequence_parallel, lay.recompute) == (
-        4, 5, 40, 1, 1, True, "none")
-    assert rec.tokens_per_s == pytest.approx(176.5e3, rel=TOLERANCE)
-    assert rec.mfu == pytest.approx(0.56, abs=0.02)
-    assert rec.memory_gib["total"] == pytest.approx(47.2, rel=TOLERANCE) and not rec.tight
+    assert (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.micro_batch, lay.sequence_parallel, lay.recompute,
+            lay.schedule, lay.vpp) == (2, 10, 40, 1, 1, True, "none", "zero_bubble", 1)
+    assert rec.tokens_per_s == pytest.approx(184.8e3, rel=TOLERANCE)
+    assert rec.mfu == pytest.approx(0.58, abs=0.02)
+    assert rec.memory_gib["total"] == pytest.approx(62.9, rel=TOLERANCE) and not rec.tight
     fraction = rec.tokens_per_s * 90 * 86400 / plan.corpus["tokens"]
-    assert fraction == pytest.approx(0.00055, rel=0.05)  # "0.055% of the corpus" in 90 days
+    assert fraction == pytest.approx(0.00057, rel=0.05)  # "0.057% of the corpus" in 90 days
 
 
 def test_readme_examples_table_is_pinned():

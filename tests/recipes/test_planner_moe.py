@@ -8,7 +8,9 @@ import pytest
 from recipes.config.schema import ClusterConfig, ModelConfig
 from recipes.model.shape import moe_layer_parameters
 from recipes.parallel.layout import Layout
-from recipes.planner.cost import Assumptions, candidate_layouts, estimate, params_per_gpu, plan_layouts
+from recipes.planner.assumptions import Assumptions
+from recipes.planner.cost import estimate, params_per_gpu
+from recipes.planner.search import candidate_layouts, plan_layouts
 from recipes.planner.experts import all_to_all_seconds
 from recipes.planner import explain as ex
 
@@ -44,12 +46,12 @@ def test_all_to_all_priced_against_a_hand_calculation():
     inside = nbytes * 7 / 8 / nvlink + 2e-6  # EP=8 in one node: 7/8 of the bytes leave the GPU, over NVLink
     across = max(nbytes * 7 / 16 / nvlink, nbytes * 8 / 16 / nic) + 5e-6  # EP=16 over 2 nodes: half go over IB
     assert inside == pytest.approx(1.9773e-4, rel=1e-4) and across == pytest.approx(1.01163e-3, rel=1e-4)
-    a = Assumptions()
+    a = Assumptions(moe_load_imbalance=1.2)  # the imbalance is given, not the default (1.0: balanced)
     assert all_to_all_seconds(nbytes, 8, 8, cluster(1), a) == pytest.approx(inside, rel=1e-12)
     assert all_to_all_seconds(nbytes, 16, 8, cluster(2), a) == pytest.approx(across, rel=1e-12)
     for nodes, ep, one in ((1, 8, inside), (2, 16, across)):
         lay = Layout(tp=1, pp=1, dp=8 * nodes, ep=ep, zero_stage=1)
-        e = estimate(MODEL, cluster(nodes), lay, global_batch=8 * nodes)  # one micro-batch per step
+        e = estimate(MODEL, cluster(nodes), lay, global_batch=8 * nodes, assume=a)  # one micro-batch per step
         assert e.micro_batches == 1
         assert e.time_s["ep_comm"] == pytest.approx(2 * 4 * one, rel=1e-9)
     assert estimate(MODEL, cluster(1), Layout(dp=8, ep=1, zero_stage=1), 8).time_s["ep_comm"] == 0.0
@@ -92,13 +94,14 @@ def test_ep_kept_inside_a_node_when_it_fits_there():
     diff = across.terms.minus(p.rec.terms)
     assert max(diff, key=diff.get) == "ep_comm" and across.tokens_per_s < p.rec.tokens_per_s
     text = ex.expert_parallel(p)
-    assert "inside a node, on NVLink" in text and "load imbalance is an assumption" in text.lower()
+    assert "inside a node, on NVLink" in text and "Load imbalance: the busiest EP rank gets 1x" in text
+    assert "(the default: published MoE throughput is measured with the tokens force-balanced" in text
     assert "EP=16 runs at" in text and "all-to-alls" in text.split("EP=16 runs at")[1]
 
 
 def test_no_fit_names_the_zero_stage_actually_searched_for_experts():
     """ZeRO-3 is refused with experts, so the search stops at ZeRO-2: the no-fit sentence says so, not ZeRO-3."""
-    from recipes.planner.cost import what_would_fit
+    from recipes.planner.search import what_would_fit
 
     tiny = cluster(1, memory_gb=1)
     ests = plan_layouts(MODEL, tiny, 64)

@@ -2,6 +2,7 @@
 token budget, the data, the checkpoint directory, a Young/Daly save interval with its numbers printed), and what is
 still missing is said, not discovered by the ranks."""
 import json
+import re
 import math
 from pathlib import Path
 
@@ -49,8 +50,8 @@ def test_the_quickstart_plan_writes_a_recipe_that_launches(tmp_path, capsys):
     doc = json.loads(text)
     rec = doc["recommended"]
     lay = rec["layout"]
-    assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch"], lay["recompute"]) == (
-        2, 16, 4, 1, 1, "none")
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch"], lay["recompute"], lay["vpp"],
+            lay["schedule"]) == (2, 16, 4, 1, 1, "none", 1, "zero_bubble")
     # Young/Daly by hand: 14 bytes per parameter written at 1 GB/s per node by 16 nodes; MTBF of 16 nodes failing at
     # Llama 3's 466 / (54 x 2048) per node-day (the preset's 0.0042)
     params = doc["parameters"]
@@ -61,8 +62,9 @@ def test_the_quickstart_plan_writes_a_recipe_that_launches(tmp_path, capsys):
     assert written == {
         "name": "my-70b", "extends": ["models/llama-70b", "clusters/h100-80gb"],
         "training": {"train_tokens": 2_000_000_000_000}, "cluster": {"nodes": 16},
-        # the recommended layout; zero_stage 1, micro-batch 1 and recompute none are the schema's defaults
-        "parallel": {"tp": 2, "pp": 16, "dp": 4, "sequence_parallel": True},
+        # the recommended layout, its pipeline schedule included; zero_stage 1, micro-batch 1, recompute none and
+        # vpp 1 are the schema's defaults
+        "parallel": {"tp": 2, "pp": 16, "dp": 4, "sequence_parallel": True, "pipeline_schedule": "zero_bubble"},
         "data": {"manifests": [str(manifest)]},
         "checkpoint": {"dir": str(tmp_path / "ckpt"), "save_interval": steps},
     }
@@ -114,7 +116,8 @@ def test_what_the_written_recipe_still_lacks_is_listed(tmp_path, capsys):
     assert rc == 0 and (tmp_path / "r.yaml").is_file()
     tail = text[text.index("before it launches"):]
     assert "data: the recipe names no training data" in tail
-    assert "checkpoint.dir: not set, and this run is predicted to take 149.5 days" in tail
+    days = re.search(r"2e\+12 tokens take ([\d.]+) days", text).group(1)  # the plan's own prediction
+    assert f"checkpoint.dir: not set, and this run is predicted to take {days} days" in tail
 
 
 def test_bad_data_or_no_budget_writes_nothing_and_exits_2(tmp_path, capsys):
@@ -153,3 +156,24 @@ def test_names_are_whole():
     assert recipe_name("models/gpt-1.3b") == "gpt-1.3b"
     assert recipe_name("configs/runs/llama-3.1-8b.yaml") == "llama-3.1-8b"
     assert recipe_name("x/r.json") == "r"
+
+
+def test_an_existing_recipe_is_replaced_only_with_force(tmp_path, capsys):
+    """Issue 42: `--write-recipe` onto a hand-written recipe replaced it without a word. Now it refuses in one line
+    naming the file and --force, before any work, and the file is left as it was; --force replaces it atomically
+    (a temporary file beside it, renamed over it: nothing else is left in the directory)."""
+    out = tmp_path / "llama-7b-1node-a100.yaml"
+    hand_written = "# my recipe: comments, batch, learning rate\nname: mine\nextends: [models/llama-7b]\n"
+    out.write_text(hand_written)
+    rc, text, err = plan(capsys, *L70, "--write-recipe", out)
+    assert rc == 2 and text == ""
+    assert err.strip() == (f"error: --write-recipe: {out} already exists; pass --force to replace it, or write to a "
+                           "new path")
+    assert out.read_text() == hand_written
+    rc, _, err = plan(capsys, *L70, "--write-recipe", out, "--force")
+    assert rc == 0, err
+    assert out.read_text().startswith("# Written by `python -m recipes plan`")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    assert out.stat().st_mode & 0o777 == 0o644
+    rc, _, err = plan(capsys, *L70, "--force")
+    assert rc == 2 and "--force go with the written recipe" in err

@@ -140,7 +140,8 @@ def test_no_checkpoint_dir_on_a_long_run_unless_opted_out(tmp_path):
     big = load_recipe("configs/runs/llama-70b-16x8-h100.yaml", [f"data.manifests=[{write_manifest(tmp_path / 'l', 32000)}]",
                                                                 "checkpoint.dir=null"])
     p, = validate_for_launch(big)
-    assert "this run is predicted to take 149.5 days (476,838 steps x 27.09 s at TP=2 x PP=16 x DP=4" in str(p)
+    # priced with the H100 calibration (configs/clusters/calibration/h100.yaml), as `recipes plan` prices it
+    assert "this run is predicted to take 183.7 days (476,838 steps x 33.29 s at TP=2 x PP=16 x DP=4" in str(p)
 
 
 def test_export_tokenizer_path_and_blends_and_stages(tmp_path):
