@@ -33,46 +33,59 @@ _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 def check_include_path_origin(config: str, overrides: Sequence[str], include_path: str | None) -> None:
-    """Refuse `evaluation.include_path` set by a recipe file that sits in a checkpoint directory.
+    """Refuse `evaluation.include_path` whose value a recipe file inside a checkpoint directory chose.
 
-    How a checkpoint's recipe is recognised: by where it is, not by what it says. The file (the one given with
-    --config, or the one of its `extends` chain that sets the key) is in a directory that holds checkpoint content
-    (a `latest` file or a global_stepN directory), which is where the training loop, import-hf and reshape write
-    their recipe.yaml and where the docs send `--config`. A marker written into the copy would prove nothing: whoever
-    prepared a checkpoint directory wrote that file and would leave the marker out. A value given on the command line
-    (`evaluation.include_path=DIR`) is the user's own and is taken whatever the recipe file is."""
+    How a checkpoint's recipe is recognised: by where it is, not by what it says. A file is inside a checkpoint
+    directory when it or one of its parent directories holds checkpoint content (a `latest` file or a global_stepN
+    directory), judged on the path as given and on the file a symlink points to. The value is refused when any file
+    on the `extends` chain from --config to the file that sets it is such a file: the one that sets it, and every one
+    that chose to extend it (a checkpoint's recipe extending a file elsewhere picked that file's value). A marker
+    written into the copy would prove nothing: whoever prepared a checkpoint directory wrote that file and would leave
+    the marker out. A value given on the command line (`evaluation.include_path=DIR`) is the user's own and is taken
+    whatever the recipe file is."""
     if not include_path or any(o.split("=", 1)[0].strip() == "evaluation.include_path" for o in overrides):
         return
-    source = _file_setting_include_path(config)
-    if source is not None and _in_checkpoint_dir(source):
+    chain = _chain_setting_include_path(config) or []
+    untrusted = next((p for p in reversed(chain) if _in_checkpoint_dir(p)), None)  # the setter's own first
+    if untrusted is not None:
+        source = chain[-1]
+        where = (", a recipe inside a checkpoint directory" if untrusted == source else
+                 f", reached through {untrusted}, a recipe inside a checkpoint directory")
         raise RecipeError(
-            f"evaluation.include_path = {include_path} comes from {source}, a recipe inside a checkpoint directory: "
+            f"evaluation.include_path = {include_path} comes from {source}{where}: "
             "a task folder is code (lm-eval imports the .py files its YAML names with !function), so it is taken "
             "only from a recipe you wrote or from the command line; if you trust that folder, pass "
             f"evaluation.include_path={include_path} as an override (or evaluation.include_path=null to drop it)")
 
 
-def _file_setting_include_path(path, seen: tuple = ()) -> Path | None:
-    """The file whose value of evaluation.include_path the loaded recipe has: the file itself, else the last of its
-    `extends` that sets it (recipes.config.loading's precedence)."""
-    path = (Path(path) if Path(path).is_file() else resolve_preset(str(path))).resolve()
-    if path in seen:
+def _chain_setting_include_path(path, seen: tuple = ()) -> list[Path] | None:
+    """The files from `path` along its `extends` to the one whose value of evaluation.include_path the loaded recipe
+    has (recipes.config.loading's precedence: the file itself, else the last of its extends that sets it), each as
+    the chain names it (absolute, symlinks not resolved); None if none sets it."""
+    given = Path(path) if Path(path).is_file() else Path(resolve_preset(str(path)))
+    given = Path(os.path.abspath(given))
+    real = given.resolve()
+    if real in seen:
         return None
-    data = _read_mapping(path)
+    data = _read_mapping(real)
     section = data.get("evaluation")
     if isinstance(section, dict) and "include_path" in section:
-        return path
+        return [given]
     parents = data.get("extends") or []
     for parent in reversed([parents] if isinstance(parents, str) else parents):
-        found = _file_setting_include_path(resolve_preset(parent, path.parent), seen + (path,))
-        if found is not None:
-            return found
+        rest = _chain_setting_include_path(resolve_preset(parent, given.parent), seen + (real,))
+        if rest is not None:
+            return [given] + rest
     return None
 
 
 def _in_checkpoint_dir(path: Path) -> bool:
-    folder = path.parent
-    return (folder / "latest").is_file() or any(folder.glob("global_step[0-9]*"))
+    """`path` (as given, or the file a symlink points to) lies in or under a directory holding checkpoint content."""
+    for p in {Path(os.path.abspath(path)), Path(path).resolve()}:
+        for folder in p.parents:
+            if (folder / "latest").is_file() or any(folder.glob("global_step[0-9]*")):
+                return True
+    return False
 
 
 class BackgroundEval:

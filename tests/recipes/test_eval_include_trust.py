@@ -63,6 +63,35 @@ def test_include_path_is_taken_from_the_command_line_or_the_users_own_recipe(tmp
         check_include_path_origin(str(inherits), [], "/planted")
 
 
+@pytest.mark.unit
+def test_an_include_path_chosen_inside_a_checkpoint_dir_is_refused_through_extends_and_symlinks(tmp_path):
+    """Two ways round the plain rule (round 4 of the security read): the checkpoint's recipe extends a file in a
+    sub-folder of the checkpoint directory that sets the folder, or recipe.yaml is a symlink to a file elsewhere that
+    sets it. Both reach lm-eval's import of the folder's code unless refused."""
+    ckpt = checkpoint_dir(tmp_path, "/planted")
+    (ckpt / "recipe.yaml").unlink()
+    (ckpt / "sub").mkdir()
+    base = ckpt / "sub" / "base.yaml"
+    base.write_text(f"extends: {TINY}\nevaluation: {{include_path: /planted}}\n")
+    (ckpt / "recipe.yaml").write_text("extends: sub/base.yaml\ntraining: {train_steps: 3}\n")
+    assert load_recipe(ckpt / "recipe.yaml").evaluation.include_path == "/planted"
+    with pytest.raises(RecipeError, match=f"comes from {base}, a recipe inside a checkpoint directory"):
+        check_include_path_origin(str(ckpt / "recipe.yaml"), [], "/planted")
+
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text(f"extends: {TINY}\nevaluation: {{include_path: /planted}}\n")
+    (ckpt / "recipe.yaml").unlink()
+    (ckpt / "recipe.yaml").symlink_to(elsewhere)
+    with pytest.raises(RecipeError, match=f"comes from {ckpt / 'recipe.yaml'}, a recipe inside a checkpoint"):
+        check_include_path_origin(str(ckpt / "recipe.yaml"), [], "/planted")
+    # a recipe of mine extending the checkpoint's, which extends a file that sets it: still the checkpoint's choice
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"extends: {ckpt / 'sub' / 'base.yaml'}\n")
+    with pytest.raises(RecipeError, match="a recipe inside a checkpoint directory"):
+        check_include_path_origin(str(mine), [], "/planted")
+    check_include_path_origin(str(elsewhere), [], "/planted")  # the file itself, outside: the user's own
+
+
 def tiny_model(out: Path, texts: list[str]) -> Path:
     """A randomly initialised 2-layer GPT-2 with a byte-level BPE tokenizer: enough for lm-eval's HF backend."""
     from tokenizers import pre_tokenizers
