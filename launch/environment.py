@@ -4,10 +4,7 @@ reach the ranks only through a 0600 file that rank_exec.sh reads: never a comman
 user of a node), a plan, a job script or a log; only their names are printed."""
 from __future__ import annotations
 
-import os
 import re
-import stat
-import tempfile
 from pathlib import Path
 
 from launch.common import LaunchError
@@ -18,12 +15,13 @@ _SECRET = re.compile(r"^(HF_|WANDB_|MLFLOW_)")
 
 
 def plumbing_names(environ) -> list[str]:
-    return sorted(n for n in environ if _PLUMBING.match(n))
+    # whole names only: a variable named `NCCL_X;cmd` (names may hold any byte but '=') would reach an `export` line
+    return sorted(n for n in environ if _PLUMBING.match(n) and _NAME.match(n))
 
 
 def secret_names(extra: list[str], environ) -> list[str]:
-    """--env / LAUNCH_EXPORT names first, then HF_* / WANDB_* / MLFLOW_*; each once."""
-    names = list(extra) + sorted(n for n in environ if _SECRET.match(n))
+    """--env / LAUNCH_EXPORT names first, then HF_* / WANDB_* / MLFLOW_*; each once, variable names only."""
+    names = list(extra) + sorted(n for n in environ if _SECRET.match(n) and _NAME.match(n))
     return list(dict.fromkeys(n for n in names if n))
 
 
@@ -42,40 +40,25 @@ def check_names(extra: list[str], environ) -> None:
                               "unset it or put the text in a file and pass its path", 2)
 
 
-def launch_env(run_id: str, venv: str, secret_file: str | None, environ) -> list[str]:
-    """NAME=VALUE lines every rank gets (launch.env): nothing secret."""
+def launch_env(run_id: str, venv: str, secret_file: str | None, environ, names: list[str] = ()) -> list[str]:
+    """NAME=VALUE lines every rank gets (launch.env): nothing secret. With the env file, LAUNCH_ENV_NAMES lists the
+    names it may set (`names`): rank_exec.sh exports those and nothing else from it."""
     lines = [f"PATH={venv}/bin:/usr/local/bin:/usr/bin:/bin", f"VIRTUAL_ENV={venv}", "PYTHONUNBUFFERED=1",
              f"LAUNCH_RUN_ID={run_id}"]
     lines += [f"{n}={environ[n]}" for n in plumbing_names(environ)]
     if secret_file:
-        lines.append(f"LAUNCH_ENV_FILE={secret_file}")
+        lines += [f"LAUNCH_ENV_FILE={secret_file}", f"LAUNCH_ENV_NAMES={' '.join(names)}"]
     first: dict[str, str] = {}
     for line in lines:  # a user's PATH-like plumbing name never replaces ours
         first.setdefault(line.split("=", 1)[0], line)
     return list(first.values())
 
 
-def check_private_dir(path: Path) -> None:
-    """A log dir others can write to is refused: a file planted there (a secret.env.tmp, a heartbeat, an exit record)
-    would be trusted by this run."""
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & stat.S_IWOTH:
-        raise LaunchError(f"the log dir {path} is writable by other users (mode {mode:04o}): files planted there would "
-                          f"be trusted by this run; use a directory only you can write to (chmod o-w {path}, or "
-                          "--log-dir elsewhere)", 2)
-
-
 def write_private(path: Path, text: str) -> None:
-    """`text` into `path`, mode 0600 from its creation: written under a fresh unpredictable name in the same directory
-    (created exclusively, never through a planted file or link) and renamed over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`text` into `path`, mode 0600 from its creation, never through a planted file or link (launch.run_files)."""
+    from launch import run_files
+
+    run_files.write(path, text)
 
 
 def write_secret_file(path: Path, names: list[str], environ) -> None:

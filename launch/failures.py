@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch import run_files
 from launch.hostfile import valid_host
 
 _RECORD = re.compile(r"^rank=(\d+) exit=(\d+) stopped=([01]) at=([0-9]+(?:\.[0-9]+)?) host=(\S*)$")
@@ -80,8 +81,8 @@ class ExitWatch:
         for name in names:
             if name not in self.records:
                 try:
-                    rec = parse_record((self.dir / name).read_text()[:4096])
-                except OSError:
+                    rec = parse_record(run_files.read(self.dir / name, 4096))
+                except (OSError, ValueError):  # vanished, or not a regular file of ours (a link, a FIFO, too big)
                     continue
                 if rec is not None:
                     self.records[name] = rec

@@ -27,16 +27,21 @@ record() {
 
 # The user's variables (--env, HF_*, WANDB_*) come from a 0600 file, not from the command line that started us: a
 # command line is readable by every user of the node (ps, /proc/*/cmdline), a mode-0600 file only by its owner.
+# Only the names the launcher wrote there (LAUNCH_ENV_NAMES, from our own environment) are exported: a line planted
+# in the file (LD_PRELOAD=..., PYTHONPATH=...) is never. The file must be a regular file of ours, not a link or a FIFO.
 if [ -n "${LAUNCH_ENV_FILE:-}" ]; then
-  if [ ! -r "$LAUNCH_ENV_FILE" ]; then
-    echo "$tag error: cannot read the run's env file $LAUNCH_ENV_FILE on this node (the launcher copies it there)" >&2
+  if [ ! -f "$LAUNCH_ENV_FILE" ] || [ -L "$LAUNCH_ENV_FILE" ] || [ ! -O "$LAUNCH_ENV_FILE" ] || [ ! -r "$LAUNCH_ENV_FILE" ]; then
+    echo "$tag error: cannot read the run's env file $LAUNCH_ENV_FILE on this node as a regular file of yours (the" \
+      "launcher copies it there)" >&2
     record 2 0 "$EPOCHREALTIME"
     exit 2
   fi
+  allowed=" ${LAUNCH_ENV_NAMES:-} "
   while IFS= read -r line; do
-    [[ ${line%%=*} =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && export "$line"
-  done <"$LAUNCH_ENV_FILE"
-  unset line
+    name=${line%%=*}
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ && $allowed == *" $name "* ]] && export "$line"
+  done < <(head -c 1048576 "$LAUNCH_ENV_FILE")
+  unset line name allowed
 fi
 
 # Under DeepSpeed's pdsh runner the command comes as shell-quoted words in LAUNCH_RANK_CMD (launch/backends/deepspeed.py).

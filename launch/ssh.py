@@ -9,10 +9,12 @@ import shlex
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from launch import run_files
 from launch.common import REPO_DIR, LaunchError, python, say
 from launch.hostfile import valid_host
 
@@ -139,8 +141,7 @@ def check_reachable(ssh: Ssh, hosts: list[str]) -> bool:
 def push_private_file(ssh: Ssh, hosts: list[str], path: str) -> bool:
     """The file to every host at the same path over ssh's stdin (never its command line), created 0600 under a fresh
     name and renamed; on a shared file system each node replaces it with the same bytes."""
-    with open(path) as f:
-        text = f.read()
+    text = run_files.read(Path(path))
     d, name = shlex.quote(os.path.dirname(path)), os.path.basename(path)
     cmd = (f"umask 077 && mkdir -p {d} && t=$(mktemp {d}/{shlex.quote('.' + name)}.XXXXXX) && cat >\"$t\" && "
            f"mv -f \"$t\" {shlex.quote(path)}")

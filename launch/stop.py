@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from launch import run_files
 from launch.common import REPO_DIR, RUN_ID_RE, LaunchError, remote_launch
 from launch.hostfile import valid_host
 from launch.ssh import Ssh
@@ -88,8 +89,8 @@ def grace_of(run_dir: Path | None, environ=os.environ) -> float:
     text = environ.get("LAUNCH_STOP_GRACE", "")
     if not text and run_dir is not None:
         try:
-            text = (run_dir / "stop_grace").read_text().strip()
-        except OSError:
+            text = run_files.read(run_dir / "stop_grace", 64).strip()
+        except (OSError, ValueError):
             text = ""
     return float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else DEFAULT_GRACE
 
@@ -107,16 +108,26 @@ def run_dir_of(target: str) -> Path:
 
 def _run_facts(run_dir: Path) -> tuple[str, list[str], str]:
     """run id, hosts and back end recorded by train.sh; each checked (the directory holds text, not commands)."""
-    env = (run_dir / "launch.env").read_text().splitlines() if (run_dir / "launch.env").is_file() else []
+    env = _read(run_dir / "launch.env").splitlines()
     run_id = next((line.split("=", 1)[1] for line in env if line.startswith("LAUNCH_RUN_ID=")), "")
     if not RUN_ID_RE.match(run_id):
         raise LaunchError(f"{run_dir}/launch.env names no valid LAUNCH_RUN_ID; is this a run directory?", 2)
-    hosts = (run_dir / "hosts").read_text().split()
+    hosts = _read(run_dir / "hosts").split()
     bad = [h for h in hosts if not valid_host(h)]
     if bad:
         raise LaunchError(f"{run_dir}/hosts: '{bad[0]}' is not a host name; not stopping through it", 2)
-    backend = (run_dir / "backend").read_text().strip() if (run_dir / "backend").is_file() else ""
+    backend = _read(run_dir / "backend").strip()
     return run_id, hosts, backend
+
+
+def _read(path: Path) -> str:
+    """A run file as text ("" if missing), read as launch.run_files reads them: never through a link or a FIFO."""
+    try:
+        return run_files.read(path)
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as e:
+        raise LaunchError(f"{path}: not a file of this run ({e}); not stopping through it", 2) from None
 
 
 def stop_run(target: str, by_launcher: bool = False, environ=os.environ) -> int:
@@ -126,10 +137,10 @@ def stop_run(target: str, by_launcher: bool = False, environ=os.environ) -> int:
     if by_launcher:  # the launcher is gone or ending: its env file goes too
         (run_dir / "secret.env").unlink(missing_ok=True)
     else:  # so that the launcher reports a requested stop, not a failure
-        (run_dir / "stop_requested").write_text(f"{time.time():.0f}\n")
+        run_files.write(run_dir / "stop_requested", f"{time.time():.0f}\n")
     job = run_dir / "slurm_job_id"
     if job.is_file():
-        rc = stop_slurm(job.read_text().strip(), grace)
+        rc = stop_slurm(_read(job).strip(), grace)
         (run_dir / "secret.env").unlink(missing_ok=True)  # the job removes it only when it ends by itself
         return rc
     if backend == "local":

@@ -13,7 +13,7 @@ import time
 import zlib
 from pathlib import Path
 
-from launch import container_check, environment, plan, recipe_check
+from launch import container_check, environment, plan, recipe_check, run_files
 from launch.backends import make as make_backend
 from launch.backends.base import Backend, Launch
 from launch.common import REPO_DIR, RUN_ID_RE, LaunchError, python, say, venv_dir
@@ -76,12 +76,7 @@ def _log_path(opts: Options, run_id: str) -> Path:
 
 
 def _log_dir(d: Path) -> Path:
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LaunchError(f"cannot create the log dir {d}: {e.strerror}") from None
-    environment.check_private_dir(d)
-    return d
+    return run_files.make_private_dir(d)
 
 
 def _run_id(opts: Options) -> str:
@@ -178,7 +173,7 @@ def setup(opts: Options, ssh: Ssh) -> tuple[Launch, Backend, recipe_check.Facts]
     secrets = environment.secret_names(opts.env_names, os.environ)
     secret_file = str(log_dir / "secret.env") if secrets else None
     launch = Launch(run_id=run_id, log_dir=log_dir, plan=nodes, master_port=port,
-                    env_lines=environment.launch_env(run_id, venv, secret_file, os.environ),
+                    env_lines=environment.launch_env(run_id, venv, secret_file, os.environ, secrets),
                     rank_cmd=_rank_cmd(opts, repo, rank_python), secret_names=secrets, repo=repo, venv=venv,
                     python=rank_python, layout=facts.layout, device=facts.device, master_addr_opt=opts.master_addr,
                     slurm_grace_s=grace, slurm=slurm, launcher_repo=str(REPO_DIR), launcher_python=python())
@@ -199,11 +194,11 @@ def plan_text(launch: Launch, backend: Backend, notes: list[str] = ()) -> str:
 
 def write_run_files(launch: Launch, backend: Backend, notes: list[str] = ()) -> str:
     d = launch.log_dir
-    (d / "launch.env").write_text("".join(line + "\n" for line in launch.env_lines + backend.env_extra(launch)))
+    run_files.write(d / "launch.env", "".join(line + "\n" for line in launch.env_lines + backend.env_extra(launch)))
     for name, text in backend.files(launch).items():
-        (d / name).write_text(text)
+        run_files.write(d / name, text)
     text = plan_text(launch, backend, notes)
-    (d / "plan.txt").write_text(text)
+    run_files.write(d / "plan.txt", text)
     return text
 
 
@@ -215,7 +210,7 @@ def train(opts: Options) -> int:
         if opts.dry_run:
             print(text, end="")
             if backend.name == "slurm":
-                print(f"--- {launch.log_dir}/job.sbatch\n" + (launch.log_dir / "job.sbatch").read_text(), end="")
+                print(f"--- {launch.log_dir}/job.sbatch\n" + run_files.read(launch.log_dir / "job.sbatch"), end="")
             return 0
         for note in facts.notes:  # the dry run printed them with the plan
             say(note)
@@ -260,7 +255,7 @@ def submit(launch: Launch) -> int:
     if r.returncode != 0:
         raise LaunchError(f"sbatch refused {job}: {(r.stdout + r.stderr).strip()}")
     job_id = r.stdout.strip().split(";")[0]
-    (launch.log_dir / "slurm_job_id").write_text(job_id + "\n")
+    run_files.write(launch.log_dir / "slurm_job_id", job_id + "\n")
     say(f"submitted Slurm job {job_id}; logs in {launch.log_dir}; stop with launch/stop.sh {launch.log_dir}")
     return 0
 
@@ -293,12 +288,12 @@ def start(opts: Options, launch: Launch, backend: Backend, facts: recipe_check.F
     if backend.name == "slurm":
         backend.check(launch, starting=True)  # e.g. a container without pyxis: refused before anything is written
     set_aside_previous(d)
-    (d / "hosts").write_text("".join(h + "\n" for h in launch.plan.hosts if h))  # none yet when Slurm picks them
-    (d / "backend").write_text(backend.name + "\n")
+    run_files.write(d / "hosts", "".join(h + "\n" for h in launch.plan.hosts if h))  # none yet when Slurm picks
+    run_files.write(d / "backend", backend.name + "\n")
     take_lease(facts, launch.run_id)
     # How long a stop waits for the ranks' pre-emption save; stop.sh reads it from the run directory.
     grace = facts.stop_grace_s
-    (d / "stop_grace").write_text(f"{grace:g}\n")
+    run_files.write(d / "stop_grace", f"{grace:g}\n")
     secret = str(d / "secret.env") if launch.secret_names else None
     if secret:
         environment.write_secret_file(Path(secret), launch.secret_names, os.environ)

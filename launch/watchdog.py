@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+from launch import run_files
 from launch.environment import write_private
 from launch.hostfile import valid_host
 
@@ -40,7 +41,7 @@ def read_heartbeats(directory: str | Path) -> dict[int, dict]:
     out = {}
     for p in Path(directory).glob("rank-*.json"):
         try:
-            rec = json.loads(p.read_text()[:65536])
+            rec = json.loads(run_files.read(p, 65536))
         except (OSError, ValueError):
             continue  # replaced atomically by the rank, so only a vanished or foreign file lands here
         if _valid(rec):

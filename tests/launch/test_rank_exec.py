@@ -71,3 +71,25 @@ def test_a_stop_arriving_just_after_the_rank_was_killed_leaves_it_the_failure(tm
         os.kill(proc.pid, signal.SIGCONT)
     rec, _ = _record(tmp_path, proc)
     assert (rec.exit_code, rec.stopped, rec.failed_on_its_own) == (137, False, True)
+
+
+def test_only_the_names_the_launcher_wrote_are_exported_from_the_env_file(tmp_path):
+    """Round 4: a line planted in the env file (LD_PRELOAD, PYTHONPATH) never reaches the rank; the names the
+    launcher listed in LAUNCH_ENV_NAMES do. A link or a FIFO in the env file's place stops the rank before it runs."""
+    env_file = tmp_path / "secret.env"
+    env_file.write_text("HF_TOKEN=abc\nLD_PRELOAD=/tmp/evil.so\nPYTHONPATH=/tmp/evil\n")
+    env_file.chmod(0o600)
+    env = dict(os.environ, LAUNCH_EXIT_DIR=str(tmp_path), RANK="1", LAUNCH_HOST="node1",
+               LAUNCH_ENV_FILE=str(env_file), LAUNCH_ENV_NAMES="HF_TOKEN")
+    env.pop("PYTHONPATH", None)
+    show = "import os; print('SEEN', os.environ.get('HF_TOKEN'), os.environ.get('LD_PRELOAD'), " \
+           "os.environ.get('PYTHONPATH'))"
+    r = subprocess.run(["bash", WRAPPER, sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert "SEEN abc None None" in r.stdout, r.stdout + r.stderr
+    env_file.unlink()
+    env_file.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_text("HF_TOKEN=abc\n")
+    r = subprocess.run(["bash", WRAPPER, sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and "as a regular file of yours" in r.stderr and "SEEN" not in r.stdout, r.stderr

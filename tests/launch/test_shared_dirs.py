@@ -55,6 +55,66 @@ def test_a_log_dir_others_can_write_is_refused(tmp_path):
 
 
 @pytest.mark.unit
+def test_group_writable_or_foreign_log_dirs_and_parents_are_refused(tmp_path):
+    """Round 4: a dir made under umask 002 (group-writable), a parent others can write without the sticky bit, and a
+    parent owned by another user are refused; what the launcher makes itself under umask 002 is accepted."""
+    group = tmp_path / "group"
+    group.mkdir()
+    group.chmod(0o775)
+    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", group)
+    assert r.returncode == 2 and f"the log dir {group} is writable by its group (mode 0775)" in r.stderr
+    assert f"`chmod go-w {group}`" in r.stderr and list(group.iterdir()) == []
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)  # no sticky bit: others could rename our run dir away and put theirs there
+    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", tmp_path / "open" / "run")
+    assert r.returncode == 2 and f"{tmp_path / 'open'} is writable by other users (mode 0777)" in r.stderr, r.stderr
+    (tmp_path / "sticky").mkdir()
+    (tmp_path / "sticky").chmod(0o1777)  # /tmp's case: others cannot touch what is ours
+    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", tmp_path / "sticky" / "run")
+    assert r.returncode == 0, r.stderr
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # nobody's (the tests run as root)
+    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", theirs / "run")
+    assert r.returncode == 2 and f"{theirs} belongs to another user (uid 65534)" in r.stderr, r.stderr
+    env = dict(os.environ)
+    r = subprocess.run(["bash", "-c", f'umask 002 && exec bash {REPO / "launch" / "train.sh"} {TOY} --num-gpus 2 '
+                        f'--dry-run --log-dir {tmp_path / "made" / "here"}'], capture_output=True, text=True,
+                       cwd=REPO, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE((tmp_path / "made").stat().st_mode) & 0o022 == 0
+
+
+@pytest.mark.unit
+def test_run_files_are_written_past_planted_links_and_read_without_blocking(tmp_path):
+    """A link planted where the launcher writes a run file is replaced, not written through; a FIFO or a link to
+    /dev/zero where it reads an exit record or a heartbeat is skipped at once (the supervisor never hangs on it)."""
+    from launch import failures, run_files
+
+    victim = _victim(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "launch.env").symlink_to(victim)
+    run_files.write(run / "launch.env", "A=1\n")
+    assert victim.read_text() == "precious\n" and not (run / "launch.env").is_symlink()
+    assert stat.S_IMODE((run / "launch.env").stat().st_mode) == 0o600
+    exits = tmp_path / "exits"
+    exits.mkdir()
+    os.mkfifo(exits / "rank-0.exit")
+    (exits / "rank-1.exit").symlink_to("/dev/zero")
+    (exits / "rank-2.exit").write_text("rank=2 exit=1 stopped=0 at=5.0 host=node1\n")
+    beats = tmp_path / "beats"
+    beats.mkdir()
+    os.mkfifo(beats / "rank-0.json")
+    (beats / "rank-1.json").symlink_to("/dev/zero")
+    t0 = time.time()
+    records = failures.ExitWatch(exits).poll()
+    assert [r.rank for r in records] == [2]
+    assert watchdog.read_heartbeats(beats) == {}
+    assert time.time() - t0 < 5
+
+
+@pytest.mark.unit
 def test_stop_needs_the_run_named(tmp_path):
     r = run_launch("stop.sh")
     assert r.returncode == 2 and "give the run to stop" in r.stderr and "never guesses" in r.stderr, r.stderr
