@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -34,10 +35,18 @@ def _dies_with_launcher() -> tuple[str, ...]:
 SHIM_PREFIX = "launch-ssh."
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace (its inode): a pid means a process only inside it (containers sharing /tmp)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def _shim_prefix(pid: int) -> str:
-    """The shim dir's name up to mkdtemp's suffix: the launcher's pid and host (a temp dir shared between hosts
-    keeps another host's)."""
-    return f"{SHIM_PREFIX}{pid}.{socket.gethostname()}."
+    """The shim dir's name up to mkdtemp's suffix: the launcher's pid, host and pid namespace (a temp dir shared
+    between hosts or containers keeps the others')."""
+    return f"{SHIM_PREFIX}{pid}.{socket.gethostname()}.{_pid_namespace()}."
 
 
 def _remove_stale_shims(tmp: str | None = None) -> None:
@@ -50,8 +59,11 @@ def _remove_stale_shims(tmp: str | None = None) -> None:
     except OSError:
         return
     for name in names:
+        if not name.startswith(SHIM_PREFIX):
+            continue
         pid = name[len(SHIM_PREFIX):].split(".")[0]
-        if not (pid.isdigit() and name.startswith(_shim_prefix(int(pid)))):  # this host's, named by a launcher
+        # ASCII digits only (str.isdigit takes '²'), and this host's and pid namespace's, named by a launcher
+        if not (re.fullmatch(r"[0-9]{1,10}", pid) and name.startswith(_shim_prefix(int(pid)))):
             continue
         path = os.path.join(tmp, name)
         try:

@@ -183,11 +183,14 @@ def test_the_ssh_shim_dir_of_a_killed_launcher_is_removed_by_the_next_launch(tmp
     gone = subprocess.Popen(["true"])
     gone.wait()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    host = socket.gethostname()
-    stale, live = tmp_path / f"launch-ssh.{gone.pid}.{host}.x1", tmp_path / f"launch-ssh.{os.getpid()}.{host}.x2"
+    host, ns = socket.gethostname(), ssh_mod._pid_namespace()
+    stale = tmp_path / f"launch-ssh.{gone.pid}.{host}.{ns}.x1"
+    live = tmp_path / f"launch-ssh.{os.getpid()}.{host}.{ns}.x2"
     other = tmp_path / "launch-ssh.notes"
-    elsewhere = tmp_path / f"launch-ssh.{gone.pid}.another-host.x3"  # a temp dir shared with another host
-    for d in (stale, live, other, elsewhere):
+    elsewhere = tmp_path / f"launch-ssh.{gone.pid}.another-host.{ns}.x3"  # a temp dir shared with another host
+    container = tmp_path / f"launch-ssh.{gone.pid}.{host}.4026531999.x4"  # another pid namespace: its pid is not ours
+    superscript = tmp_path / "launch-ssh.\u00b2.x5"  # '²'.isdigit() is True; int('²') raised
+    for d in (stale, live, other, elsewhere, container, superscript):
         d.mkdir()
         (d / "ssh").write_text("#!/bin/sh\n")
     config = tmp_path / "ssh_config"
@@ -195,6 +198,7 @@ def test_the_ssh_shim_dir_of_a_killed_launcher_is_removed_by_the_next_launch(tmp
     ssh = Ssh({"LAUNCH_SSH_CONFIG": str(config)})
     shim = Path(ssh.tool_env()["PATH"].split(":")[0])
     assert not stale.exists() and live.exists() and other.exists() and elsewhere.exists()
+    assert container.exists() and superscript.exists()
     assert shim.parent == tmp_path and shim.name.startswith(f"launch-ssh.{os.getpid()}.{host}.")
     assert f"-F {config}" in (shim / "ssh").read_text()
     ssh.close()
