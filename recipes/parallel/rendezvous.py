@@ -1,10 +1,19 @@
-"""Where the ranks of a local world meet: a TCP port on this machine for MASTER_PORT / a TCPStore."""
+"""Where the ranks of a world meet. A local world (`train --local`, the engine ranks of reshape / import-hf /
+export-hf, the measure tools) meets in a file store in a private directory and talks over loopback only
+(`local_world`): torch's TCPStore listens on every interface of the machine whatever address it is given (checked
+with torch 2.13: `*:PORT`), and anyone who can reach an unauthenticated store can join the world or feed tensors into
+its collectives. A launcher's world spans machines: it meets on MASTER_ADDR:MASTER_PORT (`free_port` for the
+launcher's --master-port), on a network the docs ask to keep private."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
+import tempfile
 from collections.abc import Iterator
+
+STORE_ENV = "RECIPES_LOCAL_STORE"  # a local world's file store (recipes.train.engine.init_distributed reads it)
 
 
 # Linux's default ephemeral range starts at 32768 (net.ipv4.ip_local_port_range): below it, ports are given only to
@@ -15,8 +24,7 @@ _FIXED_PORTS = range(10000, 32768)
 def free_port(host: str = "127.0.0.1") -> int:
     """A port bindable right now, below the ephemeral range: for a server its caller starts a moment later (sshd, a
     Slurm daemon, a launcher's --master-port). A port from bind(0) would be ephemeral, which any connection on the
-    machine may take as its source port in the meantime; here only another explicit binder could. A local world's
-    store takes `reserved_port`, which holds its port."""
+    machine may take as its source port in the meantime; here only another explicit binder could."""
     for _ in range(64):
         port = random.choice(_FIXED_PORTS)
         with socket.socket() as s:
@@ -31,13 +39,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def reserved_port(host: str = "127.0.0.1") -> Iterator[int]:
-    """A port held for rank 0's TCPStore while the block runs. A port merely found free is taken now and then, before
-    rank 0 binds it, by another process's connection (its ephemeral source port: seen in CI with 8-rank gloo worlds
-    running side by side, rank 0 failing with EADDRINUSE). Here the port stays bound by this process, with
-    SO_REUSEADDR and not listening: the kernel gives it to no other bind or connect, and the store (which sets
-    SO_REUSEADDR itself, libuv or not) can still listen on it."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        yield s.getsockname()[1]
+def local_world(world: int) -> Iterator[dict]:
+    """The environment of the ranks of a `world`-rank world on this machine (their RANK and LOCAL_RANK are the
+    caller's): a file store in a fresh 0700 directory removed afterwards, gloo on loopback. No port is opened on any
+    interface but loopback, and none at all for the rendezvous."""
+    with tempfile.TemporaryDirectory(prefix="recipes-world-") as d:
+        os.chmod(d, 0o700)
+        yield {STORE_ENV: os.path.join(d, "store"), "GLOO_SOCKET_IFNAME": "lo", "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}

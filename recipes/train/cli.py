@@ -15,7 +15,7 @@ import warnings
 from recipes.config.file_mode import apply_recipe_mode
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.config.logs import setup_logging
-from recipes.parallel.rendezvous import reserved_port
+from recipes.parallel.rendezvous import local_world
 from recipes.train import local_ranks, signals
 from recipes.train.evaluation import check_include_path_origin
 from recipes.config.cli_help import command_parser
@@ -68,9 +68,8 @@ def launch_local(n: int, argv: list[str]) -> int:
     itself and leaves the workers running. This spawner forwards both and exits 0 after a clean save.
     The ranks are forked from this process once it has imported torch, DeepSpeed and megatron-core
     (recipes.train.local_ranks): each would otherwise pay those imports itself."""
-    with reserved_port() as port:  # held until the ranks are done: no other process takes it before rank 0 binds
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n),
-                   LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    with local_world(n) as world:  # a private file store, gloo on loopback (recipes.parallel.rendezvous)
+        env = dict(os.environ, **world, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
         envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), RECIPES_LOCAL_WORKER="1") for r in range(n)]
         procs = local_ranks.start_ranks(envs, argv, main, _before_rank_imports)  # forked from a pre-imported template

@@ -22,6 +22,7 @@ from recipes.model.fast_path import any_non_finite, check_attention_backend, com
 from recipes.parallel.cpu_buffers import place_sequence_parallel_buffers_on_cpu
 from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
+from recipes.parallel.rendezvous import STORE_ENV
 from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
 
 
@@ -53,7 +54,10 @@ def init_distributed(recipe) -> torch.device:
         # in every CPU rank costs ~30 s on a small machine and training never calls it.
         deepspeed_private.skip_shm_comm_op()
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend=backend, timeout=timeout)
+        store = os.environ.get(STORE_ENV)  # a local world: a file store, not a TCPStore on every interface
+        init = dict(init_method=f"file://{store}", rank=int(os.environ["RANK"]),
+                    world_size=int(os.environ["WORLD_SIZE"])) if store else {}
+        torch.distributed.init_process_group(backend=backend, timeout=timeout, **init)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     _timeout_for_new_groups(timeout)
     return device

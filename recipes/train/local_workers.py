@@ -3,7 +3,7 @@ recipes.train.state_writer) for reshape, import-hf and export-hf.
 
 The ranks are forked from this process once it has imported torch, DeepSpeed and megatron-core (the --local
 launcher's template, recipes.train.local_ranks: each fresh rank would pay ~8 s of CPU on imports first), each with
-torch.distributed's environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE) as torchrun would set it and its output in a
+torch.distributed's environment (RANK, WORLD_SIZE, a private file store: recipes.parallel.rendezvous.local_world) and its output in a
 file of its own. Where forking is unsafe (threads running here, GPUs visible, RECIPES_LOCAL_START=exec) they are
 fresh interpreters under torchrun, as before. Either way a failure raises RuntimeError with the ranks' output, and
 no rank outlives the call (killed on failure or timeout; a forked rank also dies with this process).
@@ -50,14 +50,13 @@ def forked_outputs(world: int, worker_main, argv: list[str], env: dict, timeout:
 
 
 def fresh_outputs(world: int, cmd: list[str], env: dict, timeout: float) -> list[str]:
-    """`cmd` as `world` fresh interpreters (RANK, WORLD_SIZE, MASTER_* added to `env`, rank 0's port held meanwhile);
+    """`cmd` as `world` fresh interpreters (RANK, WORLD_SIZE and the local world's store added to `env`);
     each one's stdout. RuntimeError with its stderr if one fails; none outlives the call."""
-    from recipes.parallel.rendezvous import reserved_port
+    from recipes.parallel.rendezvous import local_world
 
-    with reserved_port() as port:
+    with local_world(world) as meet:
         procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+                                  env=dict(env, **meet, RANK=str(r), LOCAL_RANK=str(r)))
                  for r in range(world)]
         try:
             outputs = []
@@ -105,12 +104,11 @@ def _quiet_imports() -> None:
 
 
 def _forked(world: int, worker_main, argv: list[str], env: dict, timeout: float) -> list[str]:
-    from recipes.parallel.rendezvous import reserved_port
+    from recipes.parallel.rendezvous import local_world
     from recipes.train import local_ranks
 
-    with reserved_port() as port, tempfile.TemporaryDirectory(prefix="ranks-") as logs:
-        env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(world))
+    with local_world(world) as meet, tempfile.TemporaryDirectory(prefix="ranks-") as logs:
+        env = dict(env, **meet)
         outputs = [Path(logs) / f"rank{r}.log" for r in range(world)]
         procs = [local_ranks.fork_rank(dict(env, RANK=str(r), LOCAL_RANK=str(r)), argv,
                                        _logged(worker_main, outputs[r])) for r in range(world)]

@@ -13,7 +13,7 @@ import pytest
 
 from recipes.config.loading import load_recipe
 from recipes.model.shape import count_parameters
-from recipes.parallel.rendezvous import reserved_port
+from recipes.parallel.rendezvous import local_world
 from recipes.planner.cost import Assumptions, deepspeed_bucket_bytes, params_per_gpu, zero_model_state_bytes
 from tests.recipes.planner_real_worker import COUNT_PRESETS, RECIPE, ZERO_SHAPE
 from tests.support import rank_forks
@@ -25,11 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    with reserved_port() as port:
+    with local_world(2) as meet:
         procs = []
         for rank in range(2):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+            env = dict(os.environ, **meet, RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+                       PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
             # forked from the test process's pre-imported template (tests/support/rank_forks.py): ~4 s less CPU each
             worker = str(Path(__file__).with_name("planner_real_worker.py"))
             procs.append(subprocess.Popen([rank_forks.python(), worker], cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -1,46 +1,48 @@
-"""Ports for rendezvous (recipes.parallel.rendezvous). The one a local world's rank 0 listens on is held from the
-moment it is chosen: no other process can bind it, the OS hands it to no one else, and torch's TCPStore still listens
-on it. One for a server started later lies below the kernel's ephemeral range, which connections draw from."""
+"""Where ranks meet (recipes.parallel.rendezvous): a local world listens on loopback only (a file store, gloo on lo);
+a port for a server started later lies below the kernel's ephemeral range, which connections draw from."""
 from __future__ import annotations
 
 import socket
-from datetime import timedelta
 
 import pytest
-from torch.distributed import TCPStore
 
-from recipes.parallel.rendezvous import free_port, reserved_port
-
-pytestmark = pytest.mark.unit
+from recipes.parallel.rendezvous import free_port
 
 
-def test_a_reserved_port_is_refused_to_other_binds():
-    with reserved_port() as port, socket.socket() as other:
-        with pytest.raises(OSError) as e:
-            other.bind(("127.0.0.1", port))
-        assert "in use" in str(e.value)
+
+@pytest.mark.multiproc
+def test_a_local_world_listens_on_loopback_only(tmp_path):
+    """`train --local 2`: no socket of the launcher or its ranks listens on anything but loopback (torch's TCPStore
+    listens on every interface, so a local world meets in a file store and gloo binds to lo). Seen while the run
+    trains, then the run is stopped."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from tests.support.corpus import write_corpus
+    from tests.support.runs import kill_group, pretrain_cmd, worker_env
+
+    manifest = write_corpus(tmp_path / "corpus", shards=1, max_bytes=100_000)
+    cmd = pretrain_cmd(2, f"data.manifests=[{manifest}]", f"checkpoint.dir={tmp_path / 'ck'}",
+                       "training.train_steps=100000", "checkpoint.save_interval=100000", "parallel.pp=2")
+    proc = subprocess.Popen(cmd, env=worker_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        metrics = tmp_path / "ck" / "logs" / "metrics.jsonl"
+        deadline = time.time() + 240
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.time() < deadline:
+            assert proc.poll() is None, "the run ended"
+            time.sleep(0.5)
+        pids = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)} | {proc.pid}
+        listening = [c.laddr for c in psutil.net_connections("inet") if c.pid in pids and c.status == "LISTEN"]
+        assert listening, "the ranks' gloo listeners should be seen"
+        assert all(a.ip in ("127.0.0.1", "::1") for a in listening), listening
+    finally:
+        kill_group(proc)
 
 
-def test_the_os_hands_a_reserved_port_to_no_one_else():
-    with reserved_port() as port:
-        handed = set()
-        for _ in range(3000):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                handed.add(s.getsockname()[1])
-        assert port not in handed and len(handed) > 100
-
-
-@pytest.mark.parametrize("libuv", [True, False], ids=["libuv store", "classic store"])
-def test_rank_zeros_store_listens_on_the_reserved_port(libuv):
-    with reserved_port() as port:
-        server = TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=10), use_libuv=libuv)
-        server.set("rank0", "here")
-        client = TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10))
-        assert client.get("rank0") == b"here"
-        del client, server
-
-
+@pytest.mark.unit
 def test_a_free_port_is_below_the_ephemeral_range_and_bindable():
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     ports = {free_port() for _ in range(20)}
