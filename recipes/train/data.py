@@ -181,9 +181,14 @@ def _low_level_paths(blend: Blend, cache: Path) -> tuple[list[str], list[float]]
         else:
             path = set_path(cache, prefixes, shard_identity(prefixes, blend.recorded))
             _build_first_on_rank0(path, prefixes)
+            SHARD_SETS[str(path)] = list(prefixes)
             paths.append(str(path))
         weights.append(sum(ws))
     return paths, weights
+
+
+# shard-set index dir -> the manifest's shards it indexes, for the datasets this process builds
+SHARD_SETS: dict[str, list[str]] = {}
 
 
 def _build_first_on_rank0(path: Path, prefixes: list[str]) -> None:
@@ -208,8 +213,8 @@ def shard_set_gpt_dataset():
     class ShardSetGPTDataset(GPTDataset):
         @staticmethod
         def build_low_level_dataset(dataset_path: str, config):
-            if Path(dataset_path, "shards.json").is_file():
-                return ShardSet(Path(dataset_path))
+            if dataset_path in SHARD_SETS:
+                return ShardSet(Path(dataset_path), SHARD_SETS[dataset_path])
             return GPTDataset.build_low_level_dataset(dataset_path, config)
 
     return ShardSetGPTDataset

@@ -44,8 +44,8 @@ def build_index(path: Path, prefixes: list[str]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     with open(path.parent / (path.name + ".lock"), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / "shards.json").is_file():
-            return
+        if _recorded_prefixes(path) == prefixes:
+            return  # (a shards.json naming other files, planted or stale, is rebuilt: the manifest names the shards)
         dtype, counts = None, []
         lengths_parts, pointers_parts = [], []
         for p in prefixes:
@@ -67,6 +67,13 @@ def build_index(path: Path, prefixes: list[str]) -> None:
         _atomic_bytes(path / "shards.json", json.dumps({"prefixes": prefixes, "dtype_code": code}).encode())
 
 
+def _recorded_prefixes(path: Path) -> list[str] | None:
+    try:
+        return json.loads((path / "shards.json").read_text()).get("prefixes")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _atomic_save(dest: Path, arr: numpy.ndarray) -> None:
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -81,12 +88,16 @@ def _atomic_bytes(dest: Path, data: bytes) -> None:
 
 
 class ShardSet:
-    """The concatenation of a list of shards, read through a cached index (``build_index``)."""
+    """The concatenation of a list of shards, read through a cached index (``build_index``). `prefixes` are the
+    manifest's: the index must be theirs (the cache says which files it indexes, it never chooses them)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, prefixes: list[str]):
         meta = json.loads((path / "shards.json").read_text())
+        if meta.get("prefixes") != list(prefixes):
+            raise ValueError(f"{path}: this cached index names other shards than the manifest's; delete {path} and "
+                             "rerun (keep data caches writable only by you)")
         self.path_prefix = str(path)
-        self.prefixes: list[str] = meta["prefixes"]
+        self.prefixes: list[str] = list(prefixes)
         self.dtype = numpy.dtype(CODE_DTYPES[int(meta["dtype_code"])])
         arrays = {}
         for name in _FILES:
