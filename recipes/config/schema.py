@@ -373,6 +373,8 @@ class WandbConfig(_Section):
     name: Optional[str] = None  # the run's display name; None = the recipe's name
     # None = W&B's own choice (WANDB_MODE, else online); "offline" writes files to sync later (`wandb sync DIR`)
     mode: Optional[Literal["online", "offline", "disabled"]] = None
+    # the W&B run to log into; None = this training run's own (kept in its log dir and checkpoints, recipes.train.tracking)
+    run_id: Optional[str] = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
 
     @model_validator(mode="after")
     def _names_wandb_accepts(self):

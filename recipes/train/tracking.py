@@ -23,17 +23,30 @@ ID_FILE = "wandb_run_id"
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what W&B accepts as a run id
 
 
-def run_id(saved: str | None, log_dir: Path, recipe_name: str) -> tuple[str, bool]:
-    """(the W&B run id of this training run, whether it is new). `saved`: the id in the checkpoint resumed from."""
+def run_id(saved: str | None, log_dir: Path, recipe_name: str, chosen: str | None = None) -> tuple[str, bool]:
+    """(the W&B run id of this training run, whether it is new). `saved`: the id in the checkpoint resumed from;
+    `chosen`: logging.wandb.run_id, the user's explicit choice.
+
+    A checkpoint's id is taken only when this run's log dir started or adopted that W&B run (its wandb_run_id file
+    names it): a restart, a requeue, a relaunch of the same run. A checkpoint brought from elsewhere names a W&B run
+    its log dir never had: appending to it (someone else's run, if the key reaches it) is not done unasked; a new W&B
+    run starts, and the log says how to continue the old one (logging.wandb.run_id=ID)."""
     id_file = log_dir / ID_FILE
-    for found in (saved, id_file.read_text().strip() if id_file.is_file() else None):
-        if found and _ID.match(found):
-            id_file.write_text(found + "\n")
-            return found, False
-    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", recipe_name).strip("-")[:40] or "run"
-    new = f"{slug}-{secrets.token_hex(4)}"  # a fresh run in a reused directory must not append to an old W&B run
-    id_file.write_text(new + "\n")
-    return new, True
+    mine = id_file.read_text().strip() if id_file.is_file() else None
+    mine = mine if mine and _ID.match(mine) else None
+    if chosen:
+        found, new = chosen, False
+    elif saved and saved == mine or (mine and not saved):
+        found, new = mine, False
+    else:
+        if saved:
+            logger.warning(f"wandb: the checkpoint resumed from names W&B run {saved}, which this run's log dir "
+                           f"({log_dir}) never started: a new W&B run is started; to log into {saved} instead, set "
+                           f"logging.wandb.run_id={saved}")
+        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", recipe_name).strip("-")[:40] or "run"
+        found, new = f"{slug}-{secrets.token_hex(4)}", True  # a fresh run in a reused dir must not append to an old one
+    id_file.write_text(found + "\n")
+    return found, new
 
 
 def plan_summary(recipe) -> dict:
@@ -79,5 +92,5 @@ def tracking_sinks(recipe, log_dir: Path, saved_id: str | None) -> tuple[list, s
     """(the tracker sinks the recipe configures, the W&B run id to keep in checkpoints); rank 0 only."""
     if recipe.logging.wandb is None:
         return [], None
-    wandb_id, new = run_id(saved_id, log_dir, recipe.name)
+    wandb_id, new = run_id(saved_id, log_dir, recipe.name, recipe.logging.wandb.run_id)
     return [WandbSink(recipe, log_dir, wandb_id, new)], wandb_id
