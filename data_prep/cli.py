@@ -197,17 +197,29 @@ def cmd_demo(a) -> int:
                 vocab_size=a.vocab_size)
 
 
+def _bench_dir(given: str | None, name: str) -> str:
+    """The bench's scratch directory: the one given, else a fresh private one (a fixed name in the shared /tmp could be
+    made first by another user, as a link to where they want the bench to write)."""
+    if given:
+        return given
+    import tempfile
+
+    made = tempfile.mkdtemp(prefix=f"{name}-")
+    print(f"bench scratch directory: {made}", file=sys.stderr)
+    return made
+
+
 def cmd_bench(a) -> int:
     from data_prep.tools.bench import bench
 
-    return bench(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, vocab_size=a.vocab_size,
+    return bench(_bench_dir(a.out_dir, "data_prep_bench"), corpus_mb=a.corpus_mb, workers=a.workers, scale=a.scale, vocab_size=a.vocab_size,
                  megatron_lm=a.megatron_lm, megatron_lm_fast=a.megatron_lm_fast, families=a.family)
 
 
 def cmd_bench_executors(a) -> int:
     from data_prep.tools.bench_executors import bench_executors
 
-    return bench_executors(a.out_dir, corpus_mb=a.corpus_mb, workers=a.workers, shard_size=a.shard_size,
+    return bench_executors(_bench_dir(a.out_dir, "data_prep_bench_executors"), corpus_mb=a.corpus_mb, workers=a.workers, shard_size=a.shard_size,
                            tokenizer=a.tokenizer, hostfile=a.hostfile)
 
 
@@ -510,7 +522,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="per tokenizer family: the pipeline vs bare gigatoken vs the bare tokenizer vs "
                                      "Megatron-LM's preprocess_data.py and preprocess_data_fast.py (wall, CPU, MB/s, "
                                      "speed-ups, peak RSS)")
-    p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench")
+    p.add_argument("out_dir", nargs="?", default=None, help="scratch directory (default: a fresh private one)")
     p.add_argument("--corpus-mb", type=float, default=32.0,
                    help="the corpus (web-page-sized documents from the installed docs and sources; up to ~500 MB)")
     p.add_argument("--scale", type=int, default=10, help="peak-RSS check on a corpus this many times bigger (1: off)")
@@ -528,7 +540,7 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("bench-executors", help="local pool vs hostfile (ssh) vs Ray: wall, units/s, MB/s, "
                                                "MB/s per core, identical output")
-    p.add_argument("out_dir", nargs="?", default="/tmp/data_prep_bench_executors")
+    p.add_argument("out_dir", nargs="?", default=None, help="scratch directory (default: a fresh private one)")
     p.add_argument("--corpus-mb", type=float, default=4.0)
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)), help="workers in all")
     p.add_argument("--shard-size", type=_size_arg, default="256k", help="input bytes per work unit")

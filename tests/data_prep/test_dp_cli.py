@@ -45,3 +45,22 @@ def test_rerun_of_corpus_and_tokenizer_keeps_identical_files(tmp_path):
     assert train([corpus], str(tmp_path / "tok" / "sp"), vocab_size=400, quiet=True) == model
     assert {p: (open(p, "rb").read(), tmp_path.joinpath(p).stat().st_mtime_ns) for p in (corpus, model)} == before
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["sp.model", "sp.vocab"]  # no temporary left
+
+
+@pytest.mark.unit
+def test_the_benches_scratch_directory_is_private_not_a_fixed_tmp_name(tmp_path, monkeypatch):
+    """Round 4 of the security read: `bench` and `bench-executors` defaulted to /tmp/data_prep_bench*, a name another
+    user of the machine could create first (a link to where they want the bench to write)."""
+    import os
+    import stat
+    import tempfile
+
+    from data_prep import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / "data_prep_bench"
+    planted.symlink_to(tmp_path / "victim")
+    made = cli._bench_dir(None, "data_prep_bench")
+    assert made != str(planted) and stat.S_IMODE(os.stat(made).st_mode) == 0o700
+    assert not (tmp_path / "victim").exists()
+    assert cli._bench_dir(str(tmp_path / "mine"), "data_prep_bench") == str(tmp_path / "mine")
