@@ -84,6 +84,9 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                         "(loopback only, Ray token auth; RAY_ADDRESS alone is not followed)")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished output (manifest.json) made with other settings (tokenizer, text field, "
+                        "shard size...); without it such a rerun is refused and nothing is touched")
     p.add_argument("--storage-option", dest="storage_options", action="append", default=[], type=_storage_option,
                    metavar="NAME=VALUE", help="an fsspec option for URL inputs/outputs (s3://, gs://), e.g. "
                    "endpoint_url=http://minio:9000 for an S3-compatible store; repeatable. Credentials are never "
@@ -159,7 +162,7 @@ def cmd_train_tokenizer(a) -> int:
     from data_prep.steps.train_tokenizer import train
 
     path = train(a.inputs, a.model_prefix, a.vocab_size, a.model_type, a.text_field, a.sample_bytes,
-                 quiet=a.quiet, normalization=a.normalization)
+                 quiet=a.quiet, normalization=a.normalization, overwrite=a.overwrite)
     print(path)
     return 0
 
@@ -229,7 +232,7 @@ def _settings_from(a):
                     slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address,
                     storage_options=dict(a.storage_options), staging_dir=a.staging_dir,
                     upload_part_size=a.upload_part_size,
-                    steps=a.steps, stage=a.stage)
+                    steps=a.steps, stage=a.stage, overwrite=a.overwrite)
 
 
 def _forwarded(command_args: list, who: str):
@@ -310,7 +313,7 @@ def cmd_slurm(a) -> int:
 def cmd_merge(a) -> int:
     from data_prep.write.merge import merge
 
-    m = merge(a.sources, a.output, a.target_size, quiet=a.quiet)
+    m = merge(a.sources, a.output, a.target_size, quiet=a.quiet, overwrite=a.overwrite)
     t = m["totals"]
     print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens")
     return 0
@@ -479,6 +482,9 @@ def main(argv=None) -> int:
     p.add_argument("--sample-bytes", type=_size_arg, default="20M")
     p.add_argument("--normalization", choices=("identity", "nmt_nfkc"), default="identity",
                    help="identity (default): lossless, Llama-style; nmt_nfkc: sentencepiece's classic defaults")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing PREFIX.model that differs from the one trained now (without it such a "
+                        "run is refused and the existing model kept; an identical rerun is fine)")
     p.add_argument("-q", "--quiet", action="store_true")
     _add_file_mode(p)
     p.set_defaults(fn=cmd_train_tokenizer)
@@ -542,6 +548,7 @@ def main(argv=None) -> int:
     p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--target-size", type=_size_arg, default="4G", help=".bin bytes per merged shard")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished output (manifest.json) in -o")
     p.add_argument("-q", "--quiet", action="store_true")
     _add_file_mode(p)
     p.set_defaults(fn=cmd_merge)
