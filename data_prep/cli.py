@@ -168,9 +168,13 @@ def cmd_train_tokenizer(a) -> int:
 
 
 def cmd_verify(a) -> int:
+    from data_prep.write.manifest import ManifestError
     from data_prep.write.verify import verify
 
-    problems = verify(a.dir, checksums=not a.no_checksums)
+    try:
+        problems = verify(a.dir, checksums=not a.no_checksums)
+    except ManifestError as e:  # a damaged manifest is a verification failure like a damaged shard
+        problems = [str(e)]
     for p in problems:
         print(f"FAIL {p}", file=sys.stderr)
     if problems:

@@ -92,11 +92,35 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
     return manifest
 
 
+# What every reader of a manifest relies on (verify, blend, merge, stats, training)
+REQUIRED = {"tokenizer": dict, "dtype": str, "shards": list, "totals": dict}
+
+
+class ManifestError(ValueError):
+    """A manifest.json that cannot be read or lacks what a reader needs: one line naming the file and the fix."""
+
+
 def read_manifest(out_dir: str) -> dict:
+    """``out_dir``'s manifest.json; FileNotFoundError when the run is not complete, ManifestError (naming the file,
+    the line and column, and the fix) when it is not a readable data_prep manifest."""
     path = io.join(out_dir, MANIFEST)
     if not io.exists(path):
         failed = io.join(out_dir, FAILED)
         hint = f" ({FAILED} lists units that failed; fix them and rerun tokenize)" if io.exists(failed) else ""
         raise FileNotFoundError(f"{path} not found: the run is not complete{hint}")
-    with io.open_read(path) as f:
-        return json.load(f)
+    fix = ("rewrite it: rerun the tokenize (or merge) that wrote it with the same arguments; its complete units are "
+           "kept and the manifest is written again")
+    try:
+        with io.open_read(path) as f:
+            m = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}): the manifest is damaged; "
+                            f"{fix}") from None
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{path}: not valid JSON (not UTF-8 text at byte {e.start}): the manifest is damaged; "
+                            f"{fix}") from None
+    wrong = [k for k, kind in REQUIRED.items() if not isinstance(m, dict) or not isinstance(m.get(k), kind)]
+    if wrong:
+        raise ManifestError(f"{path}: not a data_prep manifest ({', '.join(wrong)} missing or of the wrong type); "
+                            f"{fix}")
+    return m

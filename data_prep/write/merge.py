@@ -14,6 +14,7 @@ import data_prep.write.manifest as mf
 from data_prep.write.removals import add_removed
 from data_prep import io
 from data_prep.write.shards import ShardWriter, append_shard
+from data_prep.write.verify import REBUILD, ShardIntegrityError, check_recorded
 
 
 def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = False, overwrite: bool = False) -> dict:
@@ -57,7 +58,7 @@ def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = Fal
         removed: dict = {}  # curation (--steps) removals, carried so the merged manifest still balances
         inputs, records = [], 0
         for d, sh in group:
-            append_shard(w, os.path.join(d, sh["prefix"]))
+            _append_checked(w, os.path.join(d, sh["prefix"]), sh)
             rejected.update(sh.get("rejected", {}))
             add_removed(removed, sh.get("removed", {}))
             inputs += sh.get("inputs", [])
@@ -82,6 +83,20 @@ def merge(sources: List[str], out_dir: str, target_bytes: int, quiet: bool = Fal
         manifest["shards"][i]["merged_from"] = sh["merged_from"]
     io.atomic_write(os.path.join(out_dir, mf.MANIFEST), mf.dumps(manifest), shared=True)
     return manifest
+
+
+def _append_checked(writer: ShardWriter, prefix: str, shard: dict) -> None:
+    """Append one source shard after checking its .idx (and the .bin size it implies) against its manifest, and its
+    .bin's sha256 as it is copied: a damaged source is refused, naming the file, not merged under a fresh checksum."""
+    problems = check_recorded(prefix, shard.get("sha256_idx"))
+    if problems:
+        writer.abort()
+        raise ShardIntegrityError(f"merge: {problems[0]}")
+    got = append_shard(writer, prefix)
+    if shard.get("sha256_bin") and got != shard["sha256_bin"]:
+        writer.abort()
+        raise ShardIntegrityError(f"merge: {prefix}.bin: sha256 does not match its manifest "
+                                  f"({shard['sha256_bin'][:12]}...): the tokens were damaged; {REBUILD}")
 
 
 def _same_merge(out_dir: str, sources: List[str], target_bytes: int) -> bool:
