@@ -169,8 +169,9 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)
         if settings.slice_count == 1:
             io.atomic_write(io.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
-        raise RunFailed(f"{len(failed)} unit(s) failed; other units are complete; rerun the same command to retry "
-                        f"them:\n{lines}", failed)
+        raise RunFailed(f"{len(failed)} unit(s) failed; the other units are complete and a rerun keeps them. Fix "
+                        "what a line says (a damaged input fails again as it is), then rerun the same command to "
+                        f"redo these:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
                   require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet,
                   work_dir=settings.work_dir(), max_reject_fraction=max_reject_fraction)

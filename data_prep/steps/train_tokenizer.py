@@ -59,6 +59,9 @@ def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_ty
     """
     if model_type not in ("bpe", "unigram"):
         raise ValueError("--model-type must be bpe or unigram")
+    if model_prefix.endswith("/") or os.path.isdir(model_prefix):
+        raise ValueError(f"-o {model_prefix} is a directory, but -o is a prefix: the model is written to PREFIX.model "
+                         f"and PREFIX.vocab; give e.g. -o {os.path.join(model_prefix, 'sp')}")
     check_vocab_size(vocab_size)
     texts = _nonempty_sample(inputs, text_field, sample_bytes)
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)) or ".", exist_ok=True)

@@ -7,6 +7,7 @@ The manifest is merged from those files in unit order, so it is the same whateve
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from typing import List, Optional
 
@@ -98,6 +99,13 @@ REQUIRED = {"tokenizer": dict, "dtype": str, "shards": list, "totals": dict}
 
 class ManifestError(ValueError):
     """A manifest.json that cannot be read or lacks what a reader needs: one line naming the file and the fix."""
+
+
+def output_dir_of(path: str) -> str:
+    """An output directory from what a user gives for one: the directory, or its manifest.json."""
+    if not io.is_url(path) and os.path.basename(path.rstrip("/")) == MANIFEST and os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path))
+    return path
 
 
 def read_manifest(out_dir: str) -> dict:
