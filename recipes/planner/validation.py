@@ -24,8 +24,10 @@ from recipes.checkpoint.init_from import init_from_refusals
 from recipes.checkpoint.relaunch import relaunch_refusals
 from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
+from recipes.config.shape_rules import shape_problems
 from recipes.planner.cost import CP_SEARCH_FROM, Assumptions, device_memory, estimate, format_memory
 from recipes.planner.data_checks import Problem, data_problems
+from recipes.planner.path_checks import path_problems
 from recipes.planner.units import format_duration
 
 LARGE_BATCH_TOKENS = 2**19  # ~0.5M tokens per step: large enough that skipping warmup risks early divergence
@@ -59,13 +61,8 @@ def cross_field(recipe, world_size: int | None = None) -> tuple[list[str], list[
     world = world_size if world_size is not None else cl.world_size
     tp = par.tp
 
-    # --- model shape vs tensor parallelism ---------------------------------------------------------------------------
-    if m.hidden_size % m.num_attention_heads:
-        errors.append(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
-                      f"{m.num_attention_heads}; pick heads that divide it (e.g. {_divisor_near(m.hidden_size, m.num_attention_heads)})")
-    if m.num_query_groups is not None and m.num_attention_heads % m.num_query_groups:
-        errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-                      f"model.num_query_groups={m.num_query_groups}; each KV group must serve whole heads")
+    # --- model shapes the kernels cannot run (recipes.config.shape_rules) ----------------------------------------------
+    errors += shape_problems(recipe)
     padded = m.padded_vocab_size(tp)
     if padded != m.vocab_size:
         warnings.append(RecipeWarning(
@@ -230,6 +227,7 @@ def validate_for_launch(recipe, world_size: int | None = None) -> list[Problem]:
     problems = [Problem("recipe", e) for e in errors]
     problems += train_length_problems(recipe)
     problems += data_problems(recipe)
+    problems += path_problems(recipe)
     problems += tracking_problems(recipe)
     if not errors:
         layout, _ = resolve_layout(recipe, world_size)
@@ -282,6 +280,3 @@ def launch_refusal(recipe, problems: list[Problem]) -> str:
         f"recipe '{recipe.name}' cannot start"
     return head + ":\n" + "\n".join(f"  - {p}" for p in problems)
 
-
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
