@@ -76,10 +76,13 @@ def _log_path(opts: Options, run_id: str) -> Path:
 
 
 def _log_dir(d: Path) -> Path:
+    if d.exists() and not d.is_dir():
+        raise LaunchError(f"--log-dir {d} is a file; give a directory for the run's logs (created when missing)", 2)
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise LaunchError(f"cannot create the log dir {d}: {e.strerror}") from None
+        raise LaunchError(f"cannot create the log dir {d}: {e.strerror}; give --log-dir a directory you can "
+                          "write") from None
     environment.check_private_dir(d)
     return d
 
