@@ -13,6 +13,7 @@ CKPT_DIR/recipe.yaml (the merged recipe, for `recipes train --config` and export
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.hf.convert import UnsupportedModel
 
+    # absolute: the writer ranks run in the repository (recipes.train.local_workers), not in the caller's directory
+    ns.hf, ns.out = os.path.abspath(ns.hf), os.path.abspath(ns.out)
     try:
         check_out_dir(ns.out)  # before the model's config is read
         recipe, _ = hf_recipe(ns.hf, ns.config, ns.overrides)

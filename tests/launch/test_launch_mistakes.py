@@ -64,3 +64,19 @@ def test_recipe_paths_of_the_wrong_kind_are_refused_before_any_rank(override, sa
     extra = ["evaluation.interval=2"] if override.startswith("evaluation") else []
     err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", DATA, override.format(f=f), *extra)
     assert err.startswith("[launch] error: recipe 'tiny-cpu' cannot start:\n  - " + said.format(f=f)), err
+
+
+def test_a_relaunch_with_nothing_left_to_train_says_so_in_the_plan(tmp_path, launch_here):
+    """A documented continuation once relaunched a run already at its last step and trained nothing, silently."""
+    from tests.support.checkpoints import recorded_tag
+
+    ck = tmp_path / "ck"
+    recorded_tag(ck, str(TINY), world=2, step=6)  # tiny-cpu: training.train_steps=6
+    r = launch_here("train.sh", TINY, *LOCAL, "--dry-run", "--", DATA, f"checkpoint.dir={ck}")
+    assert r.returncode == 0, r.stderr
+    note = (f"checkpoint: {ck} holds global_step6, the recipe's last step (6): this launch trains nothing; to "
+            "continue, raise the length (e.g. -- training.train_steps=12)")
+    assert note in r.stdout + r.stderr
+    r = launch_here("train.sh", TINY, *LOCAL, "--dry-run", "--", DATA, f"checkpoint.dir={ck}",
+                    "training.train_steps=12")
+    assert r.returncode == 0 and "trains nothing" not in r.stdout + r.stderr
