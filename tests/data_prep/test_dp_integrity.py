@@ -8,7 +8,7 @@ import re
 import shutil
 
 import pytest
-from tests.support.data_prep import run_cli, write_jsonl
+from tests.support.data_prep import cli_here, write_jsonl
 
 from data_prep.pipeline import Settings, run
 from data_prep.write.verify import ShardIntegrityError, check_recorded, verify_recorded
@@ -88,14 +88,14 @@ def test_a_rank_checks_its_share_only(out):
         verify_recorded(sorted(rec), rec, share=(1, 2))
 
 
-def test_merge_refuses_a_damaged_source_naming_it(out, tmp_path):
+def test_merge_refuses_a_damaged_source_naming_it(out, tmp_path, capsys):
     from data_prep.write.merge import merge
 
     _flip(out / "shard_000001.bin", 3)
     with pytest.raises(ShardIntegrityError, match=r"^merge: .*shard_000001\.bin: sha256 does not match its manifest"):
         merge([str(out)], str(tmp_path / "merged"), 1 << 30, quiet=True)
     assert not (tmp_path / "merged" / "manifest.json").exists()
-    r = run_cli("merge", out, "-o", tmp_path / "m2", "-q", check=False)
+    r = cli_here(capsys, "merge", out, "-o", tmp_path / "m2", "-q")
     assert r.returncode == 2 and "shard_000001.bin: sha256 does not match" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -105,10 +105,10 @@ def test_merge_refuses_a_damaged_source_naming_it(out, tmp_path):
     (lambda t: "[]", "not a data_prep manifest (tokenizer, dtype, shards, totals missing"),
     (lambda t: json.dumps({**json.loads(t), "shards": [{"documents": 1}]}), "shard entry 0 lacks 'prefix'"),
 ], ids=["cut", "not-a-manifest", "entry"])
-def test_verify_of_a_damaged_manifest_names_the_file(out, damage, said):
+def test_verify_of_a_damaged_manifest_names_the_file(out, damage, said, capsys):
     text = (out / "manifest.json").read_text()
     (out / "manifest.json").write_text(damage(text))
-    r = run_cli("verify", out, check=False)
+    r = cli_here(capsys, "verify", out)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith(f"FAIL {out}/manifest.json") and said in line, line

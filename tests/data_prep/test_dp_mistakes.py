@@ -7,7 +7,7 @@ import gzip
 import os
 
 import pytest
-from tests.support.data_prep import run_cli, write_jsonl
+from tests.support.data_prep import cli_here, write_jsonl
 
 from data_prep.pipeline import RunFailed, Settings, run
 from data_prep.read.probe import ProbeError
@@ -74,20 +74,20 @@ def test_a_corrupt_or_truncated_gz_fails_its_unit_saying_a_rerun_will_not_help(t
     (["--eod-id", "-1"], "--eod-id: wants a whole number of at least 0, got '-1'"),
     (["--upload-part-size", "0"], "--upload-part-size: wants a size of at least 1 byte (e.g. 256M), got '0'"),
 ], ids=lambda x: x[0] if isinstance(x, list) else "")
-def test_counts_out_of_range_are_refused_by_the_parser(args, said, tmp_path, sp_model, corpus_dir):
-    r = run_cli("tokenize", corpus_dir, "-o", tmp_path / "out", "-t", sp_model, *args, check=False)
+def test_counts_out_of_range_are_refused_by_the_parser(args, said, tmp_path, sp_model, corpus_dir, capsys):
+    r = cli_here(capsys, "tokenize", corpus_dir, "-o", tmp_path / "out", "-t", sp_model, *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith(said), r.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_paths_of_the_wrong_kind_are_refused_naming_what_to_give(tmp_path, sp_model, corpus_dir):
+def test_paths_of_the_wrong_kind_are_refused_naming_what_to_give(tmp_path, sp_model, corpus_dir, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     src = corpus_dir / "stdlib.jsonl"
 
     def refused(*args):
-        r = run_cli(*args, check=False)
+        r = cli_here(capsys, *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         return r.stderr.strip().splitlines()[-1]
 
@@ -105,11 +105,12 @@ def test_paths_of_the_wrong_kind_are_refused_naming_what_to_give(tmp_path, sp_mo
     assert not (tmp_path / "o").exists()
 
 
-def test_verify_stats_and_merge_take_the_manifest_file_as_well_as_its_directory(tmp_path, sp_model, corpus_dir):
+def test_verify_stats_and_merge_take_the_manifest_file_as_well_as_its_directory(tmp_path, sp_model, corpus_dir,
+                                                                               capsys):
     out = tmp_path / "out"
     run(_settings([corpus_dir / "stdlib.jsonl"], out, sp_model))
-    r = run_cli("verify", out / "manifest.json")  # used to look for out/manifest.json/manifest.json
-    assert r.stdout.strip() == f"{out}: OK"
-    assert run_cli("stats", out / "manifest.json", "--decode", "0").stdout.startswith(f"{out}: ")
-    run_cli("merge", out / "manifest.json", "-o", tmp_path / "merged", "-q")
+    r = cli_here(capsys, "verify", out / "manifest.json")  # used to look for out/manifest.json/manifest.json
+    assert r.returncode == 0 and r.stdout.strip() == f"{out}: OK", r.stderr
+    assert cli_here(capsys, "stats", out / "manifest.json", "--decode", "0").stdout.startswith(f"{out}: ")
+    assert cli_here(capsys, "merge", out / "manifest.json", "-o", tmp_path / "merged", "-q").returncode == 0
     assert (tmp_path / "merged" / "manifest.json").is_file()

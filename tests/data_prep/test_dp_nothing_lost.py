@@ -8,7 +8,7 @@ import logging
 import os
 
 import pytest
-from tests.support.data_prep import run_cli, tree_bytes, write_jsonl
+from tests.support.data_prep import cli_here, tree_bytes, write_jsonl
 
 from data_prep.pipeline import Settings, run
 from data_prep.read.units import PlanError
@@ -97,10 +97,10 @@ def test_a_rerun_with_other_settings_is_refused_naming_the_change_and_overwrite(
     assert left == listed  # the old run's shards the new plan does not write are gone with it
 
 
-def test_the_cli_refuses_in_one_line_and_exit_2(corpus, tmp_path, sp_model):
+def test_the_cli_refuses_in_one_line_and_exit_2(corpus, tmp_path, sp_model, capsys):
     out = tmp_path / "out"
-    run_cli("tokenize", corpus, "-o", out, "-t", sp_model, "-j", "1", "-q", "--shard-size", "20000")
-    r = run_cli("tokenize", corpus, "-o", out, "-t", sp_model, "-j", "1", "-q", "--shard-size", "8000", check=False)
+    run(_settings([corpus], out, sp_model))
+    r = cli_here(capsys, "tokenize", corpus, "-o", out, "-t", sp_model, "-j", "1", "-q", "--shard-size", "8000")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert [x for x in r.stderr.splitlines() if x.startswith("error:")] == [
         f"error: {out} holds a finished run (manifest.json) made with other settings: shard_size (--shard-size): "
