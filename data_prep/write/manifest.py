@@ -93,8 +93,8 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
     return manifest
 
 
-# What every reader of a manifest relies on (verify, blend, merge, stats, training)
-REQUIRED = {"tokenizer": dict, "dtype": str, "shards": list, "totals": dict}
+# What every reader of a manifest relies on (verify, blend, merge, stats); verify also needs dtype and the vocabulary
+REQUIRED = {"tokenizer": dict, "shards": list, "totals": dict}
 
 
 class ManifestError(ValueError):

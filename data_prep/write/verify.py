@@ -138,6 +138,9 @@ def verify_shard(out_dir: str, shard: dict, dtype: str, vocab_size: int, checksu
 
 def verify(out_dir: str, checksums: bool = True) -> List[str]:
     m = read_manifest(out_dir)
+    if not isinstance(m.get("dtype"), str) or not isinstance(m["tokenizer"].get("vocab_size"), int):
+        return [f"{out_dir}/manifest.json: no dtype or tokenizer.vocab_size (not as data_prep writes it); rewrite "
+                "the manifest: rerun the tokenize that wrote it with the same arguments"]
     problems = []
     if m.get("format") != "megatron-mmidx":
         problems.append(f"{out_dir}/manifest.json: format {m.get('format')!r} is not megatron-mmidx")

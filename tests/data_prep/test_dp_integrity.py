@@ -102,9 +102,10 @@ def test_merge_refuses_a_damaged_source_naming_it(out, tmp_path, capsys):
 
 @pytest.mark.parametrize("damage, said", [
     (lambda t: t[:200], "not valid JSON ("),  # cut short: the line and column of the break
-    (lambda t: "[]", "not a data_prep manifest (tokenizer, dtype, shards, totals missing"),
+    (lambda t: "[]", "not a data_prep manifest (tokenizer, shards, totals missing"),
+    (lambda t: json.dumps({**json.loads(t), "dtype": None}), "no dtype or tokenizer.vocab_size"),
     (lambda t: json.dumps({**json.loads(t), "shards": [{"documents": 1}]}), "shard entry 0 lacks 'prefix'"),
-], ids=["cut", "not-a-manifest", "entry"])
+], ids=["cut", "not-a-manifest", "no-dtype", "entry"])
 def test_verify_of_a_damaged_manifest_names_the_file(out, damage, said, capsys):
     text = (out / "manifest.json").read_text()
     (out / "manifest.json").write_text(damage(text))
