@@ -100,6 +100,13 @@ def test_merge_refuses_a_damaged_source_naming_it(out, tmp_path, capsys):
     assert "Traceback" not in r.stderr
 
 
+def test_stats_checks_each_idx_before_reading_it(out, capsys):
+    _flip(out / "shard_000000.idx", 40)
+    r = cli_here(capsys, "stats", out, "--decode", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: {out}/shard_000000.idx: sha256 does not match its manifest")
+
+
 @pytest.mark.parametrize("damage, said", [
     (lambda t: t[:200], "not valid JSON ("),  # cut short: the line and column of the break
     (lambda t: "[]", "not a data_prep manifest (tokenizer, shards, totals missing"),
