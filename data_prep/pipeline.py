@@ -89,6 +89,9 @@ def run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]:
     # so nothing a run started outlives it (--staging-dir picks the disk it is made on).
     parent = settings.staging_dir
     if parent:
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            raise ValueError(f"--staging-dir {parent} is a file; give a local directory for the shards before their "
+                             "upload (default: the temp dir)")
         os.makedirs(parent, exist_ok=True)
     settings.staging_dir = tempfile.mkdtemp(prefix="data_prep-staging-", dir=parent)
     try:

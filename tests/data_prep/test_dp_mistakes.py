@@ -102,6 +102,11 @@ def test_paths_of_the_wrong_kind_are_refused_naming_what_to_give(tmp_path, sp_mo
     assert not os.listdir(empty)  # no hidden ".model" written into it
     assert refused("blend", f"w={tmp_path}:1", "-o", empty) == (
         f"error: blend -o {empty} is a directory; give the blend file to write, e.g. -o {empty}/blend.json")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert refused("tokenize", src, "-o", afile, "-t", sp_model) == (
+        f"error: output {afile} is a file, not a directory; choose another --output (a directory, created when "
+        "missing)")
     assert not (tmp_path / "o").exists()
 
 
