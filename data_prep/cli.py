@@ -16,11 +16,57 @@ import sys
 from data_prep import file_modes, io
 
 def _size_arg(text: str) -> int:
-    """argparse type for sizes (data_prep.io.parse_size: 64M, 1G, 10P, 512Mi, plain bytes)."""
+    """argparse type for sizes (data_prep.io.parse_size: 64M, 1G, 10P, 512Mi, plain bytes), at least 1 byte."""
     try:
-        return io.parse_size(text)
+        size = io.parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"wants a size of at least 1 byte (e.g. 256M), got {text!r}")
+    return size
+
+
+def _count_arg(least: int = 1):
+    """argparse type for counts: a whole number of at least ``least`` (`-j 0` used to run with no worker limit
+    check at all, `-j -2` likewise), refused by the parser with the value given."""
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"wants a whole number of at least {least}, got {text!r}")
+        return value
+
+    return count
+
+
+def _positive_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"wants a number above 0, got {text!r}")
+    return value
+
+
+def _nonnegative_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"wants a number of at least 0 (e.g. 2e12), got {text!r}")
+    return value
+
+
+def _share_arg(text: str) -> float:
+    """A share in (0, 1] (e.g. --mfu 0.4): 0 would divide by zero."""
+    value = _fraction_arg(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"wants a fraction above 0 and at most 1 (e.g. 0.4), got {text!r}")
+    return value
 
 
 def _fraction_arg(text: str) -> float:
@@ -58,14 +104,14 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-reject-fraction", type=_fraction_arg, default=1.0, metavar="F",
                    help="fail (exit 2, no manifest) when more than this share of the records is rejected; the "
                         "default 1.0 fails only a run that writes no document")
-    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("-j", "--workers", type=_count_arg(1), default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--shard-size", type=_size_arg, default="256M",
                    help="input bytes per work unit = per shard (e.g. 64M, 1G); big .jsonl files are split at "
                         "newlines, big parquet files at row groups, big saved datasets at rows")
     p.add_argument("--no-eod", dest="append_eod", action="store_false", help="do not append EOD to each document")
     p.add_argument("--bos", dest="add_bos", action="store_true", help="prepend the tokenizer's BOS")
-    p.add_argument("--eod-id", type=int, default=None, help="override the end-of-document id")
-    p.add_argument("--max-doc-tokens", type=int, default=2**31 - 1,
+    p.add_argument("--eod-id", type=_count_arg(0), default=None, help="override the end-of-document id")
+    p.add_argument("--max-doc-tokens", type=_count_arg(1), default=2**31 - 1,
                    help="documents longer than this are split into several sequences, or rejected (--long-docs)")
     p.add_argument("--long-docs", choices=("split", "reject"), default="split")
     p.add_argument("--max-record-size", type=_size_arg, default="64Mi",
@@ -73,7 +119,7 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                         "rejected as record_too_large without being held in memory (default 64Mi)")
     p.add_argument("--no-fast-path", dest="fast_path", action="store_false",
                    help="always encode whole documents (the fast path is used only where exact)")
-    p.add_argument("--verify-fraction", type=float, default=0.0,
+    p.add_argument("--verify-fraction", type=_fraction_arg, default=0.0,
                    help="re-encode this share of documents whole during the run; stop on any mismatch")
     p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="I/N",
                    help="run only units with index %% N == I (one node of N); the last to finish writes the manifest")
@@ -84,6 +130,9 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                         "(loopback only, Ray token auth; RAY_ADDRESS alone is not followed)")
     p.add_argument("--merge-only", action="store_true",
                    help="do no unit work: write manifest.json if all units are complete, else list the missing ones")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished output (manifest.json) made with other settings (tokenizer, text field, "
+                        "shard size...); without it such a rerun is refused and nothing is touched")
     p.add_argument("--storage-option", dest="storage_options", action="append", default=[], type=_storage_option,
                    metavar="NAME=VALUE", help="an fsspec option for URL inputs/outputs (s3://, gs://), e.g. "
                    "endpoint_url=http://minio:9000 for an S3-compatible store; repeatable. Credentials are never "
@@ -159,15 +208,22 @@ def cmd_train_tokenizer(a) -> int:
     from data_prep.steps.train_tokenizer import train
 
     path = train(a.inputs, a.model_prefix, a.vocab_size, a.model_type, a.text_field, a.sample_bytes,
-                 quiet=a.quiet, normalization=a.normalization)
+                 quiet=a.quiet, normalization=a.normalization, overwrite=a.overwrite)
     print(path)
     return 0
 
 
 def cmd_verify(a) -> int:
+    from data_prep.write.manifest import ManifestError
     from data_prep.write.verify import verify
 
-    problems = verify(a.dir, checksums=not a.no_checksums)
+    from data_prep.write.manifest import output_dir_of
+
+    a.dir = output_dir_of(a.dir)
+    try:
+        problems = verify(a.dir, checksums=not a.no_checksums)
+    except ManifestError as e:  # a damaged manifest is a verification failure like a damaged shard
+        problems = [str(e)]
     for p in problems:
         print(f"FAIL {p}", file=sys.stderr)
     if problems:
@@ -178,15 +234,16 @@ def cmd_verify(a) -> int:
 
 def cmd_stats(a) -> int:
     from data_prep.tools.inspect_shards import summarize
+    from data_prep.write.manifest import output_dir_of
 
-    print(summarize(a.dir, decode=a.decode))
+    print(summarize(output_dir_of(a.dir), decode=a.decode))
     return 0
 
 
 def cmd_sample_corpus(a) -> int:
     from data_prep.tools.sample_corpus import build
 
-    print(build(a.out_dir, io.parse_size(a.max_mb + "M")))
+    print(build(a.out_dir, int(a.max_mb * 1e6)))
     return 0
 
 
@@ -241,7 +298,7 @@ def _settings_from(a):
                     slice_count=a.slice[1], merge_only=a.merge_only, executor=a.executor, ray_address=a.ray_address,
                     storage_options=dict(a.storage_options), staging_dir=a.staging_dir,
                     upload_part_size=a.upload_part_size,
-                    steps=a.steps, stage=a.stage)
+                    steps=a.steps, stage=a.stage, overwrite=a.overwrite)
 
 
 def _forwarded(command_args: list, who: str):
@@ -322,7 +379,9 @@ def cmd_slurm(a) -> int:
 def cmd_merge(a) -> int:
     from data_prep.write.merge import merge
 
-    m = merge(a.sources, a.output, a.target_size, quiet=a.quiet)
+    from data_prep.write.manifest import output_dir_of
+
+    m = merge([output_dir_of(d) for d in a.sources], a.output, a.target_size, quiet=a.quiet, overwrite=a.overwrite)
     t = m["totals"]
     print(f"{a.output}: {t['shards']} shards, {t['documents']:,} documents, {t['tokens']:,} tokens")
     return 0
@@ -333,6 +392,9 @@ def cmd_blend(a) -> int:
 
     from data_prep.write.blend import build_blend, format_report, parse_sources
 
+    if a.output and os.path.isdir(a.output):
+        raise ValueError(f"blend -o {a.output} is a directory; give the blend file to write, e.g. -o "
+                         f"{os.path.join(a.output, 'blend.json')}")
     b = build_blend(parse_sources(a.sources), a.token_budget)
     print(format_report(b))
     if a.output:
@@ -411,7 +473,7 @@ def _add_curate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--steps", required=True, help="YAML step list (quality, exact_dedup, minhash_dedup)")
     p.add_argument("--text-field", default="text")
-    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("-j", "--workers", type=_count_arg(1), default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--shard-size", type=_size_arg, default="256M", help="input bytes per work unit")
     p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
@@ -485,12 +547,15 @@ def main(argv=None) -> int:
     p = sub.add_parser("train-tokenizer", help="train a sentencepiece model (byte fallback) on a corpus sample")
     p.add_argument("inputs", nargs="+")
     p.add_argument("-o", "--model-prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
-    p.add_argument("--vocab-size", type=int, default=4000)
+    p.add_argument("--vocab-size", type=_count_arg(1), default=4000)
     p.add_argument("--model-type", choices=("bpe", "unigram"), default="bpe")
     p.add_argument("--text-field", default="text")
     p.add_argument("--sample-bytes", type=_size_arg, default="20M")
     p.add_argument("--normalization", choices=("identity", "nmt_nfkc"), default="identity",
                    help="identity (default): lossless, Llama-style; nmt_nfkc: sentencepiece's classic defaults")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing PREFIX.model that differs from the one trained now (without it such a "
+                        "run is refused and the existing model kept; an identical rerun is fine)")
     p.add_argument("-q", "--quiet", action="store_true")
     _add_file_mode(p)
     p.set_defaults(fn=cmd_train_tokenizer)
@@ -503,19 +568,19 @@ def main(argv=None) -> int:
     for name in ("stats", "inspect"):
         p = sub.add_parser(name, help="documents, tokens, length histogram, a few documents decoded")
         p.add_argument("dir")
-        p.add_argument("--decode", type=int, default=2, help="documents to decode back to text")
+        p.add_argument("--decode", type=_count_arg(0), default=2, help="documents to decode back to text")
         p.set_defaults(fn=cmd_stats)
 
     p = sub.add_parser("sample-corpus", help="write a real-text .jsonl from Python's standard library (PSF)")
     p.add_argument("out_dir")
-    p.add_argument("--max-mb", default="4")
+    p.add_argument("--max-mb", type=_positive_arg, default=4.0, help="MB of text to write")
     p.set_defaults(fn=cmd_sample_corpus)
 
     p = sub.add_parser("demo", help="sample-corpus -> train-tokenizer -> tokenize -> verify -> stats")
     p.add_argument("out_dir", nargs="?", default="out/demo")
-    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
-    p.add_argument("--corpus-mb", type=float, default=4.0)
-    p.add_argument("--vocab-size", type=int, default=3000)
+    p.add_argument("-j", "--workers", type=_count_arg(1), default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--corpus-mb", type=_positive_arg, default=4.0)
+    p.add_argument("--vocab-size", type=_count_arg(1), default=3000)
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
@@ -523,11 +588,11 @@ def main(argv=None) -> int:
                                      "Megatron-LM's preprocess_data.py and preprocess_data_fast.py (wall, CPU, MB/s, "
                                      "speed-ups, peak RSS)")
     p.add_argument("out_dir", nargs="?", default=None, help="scratch directory (default: a fresh private one)")
-    p.add_argument("--corpus-mb", type=float, default=32.0,
+    p.add_argument("--corpus-mb", type=_positive_arg, default=32.0,
                    help="the corpus (web-page-sized documents from the installed docs and sources; up to ~500 MB)")
-    p.add_argument("--scale", type=int, default=10, help="peak-RSS check on a corpus this many times bigger (1: off)")
-    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
-    p.add_argument("--vocab-size", type=int, default=32000, help="of the tokenizer trained per family")
+    p.add_argument("--scale", type=_count_arg(1), default=10, help="peak-RSS check on a corpus this many times bigger (1: off)")
+    p.add_argument("-j", "--workers", type=_count_arg(1), default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--vocab-size", type=_count_arg(1), default=32000, help="of the tokenizer trained per family")
     p.add_argument("--megatron-lm", default=None, metavar="PATH",
                    help="a Megatron-LM checkout: also time its tools/preprocess_data.py (and preprocess_data_fast.py "
                         "when it has one)")
@@ -541,8 +606,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench-executors", help="local pool vs hostfile (ssh) vs Ray: wall, units/s, MB/s, "
                                                "MB/s per core, identical output")
     p.add_argument("out_dir", nargs="?", default=None, help="scratch directory (default: a fresh private one)")
-    p.add_argument("--corpus-mb", type=float, default=4.0)
-    p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)), help="workers in all")
+    p.add_argument("--corpus-mb", type=_positive_arg, default=4.0)
+    p.add_argument("-j", "--workers", type=_count_arg(1), default=max(1, (os.cpu_count() or 1)), help="workers in all")
     p.add_argument("--shard-size", type=_size_arg, default="256k", help="input bytes per work unit")
     p.add_argument("-t", "--tokenizer", default=None, help="default: train one on the sample corpus")
     p.add_argument("--hostfile", default=None, help="nodes for the hostfile case ('host slots=N' lines; default "
@@ -554,13 +619,14 @@ def main(argv=None) -> int:
     p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--target-size", type=_size_arg, default="4G", help=".bin bytes per merged shard")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished output (manifest.json) in -o")
     p.add_argument("-q", "--quiet", action="store_true")
     _add_file_mode(p)
     p.set_defaults(fn=cmd_merge)
 
     p = sub.add_parser("blend", help="weighted blend over manifests (name=DIR:weight ...), epochs per source")
     p.add_argument("sources", nargs="+", help="name=DIR:weight, e.g. web=out/web:0.7 code=out/code:0.2")
-    p.add_argument("--token-budget", type=float, default=0.0, help="training tokens, to report epochs per source")
+    p.add_argument("--token-budget", type=_nonnegative_arg, default=0.0, help="training tokens, to report epochs per source")
     p.add_argument("-o", "--output", help="write the blend JSON here")
     _add_file_mode(p)
     p.set_defaults(fn=cmd_blend)
@@ -571,15 +637,15 @@ def main(argv=None) -> int:
     p.add_argument("-t", "--tokenizer", help="default: one trained on the sample")
     p.add_argument("--sample-size", default="8M")
     p.add_argument("--text-field", default="text", help="the field (column) of the sample holding the document")
-    p.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
-    p.add_argument("--cores-per-node", type=int, default=96)
+    p.add_argument("--nodes", type=_count_arg(1), nargs="+", default=[1, 10, 100])
+    p.add_argument("--cores-per-node", type=_count_arg(1), default=96)
     p.add_argument("--shard-size", type=_size_arg, default="256M")
-    p.add_argument("--model-params", type=float, default=0.0, help="e.g. 130e9")
-    p.add_argument("--gpus", type=int, default=0, help="GPUs of the training run (e.g. 800)")
+    p.add_argument("--model-params", type=_nonnegative_arg, default=0.0, help="e.g. 130e9")
+    p.add_argument("--gpus", type=_count_arg(0), default=0, help="GPUs of the training run (e.g. 800)")
     p.add_argument("--gpu", default="H100-80GB", help="the training GPU, as a cluster preset names it (A100-40GB, "
                    "A100-80GB, H100-80GB, H200-141GB; configs/clusters/*.yaml) or its family (A100, H100, H200)")
-    p.add_argument("--mfu", type=float, default=0.4)
-    p.add_argument("--days", type=float, default=30.0)
+    p.add_argument("--mfu", type=_share_arg, default=0.4)
+    p.add_argument("--days", type=_positive_arg, default=30.0)
     p.add_argument("--steps", default=None, help="curation step list to price (YAML); default: quality + "
                                                   "exact_dedup + minhash_dedup at their defaults; 'none' to skip")
     p.add_argument("--curation-sample-size", default="4M", help="text of the sample the curation passes run on")
@@ -587,11 +653,11 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("slurm", help="write (and submit) Slurm job arrays running tokenize or curate slices (with "
                                      "curation steps: one array per pass, chained afterok)")
-    p.add_argument("--tasks", type=int, required=True, help="number of slices = array tasks")
+    p.add_argument("--tasks", type=_count_arg(1), required=True, help="number of slices = array tasks")
     p.add_argument("--scripts-dir", default="runs/prep_slurm")
-    p.add_argument("--max-array-size", type=int, default=1001, help="the cluster's MaxArraySize (scontrol show config)")
-    p.add_argument("--max-concurrent", type=int, default=0, help="%%N throttle on running tasks")
-    p.add_argument("--cpus-per-task", type=int, default=8)
+    p.add_argument("--max-array-size", type=_count_arg(1), default=1001, help="the cluster's MaxArraySize (scontrol show config)")
+    p.add_argument("--max-concurrent", type=_count_arg(0), default=0, help="%%N throttle on running tasks")
+    p.add_argument("--cpus-per-task", type=_count_arg(1), default=8)
     p.add_argument("--time", default="24:00:00", help="each task's time limit (sbatch --time)")
     p.add_argument("--partition", help="sbatch --partition (default: the cluster's default partition)")
     p.add_argument("--account", help="sbatch --account")

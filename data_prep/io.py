@@ -237,6 +237,9 @@ def check_writable(out_dir: str) -> None:
     if is_url(out_dir):
         objstore.check_writable(out_dir)
         return
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise PermissionError(f"output {out_dir} is a file, not a directory; choose another --output (a directory, "
+                              "created when missing)")
     try:
         os.makedirs(out_dir, exist_ok=True)
         # one probe per writer: array tasks and hostfile slices check the same directory at once, and a shared name

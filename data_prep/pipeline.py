@@ -25,7 +25,7 @@ from data_prep.executors.base import WorkerDied, make_executor, select_slice
 from data_prep.progress import Progress
 from data_prep.read.probe import probe_inputs
 from data_prep.read.units import Unit, list_inputs, plan_units
-from data_prep.settings import INT32_MAX, STAGES, Settings, fingerprint
+from data_prep.settings import INT32_MAX, STAGES, Settings, fingerprint, setting_changes
 from data_prep.steps import tokenize
 from data_prep.steps.fast_path import FastEncoder
 from data_prep.steps.tokenizers import load_tokenizer, optimal_dtype
@@ -89,6 +89,9 @@ def run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]:
     # so nothing a run started outlives it (--staging-dir picks the disk it is made on).
     parent = settings.staging_dir
     if parent:
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            raise ValueError(f"--staging-dir {parent} is a file; give a local directory for the shards before their "
+                             "upload (default: the temp dir)")
         os.makedirs(parent, exist_ok=True)
     settings.staging_dir = tempfile.mkdtemp(prefix="data_prep-staging-", dir=parent)
     try:
@@ -109,7 +112,7 @@ def _check_options(settings: Settings) -> None:
 
 def _plan(settings: Settings) -> List[Unit]:
     """The inputs listed, probed (unless this is a --merge-only run, which reads none) and cut into units."""
-    pieces = list_inputs(settings.inputs)
+    pieces = list_inputs(settings.inputs, output=settings.output_dir)
     if not settings.merge_only:  # refuse a wrong --text-field or an unreadable input before any work
         probe_inputs(pieces, settings.text_field, settings.max_record_size)
     return plan_units(pieces, settings.shard_size)
@@ -131,6 +134,7 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
         raise ValueError(f"--stage {settings.stage} needs --steps (the stages are the curation passes)")
     fp = fingerprint(out_settings)
     manifest_path = io.join(settings.output_dir, mf.MANIFEST)
+    _keep_finished(settings, out_settings, info.path, units)
     io.remove_stale_tmp(settings.output_dir)
     io.atomic_write(io.join(settings.output_dir, "plan.json"), shared=True, data=mf.dumps(
         {"fingerprint": fp, "settings": out_settings,
@@ -168,11 +172,37 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)
         if settings.slice_count == 1:
             io.atomic_write(io.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
-        raise RunFailed(f"{len(failed)} unit(s) failed; other units are complete; rerun the same command to retry "
-                        f"them:\n{lines}", failed)
+        raise RunFailed(f"{len(failed)} unit(s) failed; the other units are complete and a rerun keeps them. Fix "
+                        "what a line says (a damaged input fails again as it is), then rerun the same command to "
+                        f"redo these:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
                   require_all=settings.merge_only or settings.slice_count == 1, quiet=settings.quiet,
                   work_dir=settings.work_dir(), max_reject_fraction=max_reject_fraction)
+
+
+def _keep_finished(settings: Settings, out_settings: dict, tokenizer: str, units: List[Unit]) -> None:
+    """A finished output (its manifest.json) made with other output-affecting settings is not replaced by a rerun:
+    refused (ValueError, exit 2) naming each difference and --overwrite. With --overwrite its manifest goes first
+    (nothing may look complete while shards are replaced), then its shards that the new plan does not write."""
+    try:
+        finished = mf.read_manifest(settings.output_dir)
+    except (FileNotFoundError, ValueError):  # none, or unreadable: nothing finished to keep (a rerun rewrites it)
+        return
+    changes = setting_changes(finished.get("settings") or {}, out_settings,
+                              ((finished.get("tokenizer") or {}).get("path", ""), tokenizer))
+    if not changes:
+        return
+    if not settings.overwrite:
+        raise ValueError(f"{settings.output_dir} holds a finished run ({mf.MANIFEST}) made with other settings: "
+                         f"{'; '.join(changes)}. This run would replace its shards: rerun with --overwrite to "
+                         "replace them, or choose another -o/--output")
+    log.info(f"data_prep: --overwrite: replacing the finished run in {settings.output_dir} ({'; '.join(changes)})")
+    io.remove(io.join(settings.output_dir, mf.MANIFEST))
+    planned = {u.name for u in units}
+    for shard in finished.get("shards", []) + finished.get("empty_units", []):
+        if shard.get("prefix") and shard["prefix"] not in planned:
+            for suffix in (".bin", ".idx", ".stats.json", ".rejects.jsonl"):
+                io.remove(io.join(settings.output_dir, shard["prefix"] + suffix))
 
 
 def _curation(settings: Settings, units: List[Unit], out_settings: dict):
@@ -274,7 +304,7 @@ def incomplete_slices(settings: Settings, tasks: int):
     settings.check_locations()  # before the tokenizer is loaded
     info = load_tokenizer(settings.tokenizer, settings.eod_id).info
     io.configure(settings.storage_options, settings.upload_part_size)
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    units = plan_units(list_inputs(settings.inputs, output=settings.output_dir), settings.shard_size)
     out = io.abspath(settings.output_dir)
     settings.output_dir = out
     out_settings = settings.output_affecting(info.sha256)

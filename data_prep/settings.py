@@ -57,6 +57,8 @@ class Settings:
     storage_options: Dict[str, object] = field(default_factory=dict)
     staging_dir: Optional[str] = None
     upload_part_size: int = 64 << 20
+    # a finished output (manifest.json) made with other output-affecting settings is refused unless this is set
+    overwrite: bool = False
 
     def work_dir(self) -> str:
         """Where this run's workers write shard files: the output directory itself, or for a URL output the local
@@ -91,6 +93,35 @@ class Settings:
             # only when changed: outputs made before the option existed keep their fingerprint (and resume)
             **({"max_record_size": self.max_record_size} if self.max_record_size != DEFAULT_MAX_RECORD else {}),
         }
+
+
+# The flag that sets each output-affecting setting, for the refusal of a rerun with other settings
+FLAG_OF = {"tokenizer_sha256": "-t/--tokenizer", "text_field": "--text-field", "shard_size": "--shard-size",
+           "append_eod": "--no-eod", "add_bos": "--bos", "eod_id": "--eod-id", "max_doc_tokens": "--max-doc-tokens",
+           "long_docs": "--long-docs", "max_record_size": "--max-record-size", "curation": "--steps"}
+
+
+def setting_changes(finished: dict, wanted: dict, tokenizers: tuple = ("", "")) -> List[str]:
+    """The output-affecting settings in which ``wanted`` differs from a finished output's (its manifest's
+    ``settings``), one phrase each naming the flag, e.g. "shard_size (--shard-size): 100000 -> 64000000". ``tokenizers``: the
+    finished and the wanted tokenizer's paths, to name them beside their sha256. A curation fingerprint that differs
+    with the same steps is a change of the inputs, not of the settings (a resume redoes those units)."""
+    defaults = {"max_record_size": DEFAULT_MAX_RECORD}
+    out = []
+    for key in dict.fromkeys([*finished, *wanted]):
+        if key in ("merged_from", "merge_target_bytes"):
+            continue
+        old, new = finished.get(key, defaults.get(key)), wanted.get(key, defaults.get(key))
+        if key == "curation":
+            old, new = (None if c is None else c.get("steps") for c in (old, new))
+        if old == new:
+            continue
+        if key == "tokenizer_sha256":
+            out.append(f"tokenizer (-t): {tokenizers[0] or '?'} (sha256 {str(old)[:12]}) -> {tokenizers[1] or '?'} "
+                       f"(sha256 {str(new)[:12]})")
+        else:
+            out.append(f"{key} ({FLAG_OF.get(key, key)}): {old} -> {new}")
+    return out
 
 
 def fingerprint(d: dict) -> str:

@@ -41,6 +41,12 @@ def parse_hostfile(path: str | Path) -> list[Node]:
         text = path.read_text()
     except FileNotFoundError:
         raise HostfileError(f"{path}: hostfile not found (pass --hostfile with lines like 'node1 slots=8')") from None
+    except IsADirectoryError:
+        raise HostfileError(f"{path} is a directory, not a hostfile: pass --hostfile FILE, a file with lines like "
+                            "'node1 slots=8'") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise HostfileError(f"{path}: the hostfile cannot be read ({getattr(e, 'strerror', None) or e}): pass "
+                            "--hostfile FILE, a text file with lines like 'node1 slots=8'") from None
     problems: list[str] = []
     nodes: list[Node] = []
     seen: dict[str, int] = {}

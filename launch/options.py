@@ -171,6 +171,10 @@ def _apply(o: Options, raw: dict, environ) -> None:
             setattr(o, key, raw[key])
     o.num_nodes = _count(raw, "num_nodes", "--num-nodes '{}': give a number of hosts") or 0
     o.num_gpus = _count(raw, "num_gpus", "--num-gpus '{}': give a number of slots per host") or 0
+    for flag, key in (("--num-nodes", "num_nodes"), ("--num-gpus", "num_gpus")):
+        if key in raw and int(raw[key]) == 0:  # 0 read as "not given" used to start every host and slot
+            raise LaunchError(f"{flag} 0: give at least 1 (or leave {flag} out to use every selected "
+                              f"{'host' if key == 'num_nodes' else 'slot'})", 2)
     o.max_restarts = _count(raw, "max_restarts", "--max-restarts '{}': give the number of restarts allowed (0 or more)")
     o.spares = _count(raw, "spares", "--spares '{}': give how many hosts at the end of the selection to keep as "
                                      "spares") or 0

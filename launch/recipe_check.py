@@ -96,7 +96,27 @@ def check(recipe, recipe_path: str, world: World, overrides: list[str], entry: s
     if found:
         raise LaunchError(launch_refusal(recipe, found) if runs_trainer(entry) else
                           f"recipe '{recipe.name}' cannot start:\n" + "\n".join(f"  - {p}" for p in found), 2)
+    if runs_trainer(entry):
+        notes += finished_run_note(recipe)
     return _facts(recipe, layout, notes)
+
+
+def finished_run_note(recipe) -> list[str]:
+    """A relaunch over a checkpoint already at the recipe's last step trains nothing (a documented continuation once
+    did, silently): said in the plan with the length to raise. Not a refusal: rerunning a finished run is harmless."""
+    from recipes.checkpoint.format.tags import step_of
+    from recipes.checkpoint.store import newest_complete
+
+    c, tr = recipe.checkpoint, recipe.training
+    if not c.dir or not c.auto_resume or not (tr.train_steps or tr.train_tokens):
+        return []
+    with _in_repo():
+        tag = newest_complete(c.dir)
+    step, last = step_of(tag) if tag else None, tr.steps(recipe.model.seq_length)
+    if step is None or step < last:
+        return []
+    return [f"checkpoint: {c.dir} holds {tag}, the recipe's last step ({last}): this launch trains nothing; to "
+            f"continue, raise the length (e.g. -- training.train_steps={step + last})"]
 
 
 def _facts(recipe, layout: Layout, notes: list[str]) -> Facts:

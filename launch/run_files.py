@@ -45,7 +45,8 @@ def make_private_dir(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o755)
     except OSError as e:
-        raise LaunchError(f"cannot create the log dir {path}: {e.strerror}") from None
+        raise LaunchError(f"cannot create the log dir {path}: {e.strerror}; give --log-dir a directory you can "
+                          "write") from None
     finally:
         os.umask(old)
     check_trusted_dir(path)

@@ -76,6 +76,8 @@ def _log_path(opts: Options, run_id: str) -> Path:
 
 
 def _log_dir(d: Path) -> Path:
+    if d.exists() and not d.is_dir():
+        raise LaunchError(f"--log-dir {d} is a file; give a directory for the run's logs (created when missing)", 2)
     return run_files.make_private_dir(d)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support import doc_commands as dc
 
-pytestmark = pytest.mark.unit
 
 
 def _report(found: list[tuple[str, str]]) -> str:
@@ -19,6 +20,7 @@ def _report(found: list[tuple[str, str]]) -> str:
         f"  {where}\n      -> {why}" for where, why in found)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("doc", dc.DOCS, ids=lambda p: str(p.relative_to(dc.REPO)))
 def test_every_documented_command_exists_with_its_flags(doc):
     commands = dc.all_commands([doc])
@@ -26,11 +28,13 @@ def test_every_documented_command_exists_with_its_flags(doc):
     assert not found, _report(found)
 
 
+@pytest.mark.unit
 def test_every_repository_path_the_docs_name_exists():
     found = [(where, dc.path_problem(path)) for where, path in dc.code_span_paths() if dc.path_problem(path)]
     assert not found, _report(found)
 
 
+@pytest.mark.unit
 def test_the_check_finds_planted_stale_commands(tmp_path):
     """The checker itself can fail: each planted line below is stale in one way, and is reported with that reason;
     the fresh lines are not."""
@@ -102,6 +106,7 @@ def _shown_error(c: dc.Command) -> str | None:
     return after if after.startswith("error:") else None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("prefix", [["plan"], ["render"]], ids=["plan", "render"])
 def test_cheap_documented_commands_run(prefix, tmp_path):
     """The planner and render commands as the docs show them (only the planner and the YAML loader run;
@@ -132,6 +137,7 @@ def test_cheap_documented_commands_run(prefix, tmp_path):
             assert (Path(argv[argv.index("--out") + 1]) / "ds_config.json").is_file(), c
 
 
+@pytest.mark.unit
 def test_every_module_and_function_the_docs_name_exists(tmp_path):
     names = dc.code_span_names()
     assert names  # the docs do name modules: the search finds them
@@ -143,3 +149,37 @@ def test_every_module_and_function_the_docs_name_exists(tmp_path):
     assert [(w.rsplit(":", 1)[1], dc.name_problem(n)) for w, n in dc.code_span_names([planted])
             if dc.name_problem(n)] == [("1", "recipes.train.trainer has no `run_everything` (moved or renamed?)"),
                                        ("1", "recipes has no `safe_load` (moved or renamed?)")]
+
+
+QUICKSTART = dc.REPO / "docs" / "quickstart.md"
+
+
+def quickstart_lines() -> list[tuple[str, str]]:
+    """(file:line, command line) of docs/quickstart.md's blocks, in order (a line's `&&` parts run as one line)."""
+    seen: dict[str, str] = {}
+    for c in dc.block_commands(QUICKSTART):
+        seen.setdefault(c.where, c.text)
+    return list(seen.items())
+
+
+@pytest.mark.multiproc
+def test_the_quickstart_runs_as_written_in_order(tmp_path):
+    """docs/quickstart.md end to end: every command as written, in order, each one's inputs only what the earlier
+    ones wrote (not each command alone: a placeholder, an output that exists already or a continuation with nothing
+    left to train fails here). It runs from a directory that shows the repository's configs/ and .venv/ where the
+    repository root does, so the outputs land in tmp_path."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("configs", ".venv"):
+        (root / name).symlink_to(dc.REPO / name)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
+    lines = quickstart_lines()
+    assert len(lines) >= 9, lines
+    for where, text in lines:
+        r = subprocess.run(["bash", "-c", text], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"{where}: `{text}` exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+        assert "Traceback" not in r.stderr, f"{where}: `{text}`\n{r.stderr[-4000:]}"
+    for left in ("out/demo/shards/manifest.json", "runs/tiny/global_step6/complete.json", "runs/tiny-hf/config.json",
+                 "runs/cont/global_step6/complete.json", "runs/tiny-2x1x4/global_step12/complete.json"):
+        assert (root / left).is_file(), f"the quickstart did not leave {left}"

@@ -26,7 +26,7 @@ def preflight(inputs: List[str], output_dir: str, text_field: str = "text",
     """Probe; returns one line per check for the report, or raises (ProbeError, PlanError, PermissionError /
     StorageAccessError), each a one-line message the CLI prints before exiting 2."""
     io.configure(storage_options or {}, upload_part_size)
-    pieces = list_inputs(inputs)
+    pieces = list_inputs(inputs, output=output_dir)
     lines = [f"inputs: {len(pieces):,} file(s) or object(s) listed"]
     lines += probe_inputs(pieces, text_field, max_record)
     lines.append(probe_output(output_dir))

@@ -28,7 +28,7 @@ import re
 import shlex
 from typing import Dict, List, Optional, Sequence, Union
 
-from data_prep import file_modes
+from data_prep import file_modes, io
 
 CURATION_STAGES = ("hash", "buckets", "filter")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,+-]*")  # partition, account, qos (comma lists too)
@@ -107,8 +107,7 @@ def render(args: List[str], tasks: int, scripts_dir: str, python: str, workdir: 
                 + (f"--stage {stage} " if stage else "") + "-j \"${SLURM_CPUS_PER_TASK:-1}\" -q",
             ]
             path = os.path.join(scripts_dir, f"{stage or 'array'}_{c // per:04d}.sbatch")
-            with open(path, "w") as f:
-                f.write("\n".join(body) + "\n")
+            io.atomic_write(path, "\n".join(body) + "\n", fsync=False)  # never a torn script for sbatch
             paths.append(path)
         if paths:
             chained.append((stage, paths))
@@ -119,11 +118,9 @@ def render(args: List[str], tasks: int, scripts_dir: str, python: str, workdir: 
         f"exec {shlex.quote(python)} -m data_prep {command} {quoted} --merge-only -q",
     ]
     fin_path = os.path.join(scripts_dir, "finalize.sbatch")
-    with open(fin_path, "w") as f:
-        f.write("\n".join(fin) + "\n")
+    io.atomic_write(fin_path, "\n".join(fin) + "\n", fsync=False)
     sub_path = os.path.join(scripts_dir, "submit.sh")
-    with open(sub_path, "w") as f:
-        f.write("\n".join(_submit_script(chained, fin_path)) + "\n")
+    io.atomic_write(sub_path, "\n".join(_submit_script(chained, fin_path)) + "\n", fsync=False)
     mode = file_modes.current()  # a script: the file mode with x (0640 -> 0750); 0755 by default
     os.chmod(sub_path, 0o755 if mode is None else file_modes.dir_mode(mode))
     return [p for _, paths in chained for p in paths] + [fin_path, sub_path]

@@ -136,6 +136,20 @@ def read_jsonl_range(piece: Piece, field: str, max_record: int = DEFAULT_MAX_REC
 
 
 ZST_FEED = 4096  # compressed bytes per zstd call: at most ~128 MiB out even for a crafted input, usually ~16 KiB
+# How each compressed kind starts (gzip's magic, or a bare zlib stream's header byte; zstd's frame magic)
+MAGIC = {"gz": (b"\x1f\x8b", b"\x78"), "zst": (b"\x28\xb5\x2f\xfd",)}
+# What a damaged input needs: a rerun reads the same bytes and fails the same way
+DAMAGED = "rerunning will not help: replace it with a good copy (or move it out of the inputs), then rerun"
+
+
+def not_compressed(path: str, tag: str, head: bytes) -> Optional[str]:
+    """Why a .gz/.zst input whose first bytes are ``head`` is not that format (None when it starts as one)."""
+    if not head or any(head.startswith(m) for m in MAGIC[tag]):
+        return None
+    plain = head.lstrip()[:1] in (b"{", b"[")
+    return (f"not {tag} data (it starts with {head[:16]!r})"
+            + (f": a plain .jsonl named .{tag}? rename it without .{tag}" if plain else
+               f": not compressed with {'gzip' if tag == 'gz' else 'zstd'}; give it the name of its format"))
 
 
 def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -152,11 +166,14 @@ def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[
 
             dctx = zstandard.ZstdDecompressor()
             new = dctx.decompressobj
-        dobj, fed = new(), False
+        dobj, fed, first = new(), False, True
         while True:
             data = f.read(chunk)
             if not data:
                 break
+            if first and not_compressed(path, tag, data[:16]):
+                raise InputError(path, f"{not_compressed(path, tag, data[:16])} (rerunning will not help)")
+            first = False
             more = False  # gz: output held back by the size limit, with no input left to feed
             while data or more:
                 try:
@@ -169,7 +186,7 @@ def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[
                 except MemoryError:  # a memory limit, not a corrupt file: the caller records it as such
                     raise
                 except Exception as e:  # zlib.error / zstandard.ZstdError
-                    raise InputError(path, f"corrupt {tag} data ({e})") from e
+                    raise InputError(path, f"corrupt {tag} data ({e}): the file is damaged; {DAMAGED}") from e
                 fed = True
                 if out:
                     yield out
@@ -180,7 +197,8 @@ def _decompressed_chunks(path: str, tag: str, chunk: int = 1 << 20) -> Iterator[
                     data = rest
                     more = tag == "gz" and len(out) == chunk
         if fed and not dobj.eof:
-            raise InputError(path, f"truncated {tag} file (stream ends before the end of its last frame)")
+            raise InputError(path, f"truncated {tag} file (stream ends before the end of its last frame): an "
+                                   f"incomplete copy; {DAMAGED}")
 
 
 def _lines(blocks: Iterator[bytes], max_record: int) -> Iterator[Optional[bytes]]:
@@ -260,7 +278,7 @@ def read_parquet(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD)
         # a URL: a file object doing ranged GETs (the footer, then only the row groups of this piece)
         pf = pq.ParquetFile(io.open_read(piece.path) if io.is_url(piece.path) else piece.path)
     except Exception as e:
-        raise InputError(piece.path, f"not a readable parquet file ({e})") from e
+        raise InputError(piece.path, f"not a readable parquet file ({e}); {DAMAGED}") from e
     md = pf.metadata
     firsts, row = [], 0
     for i in range(md.num_row_groups):
@@ -280,7 +298,7 @@ def read_parquet(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD)
                 yield row, text, reason
                 row += 1
     except OSError as e:
-        raise InputError(piece.path, f"corrupt parquet data ({e})") from e
+        raise InputError(piece.path, f"corrupt parquet data ({e}); {DAMAGED}") from e
 
 
 def is_hf_dataset_dir(path: str) -> bool:

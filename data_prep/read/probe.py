@@ -54,7 +54,8 @@ def by_kind(pieces: Iterable[fm.Piece], per_kind: int = PROBE_FILES) -> Dict[str
 def probe_inputs(pieces: Iterable[fm.Piece], text_field: str, max_record: int = DEFAULT_MAX_RECORD) -> List[str]:
     """Probe the first inputs of each kind; raises ProbeError or StorageAccessError. Returns one line per input
     probed, for a report (``data_prep probe``)."""
-    report = []
+    pieces = list(pieces)
+    report = _compressed_formats(pieces)
     for kind, group in by_kind(pieces).items():
         refused: List[ProbeError] = []
         for piece in group:
@@ -73,6 +74,28 @@ def probe_inputs(pieces: Iterable[fm.Piece], text_field: str, max_record: int = 
                 more = f" (as do the other {len(refused) - 1} {kind} input(s) probed)" if len(refused) > 1 else ""
                 raise ProbeError(f"{refused[0]}{more}")
     return report
+
+
+def _compressed_formats(pieces: List[fm.Piece]) -> List[str]:
+    """Every local .gz/.zst input starts as its format (a few bytes each; object storage would cost a request per
+    object, so there a wrong one fails its unit, saying why): a plain file named .gz is refused before any work."""
+    wrong, checked = [], 0
+    for p in pieces:
+        if not p.kind.startswith("jsonl.") or io.is_url(p.path):
+            continue
+        checked += 1
+        try:
+            with open(p.path, "rb") as f:
+                why = fm.not_compressed(p.path, p.kind.split(".")[1], f.read(16))
+        except OSError:
+            continue  # unreadable: the probe or its unit says why
+        if why:
+            wrong.append(f"input {p.path}: {why}")
+    if wrong:
+        more = f" (and {len(wrong) - 1} more input(s) like it: {', '.join(w.split(': ')[0][6:] for w in wrong[1:4])}" \
+               f"{'...' if len(wrong) > 4 else ''})" if len(wrong) > 1 else ""
+        raise ProbeError(wrong[0] + more)
+    return [f"{checked} compressed input(s): each starts as its format"] if checked else []
 
 
 def _probe_one(piece: fm.Piece, text_field: str, max_record: int) -> Tuple[bool, str]:

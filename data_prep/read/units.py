@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import orjson
 
 from data_prep import io, objstore
 from data_prep.read.formats import Piece, is_hf_dataset_dir, kind_of
+
+log = logging.getLogger(__name__)
 
 # A directory written by `data_prep curate` is read as its kept documents (shard_NNNNNN.jsonl) only: its manifest,
 # markers, logs and dedup/ bookkeeping are not documents (read as such, every line of them would be a reject).
@@ -63,26 +66,42 @@ class Unit:
         return hashlib.sha256(orjson.dumps(desc)).hexdigest()
 
 
-def list_inputs(specs: Sequence[str]) -> List[Piece]:
-    """Files, directories (recursive) and globs -> whole-input pieces, sorted by absolute path, de-duplicated."""
+def list_inputs(specs: Sequence[str], output: str | None = None) -> List[Piece]:
+    """Files, directories (recursive) and globs -> whole-input pieces, sorted by absolute path, de-duplicated.
+
+    ``output``: the run's output directory. Its files (shards, manifest, plan, stats, reject logs) are never inputs:
+    an input directory (or glob) that holds it is listed without it, said once; an input that is the output itself is
+    refused (PlanError), since nothing of it would be left to read."""
     found = {}
+    out = _own_output(specs, output)
     for spec in specs:
         spec = io.abspath(spec) if spec.startswith("file://") else spec
         if io.is_url(spec):
-            found.update(_list_remote(spec))
+            found.update(_without_output(_list_remote(spec), spec, out))
             continue
         paths = sorted(glob.glob(spec, recursive=True)) if glob.has_magic(spec) else [spec]
         if not paths or not all(os.path.exists(p) for p in paths):
             raise PlanError(f"input not found: {spec!r} (give files, directories or quoted globs)")
+        here: dict = {}
         for path in paths:
             path = os.path.abspath(path)
             if is_hf_dataset_dir(path):
-                found[path] = "hf"
+                here[path] = "hf"
             elif os.path.isdir(path):
                 for d, dirs, files in os.walk(path):
-                    dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+                    dirs[:] = sorted(x for x in dirs if not x.startswith(".")
+                                     and not (out is not None and os.path.join(d, x) == out.path))
                     if is_hf_dataset_dir(d):
-                        found[d] = "hf"
+                        here[d] = "hf"
+                        dirs[:] = []
+                        continue
+                    if _is_tokenize_output(d):  # shards and bookkeeping of another run, not documents
+                        if d == path:
+                            raise PlanError(f"input {path} is a `data_prep tokenize` output (shards and a manifest, "
+                                            "not documents): give the inputs it was made from, or combine outputs "
+                                            "with `data_prep merge` / `data_prep blend`")
+                        log.info(f"data_prep: {d} is a `data_prep tokenize` output (shards, manifest): not read as "
+                                 "input")
                         dirs[:] = []
                         continue
                     if os.path.exists(os.path.join(d, CURATION_MANIFEST)):  # `curate` output: its kept documents
@@ -91,7 +110,7 @@ def list_inputs(specs: Sequence[str]) -> List[Piece]:
                     for name in files:
                         kind = kind_of(name)
                         if kind and not name.startswith("."):
-                            found[os.path.join(d, name)] = kind
+                            here[os.path.join(d, name)] = kind
             else:
                 kind = kind_of(path)
                 if kind is None:
@@ -99,10 +118,80 @@ def list_inputs(specs: Sequence[str]) -> List[Piece]:
                         f"{path}: unknown input type; expected .jsonl/.json (optionally .gz/.zst), .parquet, .txt "
                         "or a directory written by datasets' save_to_disk"
                     )
-                found[path] = kind
+                here[path] = kind
+        found.update(_without_output(here, spec, out))
+    if out is not None and out.holder:
+        log.info(f"data_prep: the output {out.path} is inside the input {out.holder}: its files (shards, manifest, "
+                 "logs) are not read as input")
     if not found:
         raise PlanError(f"no readable inputs under {list(specs)} (.jsonl/.json[.gz|.zst], .parquet, .txt, HF dataset)")
     return [Piece(path, kind) for path, kind in sorted(found.items())]
+
+
+def _is_tokenize_output(d: str) -> bool:
+    """Whether directory ``d`` was written by `data_prep tokenize` (its plan.json or a megatron-mmidx manifest): its
+    .json/.jsonl files are a run's bookkeeping, never documents."""
+    for name, key, value in (("plan.json", "fingerprint", None), ("manifest.json", "format", "megatron-mmidx")):
+        path = os.path.join(d, name)
+        if not os.path.isfile(path) or os.path.getsize(path) > 1 << 26:
+            continue
+        try:
+            with open(path, "rb") as f:
+                doc = orjson.loads(f.read())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and key in doc and (value is None or doc[key] == value):
+            return True
+    return False
+
+
+@dataclass
+class _Output:
+    """The run's output directory while the inputs are listed: its path (absolute, or a URL without a trailing slash)
+    and the first input that holds it (its files are then left out of that input's listing)."""
+    path: str
+    holder: str = ""
+
+    def holds(self, path: str) -> bool:
+        return path == self.path or path.startswith(self.path + "/")
+
+
+def _base_of(spec: str) -> str:
+    """The directory or file an input names, without a glob's magic part: what decides whether it is inside the
+    output. Local paths absolute, URLs without a trailing slash."""
+    if glob.has_magic(spec):
+        head = []
+        for part in spec.split("/"):
+            if glob.has_magic(part):
+                break
+            head.append(part)
+        spec = "/".join(head) or "/"
+    return spec.rstrip("/") if io.is_url(spec) else os.path.abspath(spec)
+
+
+def _own_output(specs: Sequence[str], output: str | None) -> _Output | None:
+    """The output as a listing filter; refuses an input that is the output itself (PlanError naming both)."""
+    if not output:
+        return None
+    out = _Output(io.abspath(output).rstrip("/") if io.is_url(io.abspath(output)) else io.abspath(output))
+    for spec in specs:
+        spec = io.abspath(spec) if spec.startswith("file://") else spec
+        base = _base_of(spec)
+        if base == out.path:
+            raise PlanError(f"input {spec} is the output directory -o {output}: a rerun would read the run's own "
+                            "shards, manifest and logs as input; write to a directory outside the input (e.g. "
+                            f"-o {out.path}-shards, or -o {out.path}/shards for an input directory)")
+        if not out.holder and out.path.startswith(base.rstrip("/") + "/"):
+            out.holder = spec
+    return out
+
+
+def _without_output(found: dict, spec: str, out: _Output | None) -> dict:
+    """``found`` without the output's own files, unless the input names a place inside the output (an input that the
+    user keeps in the output directory on purpose, e.g. -o OUT with OUT/raw/)."""
+    if out is None or out.holds(_base_of(spec)):
+        return found
+    return {path: kind for path, kind in found.items() if not out.holds(path)}
 
 
 def _list_remote(spec: str) -> dict:

@@ -146,6 +146,10 @@ class HFTokenizer(Tokenizer):
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+# What a transformers tokenizer directory holds (AutoTokenizer reads one of them)
+TOKENIZER_DIR_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 def load_tokenizer(path: str, eod_id: Optional[int] = None) -> Tokenizer:
     if not path:
         raise TokenizerError("no tokenizer given: pass --tokenizer PATH (.model, tokenizer.json or a directory)")
@@ -155,11 +159,20 @@ def load_tokenizer(path: str, eod_id: Optional[int] = None) -> Tokenizer:
             f"tokenizer not found: {path} (train one with `python -m data_prep train-tokenizer`, or give a "
             "sentencepiece .model, a tokenizer.json or a local transformers directory)"
         )
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_DIR_FILES):
+        raise TokenizerError(f"{path} is a directory without a tokenizer (no {', '.join(TOKENIZER_DIR_FILES)}); give "
+                             "a sentencepiece .model, a tokenizer.json, or a transformers directory holding one")
     if os.path.isdir(path) or path.endswith(".json"):
-        return HFTokenizer(path, eod_id)
-    try:
-        return SentencePieceTokenizer(path, eod_id)
-    except TokenizerError:
-        raise
-    except Exception as e:
-        raise TokenizerError(f"{path}: not a sentencepiece model ({e})") from e
+        tok: Tokenizer = HFTokenizer(path, eod_id)
+    else:
+        try:
+            tok = SentencePieceTokenizer(path, eod_id)
+        except TokenizerError:
+            raise
+        except Exception as e:
+            raise TokenizerError(f"{path}: not a sentencepiece model ({e})") from e
+    if eod_id is not None and not 0 <= eod_id < tok.info.vocab_size:
+        raise TokenizerError(f"--eod-id {eod_id} is not an id of {path} (its vocabulary has {tok.info.vocab_size} ids, "
+                             f"0..{tok.info.vocab_size - 1}); give the id of its end-of-document token, or leave "
+                             "--eod-id out to use the tokenizer's own")
+    return tok

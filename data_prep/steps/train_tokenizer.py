@@ -50,7 +50,7 @@ def sample_texts(inputs: List[str], text_field: str, max_bytes: int,
 
 def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_type: str = "bpe",
           text_field: str = "text", sample_bytes: int = 20 << 20, max_sentence_length: int = 16384,
-          threads: int = 1, quiet: bool = False, normalization: str = "identity") -> str:
+          threads: int = 1, quiet: bool = False, normalization: str = "identity", overwrite: bool = False) -> str:
     """Train and return the path of ``<model_prefix>.model``. Deterministic for the same inputs and settings.
 
     The default is lossless and Llama-style: identity normalization, whitespace kept as is (indentation and
@@ -59,6 +59,9 @@ def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_ty
     """
     if model_type not in ("bpe", "unigram"):
         raise ValueError("--model-type must be bpe or unigram")
+    if model_prefix.endswith("/") or os.path.isdir(model_prefix):
+        raise ValueError(f"-o {model_prefix} is a directory, but -o is a prefix: the model is written to PREFIX.model "
+                         f"and PREFIX.vocab; give e.g. -o {os.path.join(model_prefix, 'sp')}")
     check_vocab_size(vocab_size)
     texts = _nonempty_sample(inputs, text_field, sample_bytes)
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)) or ".", exist_ok=True)
@@ -90,9 +93,24 @@ def train(inputs: List[str], model_prefix: str, vocab_size: int = 4000, model_ty
     m.trainer_spec.model_prefix = model_prefix
     with open(tmp_prefix + ".model", "wb") as f:
         f.write(m.SerializeToString())
+    _keep_other_model(tmp_prefix, model_prefix, overwrite)
     for ext in (".vocab", ".model"):  # the .model last: its presence means the pair is complete
         io.replace_unless_identical(tmp_prefix + ext, model_prefix + ext)
     return model_prefix + ".model"
+
+
+def _keep_other_model(tmp_prefix: str, model_prefix: str, overwrite: bool) -> None:
+    """An existing PREFIX.model that differs from the one just trained is kept unless ``overwrite``: shards tokenized
+    with it would no longer decode with the new one (ValueError, exit 2; the new one is discarded)."""
+    import filecmp
+
+    old = model_prefix + ".model"
+    if overwrite or not os.path.exists(old) or filecmp.cmp(tmp_prefix + ".model", old, shallow=False):
+        return
+    _remove_partial(tmp_prefix)
+    raise ValueError(f"{old} exists and differs from the tokenizer trained now (other inputs, --vocab-size or "
+                     "options): shards tokenized with it would no longer decode; rerun with --overwrite to replace "
+                     "it, or choose another -o/--model-prefix")
 
 
 def _train_sp(sentences, prefix: str, vocab_size: int, model_type: str, normalization: str,

@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from data_prep.write.manifest import read_manifest
+from data_prep.write.verify import ShardIntegrityError, check_recorded
 
 
 def summarize(out_dir: str, decode: int = 2, chars: int = 300) -> str:
@@ -24,6 +25,9 @@ def summarize(out_dir: str, decode: int = 2, chars: int = 300) -> str:
     ]
     lengths = []
     for sh in m["shards"]:
+        damaged = check_recorded(os.path.join(out_dir, sh["prefix"]), sh.get("sha256_idx"))  # cheap: the .idx
+        if damaged:
+            raise ShardIntegrityError(damaged[0])
         ds = IndexedDataset(os.path.join(out_dir, sh["prefix"]))
         lengths.append(np.array(ds.index.sequence_lengths))  # copy: the mmap closes with ds
     if lengths:

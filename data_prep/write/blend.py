@@ -11,7 +11,7 @@ import math
 import os
 from typing import Dict, List, Optional, Tuple
 
-from data_prep.write.manifest import read_manifest
+from data_prep.write.manifest import output_dir_of, read_manifest
 
 MAX_PREFIXES = 32767
 
@@ -70,6 +70,7 @@ def build_blend(sources: List[Tuple[str, str, float]], token_budget: float = 0.0
     blend, report, nprefix = [], [], 0
     first_tok = None
     for name, path, w in sources:
+        path = output_dir_of(path)
         m = read_manifest(path)
         first_tok = _check_source(name, path, m, first_tok)
         tokens = m["totals"]["tokens"]

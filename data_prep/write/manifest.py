@@ -7,6 +7,7 @@ The manifest is merged from those files in unit order, so it is the same whateve
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from typing import List, Optional
 
@@ -92,11 +93,42 @@ def build_manifest(out_dir: str, stats: List[dict], tokenizer: dict, dtype: str,
     return manifest
 
 
+# What every reader of a manifest relies on (verify, blend, merge, stats); verify also needs dtype and the vocabulary
+REQUIRED = {"tokenizer": dict, "shards": list, "totals": dict}
+
+
+class ManifestError(ValueError):
+    """A manifest.json that cannot be read or lacks what a reader needs: one line naming the file and the fix."""
+
+
+def output_dir_of(path: str) -> str:
+    """An output directory from what a user gives for one: the directory, or its manifest.json."""
+    if not io.is_url(path) and os.path.basename(path.rstrip("/")) == MANIFEST and os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path))
+    return path
+
+
 def read_manifest(out_dir: str) -> dict:
+    """``out_dir``'s manifest.json; FileNotFoundError when the run is not complete, ManifestError (naming the file,
+    the line and column, and the fix) when it is not a readable data_prep manifest."""
     path = io.join(out_dir, MANIFEST)
     if not io.exists(path):
         failed = io.join(out_dir, FAILED)
         hint = f" ({FAILED} lists units that failed; fix them and rerun tokenize)" if io.exists(failed) else ""
         raise FileNotFoundError(f"{path} not found: the run is not complete{hint}")
-    with io.open_read(path) as f:
-        return json.load(f)
+    fix = ("rewrite it: rerun the tokenize (or merge) that wrote it with the same arguments; its complete units are "
+           "kept and the manifest is written again")
+    try:
+        with io.open_read(path) as f:
+            m = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}): the manifest is damaged; "
+                            f"{fix}") from None
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{path}: not valid JSON (not UTF-8 text at byte {e.start}): the manifest is damaged; "
+                            f"{fix}") from None
+    wrong = [k for k, kind in REQUIRED.items() if not isinstance(m, dict) or not isinstance(m.get(k), kind)]
+    if wrong:
+        raise ManifestError(f"{path}: not a data_prep manifest ({', '.join(wrong)} missing or of the wrong type); "
+                            f"{fix}")
+    return m

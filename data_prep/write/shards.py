@@ -204,17 +204,21 @@ def read_index_arrays(idx_path: str):
     return head["dtype"], lengths, pointers, docs
 
 
-def append_shard(writer: "ShardWriter", prefix: str, chunk_bytes: int = 1 << 24) -> None:
-    """Stream a whole shard onto ``writer``: .bin copied in chunks, index arrays appended chunk by chunk."""
+def append_shard(writer: "ShardWriter", prefix: str, chunk_bytes: int = 1 << 24) -> str:
+    """Stream a whole shard onto ``writer``: .bin copied in chunks, index arrays appended chunk by chunk. Returns the
+    sha256 of the source .bin as read (hashed while copied: the caller compares it with the source's manifest, so a
+    damaged shard is not carried into a new one under a fresh checksum)."""
     writer.flush()
     dtype, lengths, _, docs = read_index_arrays(prefix + ".idx")
     if np.dtype(dtype) != writer.dtype:
         raise ValueError(f"{prefix}: dtype {np.dtype(dtype).name} differs from {writer.dtype.name}; merge shards "
                          "made with the same tokenizer")
+    source_sha = hashlib.sha256()
     with io.open_read(prefix + ".bin") as f:
         for block in iter(lambda: f.read(chunk_bytes), b""):
             writer.bin.write(block)
             writer.bin_sha.update(block)
+            source_sha.update(block)
     for lo in range(0, len(lengths), CHUNK):
         writer.lens.write(np.asarray(lengths[lo : lo + CHUNK]).tobytes())
     base = writer.sequences
@@ -223,3 +227,4 @@ def append_shard(writer: "ShardWriter", prefix: str, chunk_bytes: int = 1 << 24)
     writer.sequences += len(lengths)
     writer.documents += len(docs) - 1
     writer.tokens += int(lengths.sum(dtype=np.int64))
+    return source_sha.hexdigest()

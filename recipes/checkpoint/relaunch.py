@@ -12,7 +12,7 @@ Any other change is resharded on load (recipes.checkpoint.reshard): `recipes tra
 and goes on at the new layout. Refused here, naming both sides and the way forward: a source whose optimizer state
 cannot be re-laid (ZeRO-0: torch keeps it without parameter names), a source whose experts are split over EP ranks
 (read by engines only: `recipes reshape` does it), a ZeRO-3 target (its partitions are not filled tensor by tensor),
-a different model shape, and a different model.seq_length (a resumed run keeps its sequence length: its consumed-
+and a different model.seq_length (a resumed run keeps its sequence length: its consumed-
 samples count and data index are in sequences of that length; a longer-context stage is a new run started from this
 one, checkpoint.init_from).
 """
@@ -51,7 +51,7 @@ def relaunch_refusals(recipe, layout) -> list[Refusal]:
         return [Refusal("checkpoint.dir", f"checkpoint.dir = {c.dir}: the layout of {tag} cannot be read: {e}",
                         "move the damaged tag aside, or set checkpoint.dir to another directory")]
     wanted = layout_of(recipe, layout)
-    out = shape_refusals(c.dir, tag_dir, recipe.model)
+    out = []
     changes = layout_changes(saved, wanted, recipe.model)
     if changes:
         why = _why_not_resharded(saved, wanted)
@@ -79,24 +79,6 @@ def _why_not_resharded(saved: SavedLayout, wanted: SavedLayout) -> str | None:
     if wanted.zero_stage == 3:
         return "resharding on load fills ZeRO-0/1/2 engines, not ZeRO-3 partitions"
     return None
-
-
-def shape_refusals(ckpt_dir: str, tag_dir: Path, model_cfg) -> list[Refusal]:
-    """The recipe's model must be the one the tag holds (its record's shape fields): named field by field."""
-    from recipes.checkpoint.format.layout_record import SHAPE_FIELDS, marker, model_shape
-
-    theirs = marker(tag_dir).get("model")
-    if not isinstance(theirs, dict):
-        return []
-    ours = model_shape(model_cfg)
-    diff = [f for f in SHAPE_FIELDS if f in theirs and theirs[f] != ours[f]]
-    if not diff:
-        return []
-    said = ", ".join(f"model.{f}={theirs[f]} (this recipe: {ours[f]})" for f in diff)
-    return [Refusal("model", f"checkpoint.dir = {ckpt_dir} holds {tag_dir.name} of another model: {said}",
-                    "use the recipe that checkpoint was trained with (its copy: "
-                    f"{Path(ckpt_dir) / 'recipe.yaml'}), or give this run its own checkpoint.dir "
-                    f"(checkpoint.init_from={ckpt_dir} starts it from those weights when the shapes fit)")]
 
 
 def layout_changes(saved: SavedLayout, wanted: SavedLayout, model_cfg) -> list[str]:

@@ -23,3 +23,20 @@ def command_parser(prog: str, doc: str, examples: Sequence[str] = ()) -> argpars
     epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples) if examples else None
     return argparse.ArgumentParser(prog=prog, description=textwrap.fill(first_paragraph(doc), WIDTH), epilog=epilog,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def count(least: int = 1):
+    """argparse type for a count: a whole number of at least `least`, refused by the parser naming the value
+    (`recipes train --local 0` started no launcher and ran as a lone rank, dying with a torch.distributed traceback),
+    e.g. `ap.add_argument("--local", type=count(1))`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"wants a whole number of at least {least}, got {text!r}")
+        return value
+
+    parse.__name__ = "count"
+    return parse

@@ -67,6 +67,11 @@ def resolve_preset(name: str, base_dir: Path | None = None) -> Path:
         if c.is_file():
             return c
     known = sorted(str(p.relative_to(CONFIGS_DIR).with_suffix("")) for p in CONFIGS_DIR.rglob("*.y*ml"))
+    folder = next((c for c in candidates[::4] if c.is_dir()), None)
+    if folder is not None:
+        inside = sorted(p.name for p in folder.glob("*.y*ml"))[:5]
+        raise RecipeError(f"recipe '{name}' is a directory; give a recipe file"
+                          + (f", e.g. {name.rstrip('/')}/{inside[0]} (it holds {', '.join(inside)})" if inside else ""))
     hint = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
     msg = f"unknown recipe or preset '{name}'"
     if hint:

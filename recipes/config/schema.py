@@ -284,6 +284,10 @@ class DataConfig(_Section):
     # DataLoader worker processes reading samples ahead of the step (0 = in the training process); same samples,
     # same order, either way (recipes.train.data.MicroBatches).
     num_workers: int = Field(default=0, ge=0)
+    # The shards checked against their manifest's sha256 before training reads them (data_prep.write.verify):
+    # "index" every .idx and the .bin size it implies (~1% of the bytes, read anyway); "full" the .bin's sha256 too
+    # (a read of every shard at start; docs/data_prep.md "Integrity" has the costs)
+    verify: Literal["index", "full"] = "index"
 
 
 class InitFrom(_Section):

@@ -13,6 +13,7 @@ CKPT_DIR/recipe.yaml (the merged recipe, for `recipes train --config` and export
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -25,12 +26,37 @@ from recipes.train.local_workers import cpu_only_workers
 log = logging.getLogger(__name__)
 
 
+def check_hf_dir(hf_dir: str) -> None:
+    """A local transformers model directory, or one line saying what it is instead (transformers would call a missing
+    local path a malformed hub repo id: nothing is downloaded here)."""
+    p = Path(hf_dir)
+    if not p.exists():
+        raise FileNotFoundError(f"--hf {hf_dir}: no such directory; give a local transformers model directory (the "
+                                "config.json and weights save_pretrained writes; nothing is downloaded)")
+    if not p.is_dir():
+        raise NotADirectoryError(f"--hf {hf_dir} is a file; give the model's directory (holding config.json and the "
+                                 "weights)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"--hf {hf_dir} has no config.json: not a transformers model directory (give the "
+                                "directory save_pretrained wrote)")
+
+
+def check_out_dir(out_dir: str) -> None:
+    """--out must be a new or empty directory: an import never writes over anything."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; give a new directory for the checkpoint")
+    if out.is_dir() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
+
+
 def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
     from transformers import AutoConfig
 
     from recipes.hf.convert import check_sliding_window, model_fields_from_hf_config
 
-    cfg = AutoConfig.from_pretrained(hf_dir)
+    check_hf_dir(hf_dir)
+    cfg = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
     fields = model_fields_from_hf_config(cfg)
     model_overrides = []
     for k, v in fields.items():
@@ -65,8 +91,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     world = p.tp * p.cp * p.pp * p.dp  # CP ranks write their DP x CP share of the optimizer like DP ranks
     validate_recipe(recipe, world)
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; remove it or choose another --out")
+    check_out_dir(out_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     weights = from_llama(model.state_dict(), recipe.model)
     del model
@@ -93,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
     from recipes.hf.convert import UnsupportedModel
 
+    # absolute: the writer ranks run in the repository (recipes.train.local_workers), not in the caller's directory
+    ns.hf, ns.out = os.path.abspath(ns.hf), os.path.abspath(ns.out)
     try:
+        check_out_dir(ns.out)  # before the model's config is read
         recipe, _ = hf_recipe(ns.hf, ns.config, ns.overrides)
         import_hf(ns.hf, ns.out, recipe, quiet=ns.quiet)
-    except (RecipeError, UnsupportedModel, FileExistsError, OSError, RuntimeError) as e:
+    except (RecipeError, UnsupportedModel, OSError, RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -80,6 +80,11 @@ class Layout:
             out.append(LayoutProblem("parallel.tp", f"model.num_query_groups={groups} is not divisible by "
                                      f"parallel.tp={tp}", f"use tp in {_divisors_upto(groups, limit)} (each TP rank "
                                      f"needs whole KV groups)"))
+        ffn = model_cfg.ffn_size  # the dense MLP's, where a layer has one
+        if ffn % tp and any(not model_cfg.is_moe_layer(i) for i in range(model_cfg.num_layers)):
+            out.append(LayoutProblem("parallel.tp", f"model.ffn_hidden_size={ffn} is not divisible by parallel.tp="
+                                     f"{tp}: the MLP is split over TP ranks (megatron-core's parallel linears)",
+                                     f"use a multiple of {tp}, or tp in {_divisors_upto(ffn, limit)}"))
         if pp > model_cfg.num_layers:
             out.append(LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
                                      f"{model_cfg.num_layers}: every stage needs at least one layer",

@@ -16,15 +16,21 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from pathlib import Path
+
+from recipes.checkpoint.format.layout_record import SHAPE_FIELDS, marker, model_shape
+from recipes.checkpoint.format.tags import newest_complete
 from recipes.checkpoint.init_from import init_from_refusals
 from recipes.checkpoint.relaunch import relaunch_refusals
 from recipes.parallel.layout import Layout, resolve_layout
 from recipes.config.loading import RecipeError
+from recipes.config.shape_rules import shape_problems
 from recipes.planner.assumptions import Assumptions
 from recipes.planner.calibration import assumptions_for
 from recipes.planner.cost import device_memory, estimate, format_memory
 from recipes.planner.search import CP_SEARCH_FROM
 from recipes.planner.data_checks import Problem, data_problems
+from recipes.planner.path_checks import path_problems
 from recipes.planner.units import format_duration
 
 LARGE_BATCH_TOKENS = 2**19  # ~0.5M tokens per step: large enough that skipping warmup risks early divergence
@@ -58,13 +64,8 @@ def cross_field(recipe, world_size: int | None = None) -> tuple[list[str], list[
     world = world_size if world_size is not None else cl.world_size
     tp = par.tp
 
-    # --- model shape vs tensor parallelism ---------------------------------------------------------------------------
-    if m.hidden_size % m.num_attention_heads:
-        errors.append(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
-                      f"{m.num_attention_heads}; pick heads that divide it (e.g. {_divisor_near(m.hidden_size, m.num_attention_heads)})")
-    if m.num_query_groups is not None and m.num_attention_heads % m.num_query_groups:
-        errors.append(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-                      f"model.num_query_groups={m.num_query_groups}; each KV group must serve whole heads")
+    # --- model shapes the kernels cannot run (recipes.config.shape_rules) ----------------------------------------------
+    errors += shape_problems(recipe)
     padded = m.padded_vocab_size(tp)
     if padded != m.vocab_size:
         warnings.append(RecipeWarning(
@@ -233,6 +234,7 @@ def validate_for_launch(recipe, world_size: int | None = None) -> list[Problem]:
     problems = [Problem("recipe", e) for e in errors]
     problems += train_length_problems(recipe)
     problems += data_problems(recipe)
+    problems += path_problems(recipe)
     problems += tracking_problems(recipe)
     if not errors:
         layout, _ = resolve_layout(recipe, world_size)
@@ -242,11 +244,41 @@ def validate_for_launch(recipe, world_size: int | None = None) -> list[Problem]:
 
 
 def saved_checkpoint_problems(recipe, layout: Layout) -> list[Problem]:
-    """The checkpoints a start would load: checkpoint.dir's newest complete tag saved at another layout than this
-    launch's (recipes.checkpoint.relaunch: the reshape command to run), and a checkpoint.init_from that is missing or
-    does not fit the model (recipes.checkpoint.init_from)."""
-    refusals = relaunch_refusals(recipe, layout) + init_from_refusals(recipe)
-    return [Problem(r.field, r.message, r.fix) for r in refusals]
+    """The checkpoints a start would load: checkpoint.dir's newest complete tag of another model (its complete.json
+    records the shape) or saved at another layout than this launch's (recipes.checkpoint.relaunch: the reshape
+    command to run), and a checkpoint.init_from that is missing or does not fit the model
+    (recipes.checkpoint.init_from)."""
+    shape = resume_shape_problems(recipe)
+    refusals = ([] if shape else relaunch_refusals(recipe, layout)) + init_from_refusals(recipe)
+    return shape + [Problem(r.field, r.message, r.fix) for r in refusals]
+
+
+# The recipe key a user sets for each recorded shape field (the record names some by their derived property)
+_SHAPE_KEY = {"query_groups": "num_query_groups", "ffn_size": "ffn_hidden_size", "qkv_bias": "add_qkv_bias"}
+
+
+def resume_shape_problems(recipe) -> list[Problem]:
+    """checkpoint.dir's newest complete tag holds a model of another shape than the recipe's (a resume would load
+    weights of other sizes: DeepSpeed's 100-line size-mismatch error after every rank started). One problem naming
+    every differing field with both values; a layout reshape cannot help, so it is said instead of the layout's."""
+    c = recipe.checkpoint
+    if not c.dir or not c.auto_resume:
+        return []
+    tag = newest_complete(c.dir)
+    theirs = marker(Path(c.dir) / tag).get("model") if tag else None
+    if not isinstance(theirs, dict):  # nothing to resume, or a tag from before the record: DeepSpeed's load decides
+        return []
+    ours = model_shape(recipe.model)
+    diff = [(f"model.{_SHAPE_KEY.get(f, f)}", theirs[f], ours[f]) for f in SHAPE_FIELDS
+            if f in theirs and theirs[f] != ours[f]]
+    if not diff:
+        return []
+    saved = ", ".join(f"{k}={a}" for k, a, _ in diff)
+    here = ", ".join(f"{k}={b}" for k, _, b in diff)
+    return [Problem(diff[0][0], f"checkpoint.dir = {c.dir} holds {tag} of another model ({saved}); this recipe has "
+                    f"{here}: its weights do not fit this model",
+                    f"resume with the checkpoint's model (set {saved}), or train this model in a new "
+                    "checkpoint.dir (checkpoint.init_from cannot change a model's shape either)")]
 
 
 def launch_refusal(recipe, problems: list[Problem]) -> str:
@@ -255,6 +287,3 @@ def launch_refusal(recipe, problems: list[Problem]) -> str:
         f"recipe '{recipe.name}' cannot start"
     return head + ":\n" + "\n".join(f"  - {p}" for p in problems)
 
-
-def _divisor_near(n: int, target: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))

@@ -86,3 +86,18 @@ def test_the_descriptions_cut_mid_sentence_before_are_whole():
         " ".join(help_of("import-hf").split())
     assert "so that the run resumes under the new layout with `recipes.train.cli`." in \
         " ".join(help_of("reshape").split())
+
+
+def test_count_refuses_what_is_not_a_count_naming_the_value(capsys):
+    import argparse
+
+    from recipes.config.cli_help import count
+
+    ap = argparse.ArgumentParser(prog="p")
+    ap.add_argument("--local", type=count(1))
+    assert ap.parse_args(["--local", "2"]).local == 2
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit):
+            ap.parse_args(["--local", bad])
+        assert capsys.readouterr().err.strip().endswith(
+            f"argument --local: wants a whole number of at least 1, got '{bad}'")

@@ -165,9 +165,10 @@ def test_export_tokenizer_path_and_blends_and_stages(tmp_path):
 def test_every_problem_is_listed_at_once_with_the_layout_rules(tmp_path):
     found = problems(tmp_path, "training.train_steps=null", "parallel.tp=3", world=2)
     text = launch_refusal(load_recipe(TINY), found)
-    assert text.startswith("recipe 'tiny-cpu' cannot start: 5 problem(s):\n  - ")
+    assert text.startswith("recipe 'tiny-cpu' cannot start: 6 problem(s):\n  - ")
     for part in ("world size 2 (the ranks launched)", "num_attention_heads=4 is not divisible by parallel.tp=3",
-                 "sets no train length", "names no training data"):
+                 "ffn_hidden_size=128 is not divisible by parallel.tp=3", "sets no train length",
+                 "names no training data"):
         assert part in text, part
 
 

@@ -75,8 +75,8 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                                                       "resume at parallel.zero_stage=2 (`recipes train` reshards it "
                                                       "on load)"),
         "relaunch of another model": ([f"data.manifests=[{good}]", f"checkpoint.dir={tp2}", "model.num_layers=2"],
-                                      f"checkpoint.dir = {tp2} holds global_step4 of another model: "
-                                      "model.num_layers=4 (this recipe: 2)"),
+                                      f"checkpoint.dir = {tp2} holds global_step4 of another model "
+                                      "(model.num_layers=4); this recipe has model.num_layers=2"),
         "init_from missing": ([f"data.manifests=[{good}]", f"checkpoint.init_from={tmp / 'gone'}"],
                               f"checkpoint.init_from = {tmp / 'gone'}: "),
         "init_from of another model": ([f"data.manifests=[{good}]", f"checkpoint.init_from={tp2}",

@@ -116,3 +116,18 @@ def train_byte_level_bpe(texts, out_dir, pre_tokenizer, vocab_size: int, special
     path = os.path.join(str(out_dir), "tokenizer.json")
     tok.save(path)
     return path
+
+
+def cli_here(capsys, *args):
+    """`python -m data_prep ARGS` in this process (data_prep.cli.main, argparse's exit included): a
+    CompletedProcess-like (returncode, stdout, stderr) for refusals and small runs, without a subprocess's second
+    of start-up (the unit tier's budget)."""
+    from data_prep.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's refusals
+        rc = e.code if isinstance(e.code, int) else 2
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["data_prep", *map(str, args)], rc, out.out, out.err)

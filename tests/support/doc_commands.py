@@ -42,6 +42,7 @@ PYTHONS = re.compile(r"^(?:\S*/)?python3?(?:\.\d+)?$|^\$\{?PY(?:THON)?\}?$")
 REPO_DIRS = ("configs/", "launch/", "tests/", "recipes/", "data_prep/", "docs/", ".ci/")
 OUTPUT_FLAGS = {"-o", "--out", "--output", "--write-recipe", "--model-prefix", "--log-dir", "--dir"}
 PRESET = re.compile(r"^(models|clusters|runs|examples)/[\w.-]+$")
+PRODUCING_OVERRIDES = ("checkpoint.dir=",)  # a run writes its checkpoint directory: later commands may read it
 OVERRIDE = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)=")
 PLACEHOLDER = re.compile(r"\.\.\.|^<|>$|^\[|\]$|^\$|^[A-Z][A-Z0-9_]*(?:\.[a-z]+)?$|^[a-z]+(?:\|[a-z]+)+$")
 
@@ -383,7 +384,7 @@ def recipes_problems(cmd: Command, argv: list[str]) -> list[str]:
         return [f"invalid choice: recipes has no command '{name}' (commands: {', '.join(COMMANDS)})"]
     parser, method = parser_of("recipes", name)
     out = [f"no preset {a} (configs/{a}.yaml does not exist)" for i, a in enumerate(rest)
-           if PRESET.match(a) and not (i and rest[i - 1] in OUTPUT_FLAGS)
+           if PRESET.match(a) and not (i and rest[i - 1] in OUTPUT_FLAGS) and a not in produced_paths()
            and not any((REPO / "configs" / f"{a}{x}").is_file() for x in (".yaml", ".yml"))]
     out += [f"unrecognized arguments: python -m recipes {name} has no option {f}" for f in unknown_flags(parser, rest)]
     out += value_problems(rest)
@@ -459,6 +460,7 @@ def produced_paths() -> frozenset[str]:
     out = set()
     for cmd in all_commands():
         out.update(b for a, b in zip(cmd.words, cmd.words[1:]) if a in OUTPUT_FLAGS)
+        out.update(w.split("=", 1)[1] for w in cmd.words if w.startswith(PRODUCING_OVERRIDES))
     return frozenset(out)
 
 
