@@ -61,7 +61,7 @@ class CurateSettings:
     steps: Union[str, dict, StepList]
     text_field: str = "text"
     workers: int = 1
-    shard_size: int = 256 << 20
+    shard_size: Optional[int] = None  # input bytes per work unit; None: unit_size() of the corpus
     max_record_size: int = DEFAULT_MAX_RECORD
     executor: str = "local"
     ray_address: Optional[str] = None
@@ -77,6 +77,26 @@ class CurateSettings:
     def check_locations(self) -> None:
         """No credentials in a URL, and a POSIX output (the passes exchange buckets through it with renames)."""
         check_locations(self.inputs, self.output_dir, "curate")
+
+
+# The default plan cuts a corpus into about this many units (each at least MIN_UNIT, at most MAX_UNIT): a small
+# corpus still gives every core of a node work, and the plan, hence the output's bytes, depends on the corpus alone,
+# never on -j or --slice (every slice, the finalize job and a rerun with another -j compute the same plan).
+DEFAULT_UNITS = 64
+MIN_UNIT, MAX_UNIT = 1 << 20, 256 << 20
+
+
+def unit_size(pieces, shard_size: Optional[int]) -> int:
+    """``--shard-size`` when given, else the corpus's input bytes over DEFAULT_UNITS, within [MIN_UNIT, MAX_UNIT]."""
+    if shard_size is not None:
+        return shard_size
+    total = sum(io.size(p.path) for p in pieces)
+    return max(MIN_UNIT, min(MAX_UNIT, -(-total // DEFAULT_UNITS)))
+
+
+def plan(settings: "CurateSettings") -> List[Unit]:
+    pieces = list_inputs(settings.inputs)
+    return plan_units(pieces, unit_size(pieces, settings.shard_size))
 
 
 def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field: str, shard_size: int,
@@ -185,7 +205,7 @@ def _run(settings: CurateSettings) -> Optional[dict]:
     out = settings.output_dir = io.abspath(settings.output_dir)
     io.check_writable(out)
     io.remove_stale_tmp(out)
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    units = plan(settings)
     ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
     if not settings.quiet:
         log.info(f"data_prep curate: {len(units)} units, steps: {', '.join(s.name for s in steps.steps)}; "
@@ -244,7 +264,7 @@ def incomplete_slices(settings: CurateSettings, tasks: int) -> dict:
     settings.check_locations()
     steps = step_list(settings.steps)
     out = io.abspath(settings.output_dir)
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
+    units = plan(settings)
     ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
     todo = incomplete_dedup_slices(ctx, units, tasks)
     todo["filter"] = sorted({u.index % tasks for u in units if unit_complete(ctx, u) is None})

@@ -10,6 +10,7 @@ the later ones. The jsonl output mode (``filter_unit``) and the tokenize step (s
 
 from __future__ import annotations
 
+import base64
 import io as pyio
 import logging
 import os
@@ -133,6 +134,33 @@ def _records(unit: Unit, ctx: CurateContext):
         for pos, text, reason in read_piece(piece, ctx.text_field, ctx.max_record_size):
             yield piece, pos, ordinal, text, reason
             ordinal += 1
+
+
+def _whole_records(unit: Unit, ctx: CurateContext):
+    """_records with the whole input record (a dict, every field) last: the filter pass writes kept documents back
+    as records."""
+    ordinal = 0
+    for piece in unit.pieces:
+        for pos, text, reason, record in read_piece(piece, ctx.text_field, ctx.max_record_size, whole=True):
+            yield piece, pos, ordinal, text, reason, record
+            ordinal += 1
+
+
+def _json_default(value):
+    """Parquet/dataset values JSON has no type for: bytes as base64 text, anything else as its str()."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return str(value)
+
+
+def kept_record(record: dict, text_field: str, text: str, fields: Optional[dict]) -> bytes:
+    """A kept document as one jsonl line: the input record, every field kept, its text field set to the (possibly
+    rewritten) text and the steps' own fields (language, ...) added."""
+    out = dict(record)
+    out[text_field] = text
+    if fields:
+        out.update(fields)
+    return orjson.dumps(out, default=_json_default) + b"\n"
 
 
 class _Reporter:
@@ -331,6 +359,7 @@ class DocGate:
             self.checks.append((step.name, (REASONS[step.kind], removed)))
 
     def check(self, text: str, ordinal: int) -> Optional[Tuple[str, str, Optional[str]]]:
+        self.text, self.fields = text, None
         for name, how in self.checks:
             if isinstance(how, vd.CarriedQuality):
                 why = how.check(text, ordinal)
@@ -372,8 +401,9 @@ def stats_path(out_dir: str, unit_name: str) -> str:
 
 
 def filter_unit(unit: Unit, ctx: CurateContext) -> dict:
-    """The jsonl output mode: kept documents to ``shard_NNNNNN.jsonl`` ({"text": ...} per line), removals and
-    rejects logged, then ``shard_NNNNNN.curated.json`` (the unit's counts; its completion marker)."""
+    """The jsonl output mode: kept documents to ``shard_NNNNNN.jsonl`` (each its input record, every field kept, the
+    text as the steps left it and their fields added), removals and rejects logged, then
+    ``shard_NNNNNN.curated.json`` (the unit's counts; its completion marker)."""
     out = ctx.output_dir
     gate = DocGate(ctx, unit.index)
     removals, rejects = RemovalLog(out, unit.name), RejectLog(out, unit.name)
@@ -383,7 +413,7 @@ def filter_unit(unit: Unit, ctx: CurateContext) -> dict:
     records = kept = 0
     rep = _Reporter(unit.index)
     try:
-        for piece, pos, ordinal, text, reason in _records(unit, ctx):
+        for piece, pos, ordinal, text, reason, record in _whole_records(unit, ctx):
             records += 1
             if text is None:
                 rejects.add(piece.path, position_kind(piece), pos, reason)
@@ -392,7 +422,7 @@ def filter_unit(unit: Unit, ctx: CurateContext) -> dict:
             if why is not None:
                 removals.remove(piece.path, position_kind(piece), pos, *why)
             else:
-                f.write(orjson.dumps({"text": text}) + b"\n")
+                f.write(kept_record(record, ctx.text_field, gate.text, gate.fields))
                 kept += 1
             rep.add(len(text))
         io.fsync_file(f)
