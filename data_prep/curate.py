@@ -100,9 +100,12 @@ def plan(settings: "CurateSettings") -> List[Unit]:
 
 
 def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field: str, shard_size: int,
-            max_record_size: int, extra: Optional[dict] = None) -> cu.CurateContext:
-    """The tasks' context; its fingerprint covers everything that changes what the passes write."""
+            max_record_size: int, extra: Optional[dict] = None, records: bool = False) -> cu.CurateContext:
+    """The tasks' context; its fingerprint covers everything that changes what the passes write. ``records``: the
+    caller writes kept documents back as records (curate); tokenize --steps (False) refuses steps that rewrite."""
     check_locations([], output_dir, "curation steps")  # the tasks build POSIX paths under it (steps/curate.py)
+    if not records:
+        steps.check_tokenize()
     desc = {"steps": steps.as_dict(), "text_field": text_field, "shard_size": shard_size,
             "max_record_size": max_record_size, "units": [u.key() for u in units]}
     fp = hashlib.sha256(orjson.dumps(desc, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -205,8 +208,10 @@ def _run(settings: CurateSettings) -> Optional[dict]:
     out = settings.output_dir = io.abspath(settings.output_dir)
     io.check_writable(out)
     io.remove_stale_tmp(out)
+    if os.path.isdir(os.path.join(out, cu.DEDUP_DIR)):  # the dedup passes' arrays are written there, atomically too
+        io.remove_stale_tmp(os.path.join(out, cu.DEDUP_DIR))
     units = plan(settings)
-    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size, records=True)
     if not settings.quiet:
         log.info(f"data_prep curate: {len(units)} units, steps: {', '.join(s.name for s in steps.steps)}; "
                  f"{settings.workers} worker(s) on {settings.executor}")
@@ -265,7 +270,7 @@ def incomplete_slices(settings: CurateSettings, tasks: int) -> dict:
     steps = step_list(settings.steps)
     out = io.abspath(settings.output_dir)
     units = plan(settings)
-    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size, records=True)
     todo = incomplete_dedup_slices(ctx, units, tasks)
     todo["filter"] = sorted({u.index % tasks for u in units if unit_complete(ctx, u) is None})
     return todo
@@ -287,21 +292,24 @@ def build_manifest(ctx: cu.CurateContext, stats: List[dict]) -> dict:
     records = docs = 0
     rejected: Counter = Counter()
     removed: dict = {}
+    modified: dict = {}
     for s in stats:
         records += s["input_records"]
         docs += s["documents"]
         rejected.update(s["rejected"])
         add_removed(removed, s["removed"])
+        add_removed(modified, s.get("modified", {}))
     removed = {k: dict(sorted(v.items())) for k, v in sorted(removed.items())}
+    modified = {k: dict(sorted(v.items())) for k, v in sorted(modified.items())}
     manifest = {
         "format": "jsonl",
         "version": 1,
         "steps": ctx.steps.as_dict(),
         "settings": {"text_field": ctx.text_field, "max_record_size": ctx.max_record_size},
-        "files": [{k: s[k] for k in ("file", "bytes", "input_records", "documents", "inputs", "rejected", "removed")}
-                  for s in stats],
+        "files": [{k: s.get(k, {}) for k in ("file", "bytes", "input_records", "documents", "inputs", "rejected",
+                                              "removed", "modified")} for s in stats],
         "totals": {"input_records": records, "documents": docs, "bytes": sum(s["bytes"] for s in stats),
-                   "rejected": dict(sorted(rejected.items())), "removed": removed,
+                   "rejected": dict(sorted(rejected.items())), "removed": removed, "modified": modified,
                    "kept_fraction": docs / max(records - sum(rejected.values()), 1)},
         "removal_log": REMOVED,
         "reject_log": REJECTS,

@@ -69,6 +69,8 @@ class Piece:
 def kind_of(path: str) -> Optional[str]:
     """The reader kind for a file name, or None when it is not an input we read."""
     low = path.lower()
+    if low.endswith((".warc", ".warc.gz")):  # web archives: their HTML responses, for curate's extract step
+        return "warc"
     for comp, tag in ((".gz", "gz"), (".zst", "zst"), (".zstd", "zst")):
         if low.endswith(comp):
             inner = low[: -len(comp)]
@@ -340,6 +342,12 @@ def read_hf(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> I
             row += 1
 
 
+def _read_warc(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD, whole: bool = False):
+    from data_prep.read.warc import read_warc
+
+    return read_warc(piece, field, max_record, whole)
+
+
 READERS = {
     "jsonl": (read_jsonl_range, "byte_offset"),
     "jsonl.gz": (read_jsonl_compressed, "line"),
@@ -347,6 +355,7 @@ READERS = {
     "txt": (read_txt, "byte_offset"),
     "parquet": (read_parquet, "row"),
     "hf": (read_hf, "row"),
+    "warc": (_read_warc, "record"),
 }
 
 
@@ -355,7 +364,7 @@ def read_piece(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD, w
     try:
         if not whole:
             yield from reader(piece, field, max_record)
-        elif piece.kind in ("jsonl", "jsonl.gz", "jsonl.zst"):
+        elif piece.kind in ("jsonl", "jsonl.gz", "jsonl.zst", "warc"):
             yield from reader(piece, field, max_record, whole=True)
         else:  # txt, parquet, datasets: the text alone, or the row's other columns read alongside
             yield from _with_rows(piece, field, reader(piece, field, max_record))

@@ -20,7 +20,7 @@ import numpy as np
 from data_prep.steps.filters import RULES, QualityFilter
 
 # Bump when a rule's definition changes: verdict files written before are then recomputed, not trusted.
-RULES_VERSION = 1
+RULES_VERSION = 2  # 2: Gopher's bullet, ellipsis and paragraph rules added
 NOT_EVALUATED = 255
 _CODE = {r: i + 1 for i, r in enumerate(RULES)}
 _REASON = {i + 1: r for i, r in enumerate(RULES)}
