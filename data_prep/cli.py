@@ -204,6 +204,13 @@ def cmd_bench(a) -> int:
                  megatron_lm=a.megatron_lm, megatron_lm_fast=a.megatron_lm_fast, families=a.family)
 
 
+def cmd_bench_datatrove(a) -> int:
+    from data_prep.tools.bench_datatrove import bench_datatrove
+
+    bench_datatrove(a.corpus, max_mb=a.max_mb, default_words_mb=a.default_words_mb, steps=a.steps or None)
+    return 0
+
+
 def cmd_bench_executors(a) -> int:
     from data_prep.tools.bench_executors import bench_executors
 
@@ -538,6 +545,15 @@ def main(argv=None) -> int:
                                                     "$LAUNCH_HOSTFILE; ssh options from $LAUNCH_SSH_CONFIG); "
                                                     "skipped without one")
     p.set_defaults(fn=cmd_bench_executors)
+
+    p = sub.add_parser("bench-datatrove", help="curation steps side by side with datatrove (installed apart): CPU "
+                                               "MB/s per core per step, kept-set agreement")
+    p.add_argument("corpus", help="a .jsonl corpus (text field 'text'), e.g. from data_prep.tools.web_corpus")
+    p.add_argument("--max-mb", type=float, default=16.0, help="text read from the corpus")
+    p.add_argument("--default-words-mb", type=float, default=1.0,
+                   help="of it, run through datatrove with its default (spaCy) words too")
+    p.add_argument("--steps", nargs="*", choices=("gopher", "c4", "fineweb", "pii", "language"))
+    p.set_defaults(fn=cmd_bench_datatrove)
 
     p = sub.add_parser("merge", help="combine many shards into fewer of a target size, streaming")
     p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")
