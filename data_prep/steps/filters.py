@@ -101,9 +101,9 @@ class QualityFilter:
         self.ngram_top = np.array([r[2] for r in rules], dtype=np.bool_)
         self.ints, self.floats = _thresholds(cfg, kernels.NONE)
         self.unknown = np.full(3, -1, dtype=np.int64)  # no count taken by Python (quality_code's ``known``)
-        from data_prep.steps.published import extra_rules
+        from data_prep.steps.published import _extra_verdict
 
-        self.extra = extra_rules
+        self.extra = _extra_verdict
         self.has_extra = any(getattr(cfg, f) is not None for f in (
             "max_bullet_line_fraction", "max_ellipsis_line_fraction", "max_duplicate_paragraph_fraction",
             "max_duplicate_line_char_fraction", "max_duplicate_paragraph_char_fraction"))
@@ -121,8 +121,10 @@ class QualityFilter:
                                                 self.ngram_top)
             if code > 0:
                 return RULES[code - 1], k.Words(cps, starts, ends)
-            if code == 0:
-                return (self.extra(text, self.c) if self.has_extra else None), k.Words(cps, starts, ends)
+            if code == 0:  # Gopher's line and paragraph rules, on the same code points
+                why = self.extra(len(cps), *k.gopher_line_counts(cps, self.tables), self.c) if self.has_extra and \
+                    len(cps) else None
+                return why, k.Words(cps, starts, ends)
             known = known.copy()
             if code == k.NEED_CHAR_COUNTS:  # a code point above the kernels' tables: these two by str methods
                 known[0], known[1] = count_digits(text), count_alpha_words(text.split())
