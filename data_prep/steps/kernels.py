@@ -773,38 +773,101 @@ def _repeats(cps, starts, ends):
 
 
 @njit(cache=True, nogil=True)
+def _ends_hash(cps, a, b):
+    """A hash of a span from its length and its first and last 8 code points: cheap, and exact use is kept by
+    comparing spans whole on a hash match (_intern_hashed)."""
+    h = (_FNV_OFFSET ^ np.uint64(b - a)) * _FNV_PRIME
+    for i in range(a, min(a + 8, b)):
+        h = (h ^ np.uint64(cps[i])) * _FNV_PRIME
+    for i in range(max(a + 8, b - 8), b):
+        h = (h ^ np.uint64(cps[i])) * _FNV_PRIME
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _intern_hashed(cps, starts, ends, hashes):
+    """_repeats of spans whose FNV hashes are given (equal spans, equal hash; compared whole on a hash match)."""
+    n = len(starts)
+    size, _ = _pow2_at_least(2 * n + 2)
+    slot = np.full(size, -1, dtype=np.int64)
+    reps = chars = 0
+    for w in range(n):
+        s = np.int64(hashes[w] & np.uint64(size - 1))
+        while True:
+            o = slot[s]
+            if o < 0:
+                slot[s] = w
+                break
+            if hashes[o] == hashes[w] and _same(cps, starts[o], ends[o], starts[w], ends[w]):
+                reps += 1
+                chars += ends[w] - starts[w]
+                break
+            s = (s + 1) & (size - 1)
+    return reps, chars
+
+
+@njit(cache=True, nogil=True)
+def _line_marks(cps, tables, a, b):
+    """(starts with a bullet, ends in an ellipsis) for the line cps[a:b], whitespace stripped as str.strip does."""
+    while a < b and cps[a] < _TABLE and tables[cps[a]] & 1:
+        a += 1
+    while b > a and cps[b - 1] < _TABLE and tables[cps[b - 1]] & 1:
+        b -= 1
+    if a == b:
+        return 0, 0
+    bullet = 1 if cps[a] == 45 or cps[a] == 0x2022 else 0
+    dots = cps[b - 1] == 0x2026 or (b - a >= 3 and cps[b - 1] == 46 and cps[b - 2] == 46 and cps[b - 3] == 46)
+    return bullet, 1 if dots else 0
+
+
+@njit(cache=True, nogil=True)
 def gopher_line_counts(cps, tables):
     """The counts of Gopher's five line and paragraph rules (published.extra_rules), in one call: (lines as
     str.splitlines gives them, those starting with "-" or "\u2022" after leading whitespace, those ending in "..."
     or "\u2026" before trailing whitespace, paragraphs of text.strip() split at 2+ newlines, repeated paragraphs,
-    their code points, the code points of repeated pieces of the text split at newline runs)."""
+    their code points, the code points of repeated pieces of the text split at newline runs). One pass finds the
+    line boundaries (both kinds of line: "\n" is one of str.splitlines's boundaries); paragraphs take a second pass
+    only when a piece repeats (a repeated paragraph repeats its pieces) or the strip cuts into a line."""
     n = len(cps)
     lines = bullets = ellipses = 0
-    i = 0
-    while i < n:
-        j = i
-        while j < n and not (cps[j] < _TABLE and tables[cps[j]] & 8):
-            j += 1
-        a = i
-        while a < j and cps[a] < _TABLE and tables[cps[a]] & 1:
-            a += 1
-        b = j
-        while b > a and cps[b - 1] < _TABLE and tables[cps[b - 1]] & 1:
-            b -= 1
+    p_starts = np.empty(n // 2 + 1, dtype=np.int64)
+    p_ends = np.empty(n // 2 + 1, dtype=np.int64)
+    p_hash = np.empty(n // 2 + 1, dtype=np.uint64)
+    pieces = p_at = l_at = 0
+    for i in range(n):
+        c = cps[i]
+        if c >= _TABLE or not (tables[c] & 8):
+            continue
+        if c == 10:  # a newline ends a piece (re.split(r"\n+")): empty pieces hold no characters, not kept
+            if i > p_at:
+                p_starts[pieces], p_ends[pieces], p_hash[pieces] = p_at, i, _ends_hash(cps, p_at, i)
+                pieces += 1
+            p_at = i + 1
+            if i > 0 and cps[i - 1] == 13:  # the "\n" of "\r\n" ends no second line
+                l_at = i + 1
+                continue
         lines += 1
-        if a < j and (cps[a] == 45 or cps[a] == 0x2022):
-            bullets += 1
-        if b > a and (cps[b - 1] == 0x2026 or (b - a >= 3 and cps[b - 1] == 46 and cps[b - 2] == 46
-                                               and cps[b - 3] == 46)):
-            ellipses += 1
-        i = j + 2 if j + 1 < n and cps[j] == 13 and cps[j + 1] == 10 else j + 1
+        bullet, dots = _line_marks(cps, tables, l_at, i)
+        bullets += bullet
+        ellipses += dots
+        l_at = i + 1
+    if l_at < n:  # the last line, with no boundary after it
+        lines += 1
+        bullet, dots = _line_marks(cps, tables, l_at, n)
+        bullets += bullet
+        ellipses += dots
+    if n > p_at:
+        p_starts[pieces], p_ends[pieces], p_hash[pieces] = p_at, n, _ends_hash(cps, p_at, n)
+        pieces += 1
+    line_reps, line_chars = _intern_hashed(cps, p_starts[:pieces], p_ends[:pieces], p_hash[:pieces])
     lo, hi = 0, n
     while lo < hi and cps[lo] < _TABLE and tables[cps[lo]] & 1:
         lo += 1
     while hi > lo and cps[hi - 1] < _TABLE and tables[cps[hi - 1]] & 1:
         hi -= 1
+    cut = (lo > 0 and cps[lo - 1] != 10) or (hi < n and cps[hi] != 10)
+    if line_reps == 0 and not cut:  # no paragraph repeats: their count does not matter (a fraction of 0)
+        return lines, bullets, ellipses, 1, 0, 0, line_chars
     ps, pe = _split_spans(cps, lo, hi, 2)
     par_reps, par_chars = _repeats(cps, ps, pe)
-    ls, le = _split_spans(cps, 0, n, 1)
-    _, line_chars = _repeats(cps, ls, le)
     return lines, bullets, ellipses, len(ps), par_reps, par_chars, line_chars
