@@ -22,6 +22,10 @@ EMAIL = re.compile(
     r"A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?|\[(?:(?:25[0-5]|2[0-4][0-9]|["
     r"01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?|[A-Za-z0-9-]*[A-Za-z0-9]:)])")
 IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(?:25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)")
+# Cheap scans first: an address needs a character of its local part before "@" and a domain character after it;
+# an IPv4 address needs three dots between digits. Most documents have neither, and skip the full patterns.
+MAYBE_EMAIL = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]@[A-Za-z0-9\[]")
+MAYBE_IPV4 = re.compile(r"\d\.\d{1,3}\.\d{1,3}\.\d")
 
 
 class PiiConfig(BaseModel):
@@ -49,10 +53,10 @@ class PiiMasker(DocStep):
 
     def apply(self, doc: Doc) -> Optional[str]:
         text = doc.text
-        if self.cfg.email and "@" in text:
+        if self.cfg.email and "@" in text and MAYBE_EMAIL.search(text):
             text, n = EMAIL.subn(self.cfg.email_placeholder, text)
             self.modified["email"] += n
-        if self.cfg.ip and "." in text:
+        if self.cfg.ip and MAYBE_IPV4.search(text):
             text = IPV4.sub(self._ip, text)
         doc.text = text
         return None

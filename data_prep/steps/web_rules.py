@@ -88,17 +88,19 @@ class C4Filter(DocStep):
 
     def apply(self, doc: Doc) -> Optional[str]:
         kept, dropped, sentences = [], [], 0
+        need = self.cfg.min_num_sentences or 0
         try:
             for line in doc.text.splitlines():
                 line = line.strip()
                 words = line.split()
-                if self.cfg.remove_citations:
+                if self.cfg.remove_citations and "[" in line:
                     line = CITATION.sub("", line)
                 why = self._line_reason(line, words)
                 if why is not None:
                     dropped.append(why)
                     continue
-                sentences += count_sentences(line)
+                if sentences < need:  # counted only up to the threshold: the rule asks "at least"
+                    sentences += count_sentences(line)
                 kept.append(line)
         except _Remove as r:
             return r.reason
@@ -144,7 +146,7 @@ def duplicate_elements(items) -> "tuple[int, int]":
 class FineWebFilter(DocStep):
     def __init__(self, cfg: FineWebConfig):
         super().__init__(cfg)
-        self.stop = sentence_terminals()
+        self.stop = frozenset(sentence_terminals())  # one character each: a line's last one is looked up
 
     def apply(self, doc: Doc) -> Optional[str]:
         c, text = self.cfg, doc.text
@@ -152,7 +154,8 @@ class FineWebFilter(DocStep):
         if not lines:
             return "empty"
         if c.line_punct_thr is not None:
-            ratio = sum(1 for ln in lines if ln.endswith(self.stop)) / len(lines)
+            stop = self.stop
+            ratio = sum(ln[-1] in stop for ln in lines) / len(lines)
             if ratio < c.line_punct_thr and not (ratio == 0 and c.line_punct_exclude_zero):
                 return "line_punct_ratio"
         if c.short_line_thr is not None and \
