@@ -222,16 +222,23 @@ class _UnitHashes:
         self.sigs: Dict[int, list] = {i: [] for i in self.hashers if steps[i].kind == "minhash_dedup"}
         self.sig_refs: Dict[int, list] = {i: [] for i in self.sigs}
         self.verdicts: Dict[int, bytearray] = {i: bytearray() for i in self.filters}
+        # the per-document steps' outcome per record ordinal (carried to the filter pass): 0 = none removed it,
+        # k = the (step, reason) self.reasons[k - 1] did
+        self.doc_codes: List[int] = []
+        self.reasons: Dict[Tuple[str, str], int] = {}
 
     def reject(self) -> None:
         for v in self.verdicts.values():
             v.append(vd.NOT_EVALUATED)
+        if self.doc_steps:
+            self.doc_codes.append(0)
 
     def add(self, ref: int, text: str, record: Optional[dict] = None) -> None:
         # Dedup steps ignore what earlier dedup steps removed: exact copies share every MinHash band, and the
         # smallest ref of a group is never a copy removed earlier, so the keepers are those of running them in turn
         reached, words = True, None  # words: the text's word spans from a quality step, reused by MinHash
         doc = ds.Doc(text, record) if self.doc_steps else None
+        code = 0
         for i in range(self.last + 1):
             if i in self.filters:
                 if reached:
@@ -239,8 +246,11 @@ class _UnitHashes:
                 self.verdicts[i].append(vd.code(why) if reached else vd.NOT_EVALUATED)
                 reached = reached and why is None
             elif i in self.doc_steps:
-                if reached:  # filters and formatters: evaluated again in the filter pass (the same decision)
-                    reached = self.doc_steps[i].apply(doc) is None
+                if reached:  # the filter pass reuses a removal; the steps that rewrite or add fields run again there
+                    why = self.doc_steps[i].apply(doc)
+                    if why is not None:
+                        code = self.reasons.setdefault((self.steps[i].name, why), len(self.reasons) + 1)
+                    reached = why is None
                     if doc.text is not text:
                         text, words = doc.text, None
             elif reached and i in self.spans:
@@ -255,6 +265,8 @@ class _UnitHashes:
                 self.keys[i] += [(a, b, ref) for a, b in h.band_keys(sig)]
             elif reached:
                 self.keys[i] += [(a, b, ref) for a, b in self.hashers[i].keys(text)]
+        if self.doc_steps:
+            self.doc_codes.append(code)
 
     def files(self, ctx: "CurateContext", unit: int, buckets: int):
         """([(path, array)], documents per dedup step, {quality step: its verdict file's marker entry})."""
@@ -280,11 +292,21 @@ class _UnitHashes:
             path, codes = verdict_path(ctx, self.steps[i].name, unit), np.frombuffer(bytes(v), np.uint8)
             files.append((path, codes))
             entries[self.steps[i].name] = vd.marker_entry(os.path.basename(path), codes, _npy_bytes(codes))
-        return files, counts, entries
+        doc_entry = None
+        if self.doc_steps:
+            path, codes = doc_codes_path(ctx, unit), np.array(self.doc_codes, np.uint32)
+            files.append((path, codes))
+            doc_entry = vd.marker_entry(os.path.basename(path), codes, _npy_bytes(codes))
+            doc_entry["reasons"] = [list(k) for k, _ in sorted(self.reasons.items(), key=lambda kv: kv[1])]
+        return files, counts, entries, doc_entry
 
 
 def verdict_path(ctx: CurateContext, step: str, unit: int) -> str:
     return _path(ctx, step, f"verdicts_{unit:06d}", "npy")
+
+
+def doc_codes_path(ctx: CurateContext, unit: int) -> str:
+    return _path(ctx, f"doc_steps_{unit:06d}", "npy")
 
 
 def hash_unit(unit: Unit, ctx: CurateContext) -> dict:
@@ -303,11 +325,13 @@ def hash_unit(unit: Unit, ctx: CurateContext) -> dict:
         return _failure(unit, e)
     rep.flush()
     os.makedirs(ctx.dedup_dir, exist_ok=True)
-    files, counts, verdicts = acc.files(ctx, unit.index, ctx.steps.buckets)
+    files, counts, verdicts, doc_entry = acc.files(ctx, unit.index, ctx.steps.buckets)
     _save_npys(files)
     marker = {"fingerprint": ctx.fp, "unit": unit.name, "key": unit.key(), "documents": counts}
     if verdicts:
         marker["verdicts"] = verdicts
+    if doc_entry:
+        marker["doc_steps"] = doc_entry
     io.atomic_write(hash_marker(ctx, unit.index), orjson.dumps(marker))
     return {"ok": True}
 
@@ -387,6 +411,11 @@ class DocGate:
         self.checks: List[Tuple[str, object]] = []
         self.text, self.fields = "", None
         carried = _carried_verdicts(ctx, unit_index)
+        # the hash pass's per-document step outcomes: a removal is reused, and the steps that neither rewrite nor
+        # add fields (evaluated there, passed) are not evaluated again
+        self.doc_codes, self.doc_reasons = _carried_doc_codes(ctx, unit_index)
+        last = max((i for i, s in enumerate(ctx.steps.steps) if s.is_dedup), default=-1)
+        self.skip_if_passed = {s.name for s in ctx.steps.steps[:last] if ds.is_doc_step(s) and s.kind in PURE_FILTERS}
         for step in ctx.steps.steps:
             if _kernel_quality(step):
                 self.checks.append((step.name, vd.CarriedQuality(QualityFilter(step.cfg), carried.get(step.name))))
@@ -410,12 +439,22 @@ class DocGate:
     def check(self, text: str, ordinal: int, record: Optional[dict] = None) -> Optional[Tuple[str, str, Optional[str]]]:
         doc = ds.Doc(text, record)
         self.text, self.fields = text, None
+        carried = None  # (step, reason) of the hash pass, or () when no per-document step removed the record there
+        if self.doc_codes is not None and ordinal < len(self.doc_codes):
+            code = int(self.doc_codes[ordinal])
+            carried = self.doc_reasons[code - 1] if code else ()
         for name, how in self.checks:
             if isinstance(how, vd.CarriedQuality):
                 why = how.check(doc.text, ordinal)
                 if why is not None:
                     return name, why, None
             elif isinstance(how, ds.DocStep):
+                if carried:  # removed by a later step: nothing before it needs the text
+                    if carried[0] == name:
+                        return name, carried[1], None
+                    continue
+                if carried is not None and name in self.skip_if_passed:
+                    continue
                 why = how.apply(doc)
                 if why is not None:
                     return name, why, None
@@ -439,6 +478,26 @@ class DocGate:
             if counts:
                 out[name] = dict(sorted(counts.items()))
         return dict(sorted(out.items()))
+
+
+# per-document steps that only remove (no rewrite, no field): passed in the hash pass, not evaluated again
+PURE_FILTERS = ("url_filter", "fineweb", "quality", "decontaminate")
+
+
+def _carried_doc_codes(ctx: CurateContext, unit_index: int):
+    """(per-ordinal codes, [(step, reason)]) of the unit's hash pass, when its marker carries this run's fingerprint
+    and the file matches the marker's entry; else (None, None): every step is evaluated here."""
+    last = max((i for i, s in enumerate(ctx.steps.steps) if s.is_dedup), default=-1)
+    if not any(ds.is_doc_step(s) for s in ctx.steps.steps[:last]):
+        return None, None
+    marker = marker_ok(hash_marker(ctx, unit_index), ctx.fp) or {}
+    entry = marker.get("doc_steps")
+    codes, why = vd.load(doc_codes_path(ctx, unit_index), entry, np.uint32)
+    if codes is None:
+        log.warning("shard_%06d: evaluating the per-document steps again: %s", unit_index,
+                    why if marker else "no hash marker of this run")
+        return None, None
+    return codes, [tuple(r) for r in entry["reasons"]]
 
 
 def _span_cuts(ctx: CurateContext, step, unit_index: int) -> Dict[int, np.ndarray]:

@@ -237,3 +237,54 @@ def test_tokenize_steps_refuses_steps_that_rewrite_and_span_steps_come_last():
         parse_steps({"steps": [{"sentence_dedup": {}}, {"substring_dedup": {}}]})
     with pytest.raises(StepListError, match=r"steps\[0\]\.extract: from: Input should be 'html' or 'warc'"):
         parse_steps({"steps": [{"extract": {"from": "pdf"}}]})
+
+
+@pytest.mark.multiproc
+def test_carried_doc_step_outcomes_give_the_bytes_of_evaluating_them_again(tmp_path, caplog):
+    """The hash pass's per-document removals are reused by the filter pass (the steps before the removing one are
+    not evaluated again); with the carried file changed, every step runs again, and the output is the same."""
+    from tests.support.data_prep import tree_bytes
+
+    from data_prep.steps import doc_steps
+
+    recs = _good(40)
+    for i in (3, 11, 29):
+        recs[i]["text"] = FRENCH
+    for i in (5, 17):
+        recs[i]["text"] = "\n".join(s.rstrip(".") for s in recs[i]["text"].split("\n"))
+    steps = {"steps": [{"language": {}}, {"pii": {}}, {"fineweb": {}}, {"exact_dedup": {}}], "buckets": 2}
+    calls = []
+    real = doc_steps.build
+
+    def counting(step):
+        s = real(step)
+        apply = s.apply
+        s.apply = lambda doc: calls.append(step.kind) or apply(doc)
+        return s
+
+    doc_steps.build = counting
+    try:
+        m, out, offs = _curate(tmp_path, recs, steps, workers=1)
+        hash_calls = len(calls)
+        assert _removed_by_offset(out) == {**{offs[i]: ("language", "language_fr") for i in (3, 11, 29)},
+                                           **{offs[i]: ("fineweb", "line_punct_ratio") for i in (5, 17)}}
+        (tmp_path / "b").mkdir()
+        for p in (out / "dedup").glob("doc_steps_*.npy"):
+            p.write_bytes(p.read_bytes()[:-4] + b"\0\0\0\0")  # changed: its SHA-256 no longer matches the marker
+        calls.clear()
+        import shutil
+
+        shutil.copytree(out, tmp_path / "b" / "out")
+        for p in (tmp_path / "b" / "out").glob("shard_*.curated.json"):
+            p.unlink()
+        with caplog.at_level("WARNING"):
+            run(CurateSettings(inputs=[str(tmp_path / "in")], output_dir=str(tmp_path / "b" / "out"), steps=steps,
+                               workers=1, shard_size=4000, quiet=True))
+    finally:
+        doc_steps.build = real
+    assert "evaluating the per-document steps again" in caplog.text
+    assert {k: v for k, v in tree_bytes(tmp_path / "b" / "out").items() if not k.startswith("dedup")} == \
+        {k: v for k, v in tree_bytes(out).items() if not k.startswith("dedup")}
+    # carried: the filter pass ran language and pii on the 35 documents kept, fineweb on none (passed in the hash
+    # pass); the 5 removed ones ran nothing there
+    assert hash_calls == 40 + 37 + 37 + 35 + 35  # hash pass: language 40, pii 37, fineweb 37; filter: 35 + 35
