@@ -518,7 +518,7 @@ def _carried_verdicts(ctx: CurateContext, unit_index: int) -> Dict[str, np.ndarr
     """The hash pass's verdicts of this unit's quality steps (those before the last dedup step), each used only
     when the unit's hash marker carries this run's fingerprint and the file matches the marker's entry for it."""
     dedup = [i for i, s in enumerate(ctx.steps.steps) if s.is_dedup]
-    names = [s.name for s in ctx.steps.steps[:max(dedup)] if s.kind == "quality"] if dedup else []
+    names = [s.name for s in ctx.steps.steps[:max(dedup)] if _kernel_quality(s)] if dedup else []
     if not names:
         return {}
     marker = marker_ok(hash_marker(ctx, unit_index), ctx.fp) or {}
