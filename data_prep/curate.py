@@ -99,6 +99,14 @@ def plan(settings: "CurateSettings") -> List[Unit]:
     return plan_units(pieces, unit_size(pieces, settings.shard_size))
 
 
+def _file_digest(path: str) -> str:
+    """SHA-256 of a file a step reads; a missing one is reported by the step itself when it loads."""
+    try:
+        return io.file_sha256(path)
+    except OSError:
+        return "missing"
+
+
 def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field: str, shard_size: int,
             max_record_size: int, extra: Optional[dict] = None, records: bool = False) -> cu.CurateContext:
     """The tasks' context; its fingerprint covers everything that changes what the passes write. ``records``: the
@@ -107,7 +115,8 @@ def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field:
     if not records:
         steps.check_tokenize()
     desc = {"steps": steps.as_dict(), "text_field": text_field, "shard_size": shard_size,
-            "max_record_size": max_record_size, "units": [u.key() for u in units]}
+            "max_record_size": max_record_size, "units": [u.key() for u in units],
+            "step_files": {p: _file_digest(p) for p in steps.resource_files()}}
     fp = hashlib.sha256(orjson.dumps(desc, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return cu.CurateContext(output_dir=output_dir, steps=steps, fp=fp, units=len(units), text_field=text_field,
                             max_record_size=max_record_size, extra=extra or {})

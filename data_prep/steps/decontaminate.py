@@ -164,9 +164,15 @@ def task_passages(name: str) -> List[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
 def eval_ngrams(against: Tuple[str, ...], n: int) -> Tuple[np.ndarray, np.ndarray, Tuple[str, ...]]:
-    """(sorted n-gram hashes, the index of the set each belongs to (the first that has it), set labels)."""
+    """(sorted n-gram hashes, the index of the set each belongs to (the first that has it), set labels); built once
+    per process and per version of the files (an edited file is read again)."""
+    stamps = tuple((os.stat(a).st_size, os.stat(a).st_mtime_ns) if os.path.exists(a) else None for a in against)
+    return _eval_ngrams(against, n, stamps)
+
+
+@functools.lru_cache(maxsize=8)
+def _eval_ngrams(against: Tuple[str, ...], n: int, stamps: tuple) -> Tuple[np.ndarray, np.ndarray, Tuple[str, ...]]:
     hasher, labels, parts = NgramHasher(n), [], []
     for i, src in enumerate(against):
         if os.path.exists(src):

@@ -73,6 +73,22 @@ class StepList:
     def dedup_steps(self) -> List[Step]:
         return [s for s in self.steps if s.is_dedup]
 
+    def resource_files(self) -> List[str]:
+        """The files the steps read (lists, evaluation sets, a model): their content is part of the run's
+        fingerprint, so an edited list redoes the work a rerun would otherwise skip."""
+        import os
+
+        out = []
+        for st in self.steps:
+            c = st.cfg
+            for field in ("blocklist", "blocked_urls", "bad_words", "model"):
+                path = getattr(c, field, None)
+                if isinstance(path, str):
+                    out.append(path)
+            if st.kind == "decontaminate":
+                out += [a for a in c.against if os.path.exists(a)]
+        return out
+
     def check_tokenize(self) -> None:
         """tokenize --steps takes the steps that only remove whole documents judged on their text."""
         bad = [s.name for s in self.steps if s.kind in REWRITING_KINDS]

@@ -288,3 +288,19 @@ def test_carried_doc_step_outcomes_give_the_bytes_of_evaluating_them_again(tmp_p
     # carried: the filter pass ran language and pii on the 35 documents kept, fineweb on none (passed in the hash
     # pass); the 5 removed ones ran nothing there
     assert hash_calls == 40 + 37 + 37 + 35 + 35  # hash pass: language 40, pii 37, fineweb 37; filter: 35 + 35
+
+
+@pytest.mark.multiproc
+def test_an_edited_list_or_evaluation_file_redoes_a_finished_run(tmp_path):
+    """The files the steps read are part of the run's fingerprint: a rerun after editing one is not skipped."""
+    recs = _good(6)
+    evals = tmp_path / "evals.txt"
+    evals.write_text("nothing in common with the corpus at all, not one thirteen word run of it here")
+    steps = {"steps": [{"decontaminate": {"against": [str(evals)]}}, {"exact_dedup": {}}], "buckets": 2}
+    m, out, offs = _curate(tmp_path, recs, steps)
+    assert m["totals"]["removed"] == {}
+    evals.write_text(recs[2]["text"].split("\n")[1])  # now one sentence of a document: it is contaminated
+    m2 = run(CurateSettings(inputs=[str(tmp_path / "in")], output_dir=str(out), steps=steps, workers=2,
+                            shard_size=4000, quiet=True))
+    assert m2["totals"]["removed"] == {"decontaminate": {"contaminated_evals": 1}}
+    assert _removed_by_offset(out) == {offs[2]: ("decontaminate", "contaminated_evals")}
