@@ -444,6 +444,9 @@ def warm_up() -> None:
                  np.array([46], dtype=np.uint32), sizes, limits, is_top)
     gopher_line_counts(cps, tables)
     starts, ends, *_ = scan_words(cps, tables)  # MinHash without a quality step before it
+    published_ngram_rule(cps, starts, ends, len(cps), sizes, limits, is_top)  # definitions: published
+    symbol_words(cps, starts, ends, np.zeros(_TABLE, dtype=np.uint8))
+    word_hashes(cps, starts, ends, XXH3_SECRET)  # decontaminate, substring dedup
     one = np.ones(4, dtype=np.uint64)
     _, wh, _ = word_signature(cps, starts, ends, True, XXH3_SECRET, one[:2], 2, one, one)
     min_hashes(shingle_hashes(wh, one[:2], 2), one, one)  # the path of words over XXH3_MAX bytes
