@@ -408,7 +408,7 @@ def _add_curate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-field", default="text")
     p.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--shard-size", type=_size_arg, default=None,
-                   help="input bytes per work unit (default: the corpus in ~64 units of 1M-256M, whatever -j)")
+                   help="input bytes per work unit (default: the corpus in ~128 units of 16M-256M, whatever -j)")
     p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private local one (as tokenize)")

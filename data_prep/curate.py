@@ -82,8 +82,8 @@ class CurateSettings:
 # The default plan cuts a corpus into about this many units (each at least MIN_UNIT, at most MAX_UNIT): a small
 # corpus still gives every core of a node work, and the plan, hence the output's bytes, depends on the corpus alone,
 # never on -j or --slice (every slice, the finalize job and a rerun with another -j compute the same plan).
-DEFAULT_UNITS = 64
-MIN_UNIT, MAX_UNIT = 1 << 20, 256 << 20
+DEFAULT_UNITS = 128
+MIN_UNIT, MAX_UNIT = 16 << 20, 256 << 20
 
 
 def unit_size(pieces, shard_size: Optional[int]) -> int:

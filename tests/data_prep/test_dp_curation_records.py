@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from tests.support.data_prep import write_jsonl
 
-from data_prep.curate import MAX_UNIT, MIN_UNIT, CurateSettings, plan, run, unit_size
+from data_prep.curate import DEFAULT_UNITS, MAX_UNIT, MIN_UNIT, CurateSettings, plan, run, unit_size
 from data_prep.read.formats import Piece
 
 KEEP_ALL = {"steps": [{"quality": {"min_words": 3, "min_stop_words": None, "min_punctuation_line_fraction": None,
@@ -27,18 +27,18 @@ def test_default_unit_size_follows_the_corpus_not_the_workers(tmp_path):
     big = tmp_path / "big.jsonl"
     line = orjson.dumps({"text": "word " * 200}) + b"\n"
     with open(big, "wb") as f:
-        f.write(line * (8 * (1 << 20) // len(line)))  # ~8 MB
+        f.write(line * (50 * (1 << 20) // len(line)))  # ~50 MB
     pieces = [Piece(str(big), "jsonl")]
-    assert unit_size(pieces, None) == MIN_UNIT  # 8 MB / 64 units is below the floor: 1 MiB units
+    assert unit_size(pieces, None) == MIN_UNIT  # 50 MB / 128 units is below the floor: 16 MiB units
     assert unit_size(pieces, 123_456) == 123_456  # --shard-size wins
     s1 = CurateSettings(inputs=[str(big)], output_dir=str(tmp_path / "o"), steps=KEEP_ALL, workers=1)
     s8 = CurateSettings(inputs=[str(big)], output_dir=str(tmp_path / "o"), steps=KEEP_ALL, workers=8,
                         slice_index=1, slice_count=3)
     units = plan(s1)
-    assert 7 <= len(units) <= 9, "an 8 MB corpus is cut into ~8 units of 1 MiB, not one 256 MiB unit"
+    assert len(units) == 4, "a 50 MiB corpus is cut into 16 MiB units (the last one short), not one unit"
     assert [u.key() for u in plan(s8)] == [u.key() for u in units]  # the same plan whatever -j and --slice
-    huge = [Piece(str(big), "jsonl")] * 1000  # 8 GB listed: 64 units of 128 MB
-    assert unit_size(huge, None) == -(-1000 * big.stat().st_size // 64)
+    huge = [Piece(str(big), "jsonl")] * 200  # 10 GB listed: 128 units of ~82 MB
+    assert unit_size(huge, None) == -(-200 * big.stat().st_size // DEFAULT_UNITS)
     assert unit_size(huge * 10, None) == MAX_UNIT
 
 
