@@ -86,20 +86,15 @@ def _run_until(args, out, kill_after=None):
     return first if first is not None else time.time() - t0, time.time() - t0, False
 
 
-STEP_LISTS = {
-    "filters": ("steps:\n  - url_filter: {domains: [e3.example]}\n  - language: {keep: [en]}\n  - pii: {}\n"
-                "  - c4: {}\n  - quality: {definitions: published, dup_ngram_char_fraction: null}\n"
-                "  - exact_dedup: {}\n  - sentence_dedup: {}\nbuckets: 4\n",
-                {"url_filter", "language"}, {"pii", "sentence_dedup"}),
-    "spans": ("steps:\n  - decontaminate: {against: [EVALS]}\n  - fineweb: {}\n  - minhash_dedup: {}\n"
-              "  - substring_dedup: {min_words: 20}\nbuckets: 4\n",
-              {"decontaminate", "fineweb"}, {"substring_dedup"}),
-}
+# every new step in one list (sentence_dedup shares substring_dedup's passes: tests above)
+STEPS = ("steps:\n  - url_filter: {domains: [e3.example]}\n  - language: {keep: [en]}\n  - pii: {}\n"
+         "  - fineweb: {}\n  - c4: {}\n  - decontaminate: {against: [EVALS]}\n"
+         "  - quality: {definitions: published, dup_ngram_char_fraction: null}\n  - exact_dedup: {}\n"
+         "  - minhash_dedup: {}\n  - substring_dedup: {min_words: 20}\nbuckets: 4\n")
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("which", sorted(STEP_LISTS))
-def test_sigkill_at_any_moment_with_the_new_steps_then_rerun_is_byte_identical(tmp_path, which):
+def test_sigkill_at_any_moment_with_the_new_steps_then_rerun_is_byte_identical(tmp_path):
     p = Prose(30)
     docs = [{"id": i, "url": f"https://e{i % 7}.example/{i}", "text": p.doc(6)} for i in range(240)]
     for i in range(0, 240, 17):
@@ -116,8 +111,7 @@ def test_sigkill_at_any_moment_with_the_new_steps_then_rerun_is_byte_identical(t
         docs[i]["text"] += "\n" + " ".join(docs[i - 11]["text"].split()[5:30]) + "."
     write_records(inp / "web.jsonl", docs)
     write_records(tmp_path / "evals.jsonl", [{"q": docs[k]["text"].split("\n")[2]} for k in range(3, 240, 31)])
-    yaml, removed, modified = STEP_LISTS[which]
-    (tmp_path / "steps.yaml").write_text(yaml.replace("EVALS", str(tmp_path / "evals.jsonl")))
+    (tmp_path / "steps.yaml").write_text(STEPS.replace("EVALS", str(tmp_path / "evals.jsonl")))
 
     def cli(out):
         return [sys.executable, "-m", "data_prep", "curate", str(inp), "-o", str(out), "--steps",
@@ -126,10 +120,10 @@ def test_sigkill_at_any_moment_with_the_new_steps_then_rerun_is_byte_identical(t
     first, total, _ = _run_until(cli(tmp_path / "ref"), tmp_path / "ref")
     ref = tree_bytes(tmp_path / "ref")
     m = __import__("json").loads(ref["curation.json"])
-    assert removed <= set(m["totals"]["removed"]) and m["totals"]["documents"] > 100
-    assert set(m["totals"]["modified"]) == modified
+    assert {"url_filter", "language", "decontaminate", "fineweb"} <= set(m["totals"]["removed"])
+    assert set(m["totals"]["modified"]) == {"pii", "substring_dedup"} and m["totals"]["documents"] > 100
     work, kills = max(total - first, 0.01), 0
-    for i, frac in enumerate((0.15, 0.4, 0.65, 0.9)):
+    for i, frac in enumerate((0.15, 0.45, 0.8)):
         for attempt in range(3):  # a run that finished before its moment is tried again, killed earlier
             out = tmp_path / f"killed{i}-{attempt}"
             first_i, total_i, killed = _run_until(cli(out), out, kill_after=frac * work / 2 ** attempt)
@@ -140,4 +134,4 @@ def test_sigkill_at_any_moment_with_the_new_steps_then_rerun_is_byte_identical(t
             if killed:
                 kills += 1
                 break
-    assert kills >= 3, f"only {kills} of 4 runs were still working when killed"
+    assert kills >= 2, f"only {kills} of 3 runs were still working when killed"
