@@ -273,6 +273,13 @@ def cmd_bench(a) -> int:
                  megatron_lm=a.megatron_lm, megatron_lm_fast=a.megatron_lm_fast, families=a.family)
 
 
+def cmd_bench_datatrove(a) -> int:
+    from data_prep.tools.bench_datatrove import bench_datatrove
+
+    bench_datatrove(a.corpus, max_mb=a.max_mb, default_words_mb=a.default_words_mb, steps=a.steps or None)
+    return 0
+
+
 def cmd_bench_executors(a) -> int:
     from data_prep.tools.bench_executors import bench_executors
 
@@ -474,7 +481,8 @@ def _add_curate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", required=True, help="YAML step list (quality, exact_dedup, minhash_dedup)")
     p.add_argument("--text-field", default="text")
     p.add_argument("-j", "--workers", type=_count_arg(1), default=max(1, (os.cpu_count() or 1)))
-    p.add_argument("--shard-size", type=_size_arg, default="256M", help="input bytes per work unit")
+    p.add_argument("--shard-size", type=_size_arg, default=None,
+                   help="input bytes per work unit (default: the corpus in ~128 units of 16M-256M, whatever -j)")
     p.add_argument("--max-record-size", type=_size_arg, default="64Mi")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private local one (as tokenize)")
@@ -614,6 +622,15 @@ def main(argv=None) -> int:
                                                     "$LAUNCH_HOSTFILE; ssh options from $LAUNCH_SSH_CONFIG); "
                                                     "skipped without one")
     p.set_defaults(fn=cmd_bench_executors)
+
+    p = sub.add_parser("bench-datatrove", help="curation steps side by side with datatrove (installed apart): CPU "
+                                               "MB/s per core per step, kept-set agreement")
+    p.add_argument("corpus", help="a .jsonl corpus (text field 'text'), e.g. from data_prep.tools.web_corpus")
+    p.add_argument("--max-mb", type=float, default=16.0, help="text read from the corpus")
+    p.add_argument("--default-words-mb", type=float, default=1.0,
+                   help="of it, run through datatrove with its default (spaCy) words too")
+    p.add_argument("--steps", nargs="*", choices=("gopher", "c4", "fineweb", "pii", "language"))
+    p.set_defaults(fn=cmd_bench_datatrove)
 
     p = sub.add_parser("merge", help="combine many shards into fewer of a target size, streaming")
     p.add_argument("sources", nargs="+", help="output directories (with manifest.json) of the same tokenizer")

@@ -61,7 +61,7 @@ class CurateSettings:
     steps: Union[str, dict, StepList]
     text_field: str = "text"
     workers: int = 1
-    shard_size: int = 256 << 20
+    shard_size: Optional[int] = None  # input bytes per work unit; None: unit_size() of the corpus
     max_record_size: int = DEFAULT_MAX_RECORD
     executor: str = "local"
     ray_address: Optional[str] = None
@@ -79,12 +79,44 @@ class CurateSettings:
         check_locations(self.inputs, self.output_dir, "curate")
 
 
+# The default plan cuts a corpus into about this many units (each at least MIN_UNIT, at most MAX_UNIT): a small
+# corpus still gives every core of a node work, and the plan, hence the output's bytes, depends on the corpus alone,
+# never on -j or --slice (every slice, the finalize job and a rerun with another -j compute the same plan).
+DEFAULT_UNITS = 128
+MIN_UNIT, MAX_UNIT = 16 << 20, 256 << 20
+
+
+def unit_size(pieces, shard_size: Optional[int]) -> int:
+    """``--shard-size`` when given, else the corpus's input bytes over DEFAULT_UNITS, within [MIN_UNIT, MAX_UNIT]."""
+    if shard_size is not None:
+        return shard_size
+    total = sum(io.size(p.path) for p in pieces)
+    return max(MIN_UNIT, min(MAX_UNIT, -(-total // DEFAULT_UNITS)))
+
+
+def plan(settings: "CurateSettings") -> List[Unit]:
+    pieces = list_inputs(settings.inputs)
+    return plan_units(pieces, unit_size(pieces, settings.shard_size))
+
+
+def _file_digest(path: str) -> str:
+    """SHA-256 of a file a step reads; a missing one is reported by the step itself when it loads."""
+    try:
+        return io.file_sha256(path)
+    except OSError:
+        return "missing"
+
+
 def context(output_dir: str, steps: StepList, units: Sequence[Unit], text_field: str, shard_size: int,
-            max_record_size: int, extra: Optional[dict] = None) -> cu.CurateContext:
-    """The tasks' context; its fingerprint covers everything that changes what the passes write."""
+            max_record_size: int, extra: Optional[dict] = None, records: bool = False) -> cu.CurateContext:
+    """The tasks' context; its fingerprint covers everything that changes what the passes write. ``records``: the
+    caller writes kept documents back as records (curate); tokenize --steps (False) refuses steps that rewrite."""
     check_locations([], output_dir, "curation steps")  # the tasks build POSIX paths under it (steps/curate.py)
+    if not records:
+        steps.check_tokenize()
     desc = {"steps": steps.as_dict(), "text_field": text_field, "shard_size": shard_size,
-            "max_record_size": max_record_size, "units": [u.key() for u in units]}
+            "max_record_size": max_record_size, "units": [u.key() for u in units],
+            "step_files": {p: _file_digest(p) for p in steps.resource_files()}}
     fp = hashlib.sha256(orjson.dumps(desc, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return cu.CurateContext(output_dir=output_dir, steps=steps, fp=fp, units=len(units), text_field=text_field,
                             max_record_size=max_record_size, extra=extra or {})
@@ -185,8 +217,10 @@ def _run(settings: CurateSettings) -> Optional[dict]:
     out = settings.output_dir = io.abspath(settings.output_dir)
     io.check_writable(out)
     io.remove_stale_tmp(out)
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
-    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    if os.path.isdir(os.path.join(out, cu.DEDUP_DIR)):  # the dedup passes' arrays are written there, atomically too
+        io.remove_stale_tmp(os.path.join(out, cu.DEDUP_DIR))
+    units = plan(settings)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size, records=True)
     if not settings.quiet:
         log.info(f"data_prep curate: {len(units)} units, steps: {', '.join(s.name for s in steps.steps)}; "
                  f"{settings.workers} worker(s) on {settings.executor}")
@@ -244,8 +278,8 @@ def incomplete_slices(settings: CurateSettings, tasks: int) -> dict:
     settings.check_locations()
     steps = step_list(settings.steps)
     out = io.abspath(settings.output_dir)
-    units = plan_units(list_inputs(settings.inputs), settings.shard_size)
-    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size)
+    units = plan(settings)
+    ctx = context(out, steps, units, settings.text_field, settings.shard_size, settings.max_record_size, records=True)
     todo = incomplete_dedup_slices(ctx, units, tasks)
     todo["filter"] = sorted({u.index % tasks for u in units if unit_complete(ctx, u) is None})
     return todo
@@ -267,21 +301,24 @@ def build_manifest(ctx: cu.CurateContext, stats: List[dict]) -> dict:
     records = docs = 0
     rejected: Counter = Counter()
     removed: dict = {}
+    modified: dict = {}
     for s in stats:
         records += s["input_records"]
         docs += s["documents"]
         rejected.update(s["rejected"])
         add_removed(removed, s["removed"])
+        add_removed(modified, s.get("modified", {}))
     removed = {k: dict(sorted(v.items())) for k, v in sorted(removed.items())}
+    modified = {k: dict(sorted(v.items())) for k, v in sorted(modified.items())}
     manifest = {
         "format": "jsonl",
         "version": 1,
         "steps": ctx.steps.as_dict(),
         "settings": {"text_field": ctx.text_field, "max_record_size": ctx.max_record_size},
-        "files": [{k: s[k] for k in ("file", "bytes", "input_records", "documents", "inputs", "rejected", "removed")}
-                  for s in stats],
+        "files": [{k: s.get(k, {}) for k in ("file", "bytes", "input_records", "documents", "inputs", "rejected",
+                                              "removed", "modified")} for s in stats],
         "totals": {"input_records": records, "documents": docs, "bytes": sum(s["bytes"] for s in stats),
-                   "rejected": dict(sorted(rejected.items())), "removed": removed,
+                   "rejected": dict(sorted(rejected.items())), "removed": removed, "modified": modified,
                    "kept_fraction": docs / max(records - sum(rejected.values()), 1)},
         "removal_log": REMOVED,
         "reject_log": REJECTS,

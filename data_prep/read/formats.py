@@ -1,7 +1,8 @@
 """Readers: turn one input piece (a file, a byte range of a file, or a dataset) into records.
 
 Every reader yields ``(position, text, reason)``: ``text`` is the document when the record is good, else ``None`` and
-``reason`` says why it was rejected. ``position`` is a byte offset (uncompressed .jsonl/.json and .txt), a 1-based line
+``reason`` says why it was rejected; with ``whole=True`` a fourth item follows, the whole record as a dict (every
+input field, for outputs that write documents back as records; None for a rejected one). ``position`` is a byte offset (uncompressed .jsonl/.json and .txt), a 1-based line
 number (.gz/.zst, where byte offsets of the decompressed stream mean little to a user) or a row index (parquet and
 Hugging Face datasets); ``POSITION_KIND`` names which, for the reject log.
 
@@ -68,6 +69,8 @@ class Piece:
 def kind_of(path: str) -> Optional[str]:
     """The reader kind for a file name, or None when it is not an input we read."""
     low = path.lower()
+    if low.endswith((".warc", ".warc.gz")):  # web archives: their HTML responses, for curate's extract step
+        return "warc"
     for comp, tag in ((".gz", "gz"), (".zst", "zst"), (".zstd", "zst")):
         if low.endswith(comp):
             inner = low[: -len(comp)]
@@ -111,7 +114,20 @@ def _parse_json_line(line: bytes, field: str) -> Tuple[Optional[str], Optional[s
     return check_text(obj[field])
 
 
-def read_jsonl_range(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
+def _parse_json_record(line: bytes, field: str):
+    """_parse_json_line's (text, reason) and the parsed object (None when rejected: that rare path parses again)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict) or field not in obj:
+        return (*_parse_json_line(line, field), None)
+    text, reason = check_text(obj[field])
+    return text, reason, (obj if text is not None else None)
+
+
+def read_jsonl_range(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD,
+                     whole: bool = False) -> Iterator[Record]:
     """Lines of an uncompressed .jsonl in [start, end); blank lines are not records."""
     end = piece.end if piece.end >= 0 else io.size(piece.path)
     with io.open_read(piece.path, buffering=1 << 20) as f:
@@ -127,9 +143,12 @@ def read_jsonl_range(piece: Piece, field: str, max_record: int = DEFAULT_MAX_REC
                 while line and not line.endswith(b"\n"):  # read past the rest of it, a bounded piece at a time
                     line = f.readline(1 << 20)
                     offset += len(line)
-                yield pos, None, RECORD_TOO_LARGE
+                yield (pos, None, RECORD_TOO_LARGE) + ((None,) if whole else ())
                 continue
             if line.isspace() or not line:
+                continue
+            if whole:
+                yield pos, *_parse_json_record(line, field)
                 continue
             text, reason = _parse_json_line(line, field)
             yield pos, text, reason
@@ -230,15 +249,19 @@ def _lines(blocks: Iterator[bytes], max_record: int) -> Iterator[Optional[bytes]
         yield b"".join(parts)
 
 
-def read_jsonl_compressed(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
+def read_jsonl_compressed(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD,
+                          whole: bool = False) -> Iterator[Record]:
     tag = piece.kind.rsplit(".", 1)[1]
     line_no = 0
     for line in _lines(_decompressed_chunks(piece.path, tag), max_record):
         line_no += 1
         if line is None:
-            yield line_no, None, RECORD_TOO_LARGE
+            yield (line_no, None, RECORD_TOO_LARGE) + ((None,) if whole else ())
             continue
         if not line or line.isspace():
+            continue
+        if whole:
+            yield line_no, *_parse_json_record(line, field)
             continue
         text, reason = _parse_json_line(line, field)
         yield line_no, text, reason
@@ -337,6 +360,12 @@ def read_hf(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> I
             row += 1
 
 
+def _read_warc(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD, whole: bool = False):
+    from data_prep.read.warc import read_warc
+
+    return read_warc(piece, field, max_record, whole)
+
+
 READERS = {
     "jsonl": (read_jsonl_range, "byte_offset"),
     "jsonl.gz": (read_jsonl_compressed, "line"),
@@ -344,13 +373,19 @@ READERS = {
     "txt": (read_txt, "byte_offset"),
     "parquet": (read_parquet, "row"),
     "hf": (read_hf, "row"),
+    "warc": (_read_warc, "record"),
 }
 
 
-def read_piece(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -> Iterator[Record]:
+def read_piece(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD, whole: bool = False) -> Iterator[Record]:
     reader, _ = READERS[piece.kind]
     try:
-        yield from reader(piece, field, max_record)
+        if not whole:
+            yield from reader(piece, field, max_record)
+        elif piece.kind in ("jsonl", "jsonl.gz", "jsonl.zst", "warc"):
+            yield from reader(piece, field, max_record, whole=True)
+        else:  # txt, parquet, datasets: the text alone, or the row's other columns read alongside
+            yield from _with_rows(piece, field, reader(piece, field, max_record))
     except InputError:
         raise
     except Exception as e:
@@ -363,6 +398,39 @@ def read_piece(piece: Piece, field: str, max_record: int = DEFAULT_MAX_RECORD) -
         if isinstance(e, OSError):
             raise InputError(piece.path, f"read failed ({e})") from e
         raise
+
+
+def _with_rows(piece: Piece, field: str, records: Iterator[Record]) -> Iterator[Record]:
+    """Records of a txt, parquet or dataset piece with the whole row: a .txt file is {field: text}; a parquet or
+    dataset row every column (read by batches beside the text column's reader, rows in the same order)."""
+    if piece.kind == "txt":
+        for pos, text, reason in records:
+            yield pos, text, reason, ({field: text} if text is not None else None)
+        return
+    rows = _all_rows(piece)
+    for (pos, text, reason), row in zip(records, rows):
+        yield pos, text, reason, (row if text is not None else None)
+
+
+def _all_rows(piece: Piece) -> Iterator[dict]:
+    if piece.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(io.open_read(piece.path) if io.is_url(piece.path) else piece.path)
+        md, firsts, row = pf.metadata, [], 0
+        for i in range(md.num_row_groups):
+            firsts.append(row)
+            row += md.row_group(i).num_rows
+        stop = md.num_rows if piece.end < 0 else piece.end
+        groups = [i for i, first in enumerate(firsts) if piece.start <= first < stop]
+        for batch in pf.iter_batches(batch_size=4096, row_groups=groups):
+            yield from batch.to_pylist()
+        return
+    ds = open_hf_dataset(piece.path)
+    stop = len(ds) if piece.end < 0 else piece.end
+    for lo in range(piece.start, stop, 2048):
+        cols = ds[lo:min(lo + 2048, stop)]
+        yield from (dict(zip(cols, values)) for values in zip(*cols.values()))
 
 
 def position_kind(piece: Piece) -> str:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import re
 from itertools import compress
 from operator import not_
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 TERMINAL_PUNCTUATION = (".", "!", "?", '"', "'", "\u201d", "\u2019", ":", ";", ")", "\u3002", "\uff01", "\uff1f")
@@ -49,6 +50,14 @@ class QualityConfig(BaseModel):
                                                            description="share of lines ending in . ! ? etc. below")
     top_ngram_char_fraction: Optional[Dict[int, float]] = Field(default_factory=lambda: dict(TOP_NGRAMS))
     dup_ngram_char_fraction: Optional[Dict[int, float]] = Field(default_factory=lambda: dict(DUP_NGRAMS))
+    # Gopher's other rules (published.py counts them, in both modes)
+    max_bullet_line_fraction: Optional[float] = Field(0.9, ge=0, le=1, description="lines starting with a bullet")
+    max_ellipsis_line_fraction: Optional[float] = Field(0.3, ge=0, le=1, description="lines ending in an ellipsis")
+    max_duplicate_paragraph_fraction: Optional[float] = Field(0.3, ge=0, le=1)
+    max_duplicate_line_char_fraction: Optional[float] = Field(0.2, ge=0, le=1)
+    max_duplicate_paragraph_char_fraction: Optional[float] = Field(0.2, ge=0, le=1)
+    definitions: Literal["ours", "published"] = Field(
+        "ours", description="ours: the compiled counting; published: Gopher's and datatrove's (published.py)")
 
     @field_validator("top_ngram_char_fraction", "dup_ngram_char_fraction")
     @classmethod
@@ -60,7 +69,9 @@ class QualityConfig(BaseModel):
 
 # The reason names (manifest counts and removal log), in the order the rules are checked: cheap ones first.
 RULES = ("doc_words", "mean_word_length", "symbol_word_ratio", "digit_fraction", "alpha_words", "stop_words",
-         "duplicate_lines", "punctuation_lines", "top_ngram", "dup_ngram")
+         "duplicate_lines", "punctuation_lines", "top_ngram", "dup_ngram",
+         # checked after the kernel's rules (published.extra_rules); appended, so the codes above keep their values
+         "bullet_lines", "ellipsis_lines", "duplicate_paragraphs", "duplicate_paragraph_chars", "duplicate_line_chars")
 
 
 class QualityFilter:
@@ -90,6 +101,12 @@ class QualityFilter:
         self.ngram_top = np.array([r[2] for r in rules], dtype=np.bool_)
         self.ints, self.floats = _thresholds(cfg, kernels.NONE)
         self.unknown = np.full(3, -1, dtype=np.int64)  # no count taken by Python (quality_code's ``known``)
+        from data_prep.steps.published import _extra_verdict
+
+        self.extra = _extra_verdict
+        self.has_extra = any(getattr(cfg, f) is not None for f in (
+            "max_bullet_line_fraction", "max_ellipsis_line_fraction", "max_duplicate_paragraph_fraction",
+            "max_duplicate_line_char_fraction", "max_duplicate_paragraph_char_fraction"))
 
     def check(self, text: str) -> Optional[str]:
         return self.evaluate(text)[0]
@@ -102,8 +119,12 @@ class QualityFilter:
             code, starts, ends = k.quality_code(cps, self.tables, self.lower, known, self.ints, self.floats,
                                                 *self.stop, self.punct, self.ngram_sizes, self.ngram_limits,
                                                 self.ngram_top)
-            if code >= 0:
-                return (RULES[code - 1] if code else None), k.Words(cps, starts, ends)
+            if code > 0:
+                return RULES[code - 1], k.Words(cps, starts, ends)
+            if code == 0:  # Gopher's line and paragraph rules, on the same code points
+                why = self.extra(len(cps), *k.gopher_line_counts(cps, self.tables), self.c) if self.has_extra and \
+                    len(cps) else None
+                return why, k.Words(cps, starts, ends)
             known = known.copy()
             if code == k.NEED_CHAR_COUNTS:  # a code point above the kernels' tables: these two by str methods
                 known[0], known[1] = count_digits(text), count_alpha_words(text.split())

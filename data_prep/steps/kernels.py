@@ -442,7 +442,11 @@ def warm_up() -> None:
     ints, floats = np.array([1, 100, 1], np.int64), np.full(7, 0.5)
     quality_code(cps, tables, lower_table(), np.full(3, -1, np.int64), ints, floats, stop, offsets,
                  np.array([46], dtype=np.uint32), sizes, limits, is_top)
+    gopher_line_counts(cps, tables)
     starts, ends, *_ = scan_words(cps, tables)  # MinHash without a quality step before it
+    published_ngram_rule(cps, starts, ends, len(cps), sizes, limits, is_top)  # definitions: published
+    symbol_words(cps, starts, ends, np.zeros(_TABLE, dtype=np.uint8))
+    word_hashes(cps, starts, ends, XXH3_SECRET)  # decontaminate, substring dedup
     one = np.ones(4, dtype=np.uint64)
     _, wh, _ = word_signature(cps, starts, ends, True, XXH3_SECRET, one[:2], 2, one, one)
     min_hashes(shingle_hashes(wh, one[:2], 2), one, one)  # the path of words over XXH3_MAX bytes
@@ -646,3 +650,227 @@ def word_signature(cps, starts, ends, lower, secret, weights, shingle_words, a, 
     else:
         x = shingle_hashes(wh, weights, min(shingle_words, len(wh)))
     return min_hashes(x, a, b), wh, long_words
+
+
+# --- Gopher's n-gram rules as published (published.py, ``definitions: published``) ---------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _published_top(ids, counts, lengths, n):
+    """Characters of the most frequent n-gram, its words joined by spaces, times its count (the first seen among
+    equals; a count of 1 counts too, as Counter.most_common does)."""
+    top = counts.max()
+    at = 0
+    while counts[ids[at]] != top:
+        at += 1
+    chars = n - 1
+    for k in range(at, at + n):
+        chars += lengths[k]
+    return chars * top
+
+
+@njit(cache=True, nogil=True)
+def _published_dup(ids, lengths, n, distinct):
+    """Characters (words joined without spaces) of n-grams seen before, scanning left to right and jumping n words
+    past each repeat: the published greedy count."""
+    seen = np.zeros(distinct, dtype=np.bool_)
+    chars, i, m = 0, 0, len(ids)
+    while i < m:
+        if seen[ids[i]]:
+            for k in range(i, i + n):
+                chars += lengths[k]
+            i += n
+        else:
+            seen[ids[i]] = True
+            i += 1
+    return chars
+
+
+@njit(cache=True, nogil=True)
+def published_ngram_rule(cps, starts, ends, text_len, sizes, limits, is_top):
+    """Index of the first n-gram rule (sizes ascending within top, then dup) failed with the published counting
+    (fractions over ``text_len``, every character of the text), or -1. N-grams are equal when their words are
+    (interned exactly, as the ``ours`` rules do)."""
+    word, vocab = word_ids(cps, starts, ends)
+    lengths = ends - starts
+    ids, counts, level = word, np.bincount(word, minlength=vocab), 1
+    for r in range(len(sizes)):
+        n = sizes[r]
+        if len(word) < n:
+            if is_top[r]:
+                continue  # no n-gram: the rule is skipped
+            frac = 0.0
+        else:
+            if n < level:  # the dup sizes after the top ones: the levels again from words
+                ids, counts, level = word, np.bincount(word, minlength=vocab), 1
+            while level < n and len(counts) < len(ids):  # as many ids as n-grams: each occurs once
+                level += 1
+                ids, counts = next_level(ids, counts, word, level, vocab)
+            if len(counts) == len(ids):  # every n-gram of this size occurs once: the top one is the first
+                frac = (n - 1 + lengths[:n].sum()) / text_len if is_top[r] else 0.0
+            elif is_top[r]:
+                frac = _published_top(ids, counts, lengths, n) / text_len
+            else:
+                frac = _published_dup(ids, lengths, n, len(counts)) / text_len
+        if frac > limits[r]:
+            return r
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def symbol_words(cps, starts, ends, symbol):
+    """(words made only of ``symbol`` characters (a table below 0x10000), their characters); -1, -1 when a word
+    holds a code point above the table (the caller asks Python)."""
+    count = chars = 0
+    for w in range(len(starts)):
+        only = True
+        for i in range(starts[w], ends[w]):
+            c = cps[i]
+            if c >= _TABLE:
+                return -1, -1
+            if not symbol[c]:
+                only = False
+                break
+        if only:
+            count += 1
+            chars += ends[w] - starts[w]
+    return count, chars
+
+
+@njit(cache=True, nogil=True)
+def _split_spans(cps, lo, hi, min_run):
+    """[start, end) of the pieces of cps[lo:hi] between runs of at least ``min_run`` newlines (re.split's pieces,
+    empty ones included)."""
+    starts = np.empty(hi - lo + 1, dtype=np.int64)
+    ends = np.empty(hi - lo + 1, dtype=np.int64)
+    k, at, i = 0, lo, lo
+    while i < hi:
+        if cps[i] == 10:
+            j = i
+            while j < hi and cps[j] == 10:
+                j += 1
+            if j - i >= min_run:
+                starts[k], ends[k] = at, i
+                k += 1
+                at = j
+            i = j
+        else:
+            i += 1
+    starts[k], ends[k] = at, hi
+    return starts[:k + 1], ends[:k + 1]
+
+
+@njit(cache=True, nogil=True)
+def _repeats(cps, starts, ends):
+    """(pieces equal to an earlier one, their code points)."""
+    ids, vocab = word_ids(cps, starts, ends)
+    seen = np.zeros(vocab, dtype=np.bool_)
+    n = chars = 0
+    for p in range(len(ids)):
+        if seen[ids[p]]:
+            n += 1
+            chars += ends[p] - starts[p]
+        else:
+            seen[ids[p]] = True
+    return n, chars
+
+
+@njit(cache=True, nogil=True)
+def _ends_hash(cps, a, b):
+    """A hash of a span from its length and its first and last 8 code points: cheap, and exact use is kept by
+    comparing spans whole on a hash match (_intern_hashed)."""
+    h = (_FNV_OFFSET ^ np.uint64(b - a)) * _FNV_PRIME
+    for i in range(a, min(a + 8, b)):
+        h = (h ^ np.uint64(cps[i])) * _FNV_PRIME
+    for i in range(max(a + 8, b - 8), b):
+        h = (h ^ np.uint64(cps[i])) * _FNV_PRIME
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _intern_hashed(cps, starts, ends, hashes):
+    """_repeats of spans whose FNV hashes are given (equal spans, equal hash; compared whole on a hash match)."""
+    n = len(starts)
+    size, _ = _pow2_at_least(2 * n + 2)
+    slot = np.full(size, -1, dtype=np.int64)
+    reps = chars = 0
+    for w in range(n):
+        s = np.int64(hashes[w] & np.uint64(size - 1))
+        while True:
+            o = slot[s]
+            if o < 0:
+                slot[s] = w
+                break
+            if hashes[o] == hashes[w] and _same(cps, starts[o], ends[o], starts[w], ends[w]):
+                reps += 1
+                chars += ends[w] - starts[w]
+                break
+            s = (s + 1) & (size - 1)
+    return reps, chars
+
+
+@njit(cache=True, nogil=True)
+def _line_marks(cps, tables, a, b):
+    """(starts with a bullet, ends in an ellipsis) for the line cps[a:b], whitespace stripped as str.strip does."""
+    while a < b and cps[a] < _TABLE and tables[cps[a]] & 1:
+        a += 1
+    while b > a and cps[b - 1] < _TABLE and tables[cps[b - 1]] & 1:
+        b -= 1
+    if a == b:
+        return 0, 0
+    bullet = 1 if cps[a] == 45 or cps[a] == 0x2022 else 0
+    dots = cps[b - 1] == 0x2026 or (b - a >= 3 and cps[b - 1] == 46 and cps[b - 2] == 46 and cps[b - 3] == 46)
+    return bullet, 1 if dots else 0
+
+
+@njit(cache=True, nogil=True)
+def gopher_line_counts(cps, tables):
+    """The counts of Gopher's five line and paragraph rules (published.extra_rules), in one call: (lines as
+    str.splitlines gives them, those starting with "-" or "\u2022" after leading whitespace, those ending in "..."
+    or "\u2026" before trailing whitespace, paragraphs of text.strip() split at 2+ newlines, repeated paragraphs,
+    their code points, the code points of repeated pieces of the text split at newline runs). One pass finds the
+    line boundaries (both kinds of line: "\n" is one of str.splitlines's boundaries); paragraphs take a second pass
+    only when a piece repeats (a repeated paragraph repeats its pieces) or the strip cuts into a line."""
+    n = len(cps)
+    lines = bullets = ellipses = 0
+    p_starts = np.empty(n // 2 + 1, dtype=np.int64)
+    p_ends = np.empty(n // 2 + 1, dtype=np.int64)
+    p_hash = np.empty(n // 2 + 1, dtype=np.uint64)
+    pieces = p_at = l_at = 0
+    for i in range(n):
+        c = cps[i]
+        if c >= _TABLE or not (tables[c] & 8):
+            continue
+        if c == 10:  # a newline ends a piece (re.split(r"\n+")): empty pieces hold no characters, not kept
+            if i > p_at:
+                p_starts[pieces], p_ends[pieces], p_hash[pieces] = p_at, i, _ends_hash(cps, p_at, i)
+                pieces += 1
+            p_at = i + 1
+            if i > 0 and cps[i - 1] == 13:  # the "\n" of "\r\n" ends no second line
+                l_at = i + 1
+                continue
+        lines += 1
+        bullet, dots = _line_marks(cps, tables, l_at, i)
+        bullets += bullet
+        ellipses += dots
+        l_at = i + 1
+    if l_at < n:  # the last line, with no boundary after it
+        lines += 1
+        bullet, dots = _line_marks(cps, tables, l_at, n)
+        bullets += bullet
+        ellipses += dots
+    if n > p_at:
+        p_starts[pieces], p_ends[pieces], p_hash[pieces] = p_at, n, _ends_hash(cps, p_at, n)
+        pieces += 1
+    line_reps, line_chars = _intern_hashed(cps, p_starts[:pieces], p_ends[:pieces], p_hash[:pieces])
+    lo, hi = 0, n
+    while lo < hi and cps[lo] < _TABLE and tables[cps[lo]] & 1:
+        lo += 1
+    while hi > lo and cps[hi - 1] < _TABLE and tables[cps[hi - 1]] & 1:
+        hi -= 1
+    cut = (lo > 0 and cps[lo - 1] != 10) or (hi < n and cps[hi] != 10)
+    if line_reps == 0 and not cut:  # no paragraph repeats: their count does not matter (a fraction of 0)
+        return lines, bullets, ellipses, 1, 0, 0, line_chars
+    ps, pe = _split_spans(cps, lo, hi, 2)
+    par_reps, par_chars = _repeats(cps, ps, pe)
+    return lines, bullets, ellipses, len(ps), par_reps, par_chars, line_chars

@@ -1,10 +1,19 @@
-"""The step list of a curation run, from YAML: filters and dedup steps applied in order before tokenization.
+"""The step list of a curation run, from YAML: filters, formatters and dedup steps applied in order.
 
     steps:                      # in order; a document removed by one step is not seen by the later ones
-      - quality: {min_words: 50}  # Gopher/C4 heuristics (steps/filters.py); omitted fields keep their defaults,
-                                  # null turns a rule off
+      - extract: {from: html}     # HTML -> text (steps/extract.py; ``warc`` for WARC inputs)
+      - url_filter: {blocklist: domains.txt}
+      - language: {keep: [en], min_score: 0.65}
+      - quality: {min_words: 50}  # Gopher heuristics (steps/filters.py); omitted fields keep their defaults,
+                                  # null turns a rule off; definitions: published = Gopher's/datatrove's counting
+      - c4: {}                    # C4's line filters (drop lines) and page rules (steps/web_rules.py)
+      - fineweb: {}               # FineWeb's custom filters
+      - pii: {email: mask, ip: mask}
+      - decontaminate: {ngram: 13, against: [hellaswag, evals.jsonl]}
       - exact_dedup: {}           # content hash, global over all units and nodes (steps/dedup.py)
       - minhash_dedup: {threshold: 0.8, num_perm: 128, shingle_words: 5}
+      - sentence_dedup: {}        # repeated 3-sentence spans removed from documents (steps/span_dedup.py)
+      - substring_dedup: {min_words: 50}
     buckets: 64                 # hash partitions of the dedup passes (one bucket-pass task each)
 
 Each step has a ``name`` (default: its kind) that the manifest counts and the removal log use. Errors name the file,
@@ -18,11 +27,25 @@ from typing import List, Optional, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from data_prep.steps.decontaminate import DecontaminateConfig
 from data_prep.steps.dedup import ExactDedupConfig, MinHashDedupConfig
+from data_prep.steps.extract import ExtractConfig
 from data_prep.steps.filters import QualityConfig
+from data_prep.steps.language import LanguageConfig
+from data_prep.steps.pii import PiiConfig
+from data_prep.steps.span_dedup import SentenceDedupConfig, SubstringDedupConfig
+from data_prep.steps.url_filter import UrlFilterConfig
+from data_prep.steps.web_rules import C4Config, FineWebConfig
 
-KINDS = {"quality": QualityConfig, "exact_dedup": ExactDedupConfig, "minhash_dedup": MinHashDedupConfig}
-DEDUP_KINDS = ("exact_dedup", "minhash_dedup")
+KINDS = {"quality": QualityConfig, "exact_dedup": ExactDedupConfig, "minhash_dedup": MinHashDedupConfig,
+         "language": LanguageConfig, "url_filter": UrlFilterConfig, "pii": PiiConfig, "c4": C4Config,
+         "fineweb": FineWebConfig, "decontaminate": DecontaminateConfig, "extract": ExtractConfig,
+         "sentence_dedup": SentenceDedupConfig, "substring_dedup": SubstringDedupConfig}
+DEDUP_KINDS = ("exact_dedup", "minhash_dedup", "sentence_dedup", "substring_dedup")
+SPAN_KINDS = ("sentence_dedup", "substring_dedup")  # dedup that removes repeated spans, not documents
+# Steps that rewrite a document's text or read another field of its record: curate runs them, tokenize --steps
+# (which reads the text alone and tokenizes what the gate keeps) refuses them.
+REWRITING_KINDS = ("pii", "c4", "extract", "url_filter") + SPAN_KINDS
 DEFAULT_BUCKETS = 64
 
 
@@ -34,8 +57,12 @@ class Step:
     def is_dedup(self) -> bool:
         return self.kind in DEDUP_KINDS
 
+    @property
+    def is_span_dedup(self) -> bool:
+        return self.kind in SPAN_KINDS
+
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "config": self.cfg.model_dump(mode="json")}
+        return {"kind": self.kind, "name": self.name, "config": self.cfg.model_dump(mode="json", by_alias=True)}
 
 
 class StepList:
@@ -45,6 +72,29 @@ class StepList:
     @property
     def dedup_steps(self) -> List[Step]:
         return [s for s in self.steps if s.is_dedup]
+
+    def resource_files(self) -> List[str]:
+        """The files the steps read (lists, evaluation sets, a model): their content is part of the run's
+        fingerprint, so an edited list redoes the work a rerun would otherwise skip."""
+        import os
+
+        out = []
+        for st in self.steps:
+            c = st.cfg
+            for field in ("blocklist", "blocked_urls", "bad_words", "model"):
+                path = getattr(c, field, None)
+                if isinstance(path, str):
+                    out.append(path)
+            if st.kind == "decontaminate":
+                out += [a for a in c.against if os.path.exists(a)]
+        return out
+
+    def check_tokenize(self) -> None:
+        """tokenize --steps takes the steps that only remove whole documents judged on their text."""
+        bad = [s.name for s in self.steps if s.kind in REWRITING_KINDS]
+        if bad:
+            raise StepListError(f"tokenize --steps: step(s) {', '.join(bad)} rewrite documents or read fields other "
+                                "than the text; run `data_prep curate` with this step list, then tokenize its output")
 
     def as_dict(self) -> dict:
         """What the fingerprint and the manifest record: every threshold, defaults filled in."""
@@ -97,6 +147,13 @@ def parse_steps(doc, where: str = "steps") -> StepList:
         names.add(name)
         kinds.add(kind)
         steps.append(Step(kind, name, cfg))
+    spans = [i for i, st in enumerate(steps) if st.is_span_dedup]
+    if len(spans) > 1:
+        raise StepListError(f"{where}: steps[{spans[1]}]: one span dedup step (sentence_dedup or substring_dedup) per "
+                            "run; run the other in a second curate over this one's output")
+    if spans and any(st.is_dedup for st in steps[spans[0] + 1:]):
+        raise StepListError(f"{where}: steps[{spans[0]}]: {steps[spans[0]].kind} must come after every other dedup "
+                            "step (the hash pass cannot see the spans it will cut)")
     return StepList(steps, buckets)
 
 

@@ -101,7 +101,15 @@ class HFTokenizer(Tokenizer):
         from tokenizers import Tokenizer as RustTokenizer
 
         bos = pad = eos = None
+        plain = None
         if os.path.isdir(path):
+            from data_prep.steps.tokenizer_dir import load_plain_dir
+
+            plain = load_plain_dir(path)  # its tokenizer.json as is: no transformers import (tokenizer_dir.py)
+        if plain is not None:
+            self.tok, eos, bos, pad = plain
+            digest_file = os.path.join(path, "tokenizer.json")
+        elif os.path.isdir(path):
             from transformers import AutoTokenizer
 
             try:

@@ -20,7 +20,7 @@ import numpy as np
 from data_prep.steps.filters import RULES, QualityFilter
 
 # Bump when a rule's definition changes: verdict files written before are then recomputed, not trusted.
-RULES_VERSION = 1
+RULES_VERSION = 2  # 2: Gopher's bullet, ellipsis and paragraph rules added
 NOT_EVALUATED = 255
 _CODE = {r: i + 1 for i, r in enumerate(RULES)}
 _REASON = {i + 1: r for i, r in enumerate(RULES)}
@@ -39,7 +39,7 @@ def marker_entry(file_name: str, codes: np.ndarray, data: bytes) -> Dict:
     return {"file": file_name, "records": int(len(codes)), "sha256": digest(data), "rules": RULES_VERSION}
 
 
-def load(path: str, entry: Optional[Dict]) -> Tuple[Optional[np.ndarray], str]:
+def load(path: str, entry: Optional[Dict], dtype=np.uint8) -> Tuple[Optional[np.ndarray], str]:
     """The verdict codes of ``path`` when they match the marker's ``entry``; else (None, why not)."""
     if not entry:
         return None, "the hash marker lists no verdicts for this step (written by an older version?)"
@@ -53,8 +53,8 @@ def load(path: str, entry: Optional[Dict]) -> Tuple[Optional[np.ndarray], str]:
     if digest(data) != entry.get("sha256"):
         return None, f"{path} does not match its hash marker's SHA-256 (changed or truncated)"
     codes = np.load(pyio.BytesIO(data), allow_pickle=False)
-    if codes.dtype != np.uint8 or codes.ndim != 1 or len(codes) != entry.get("records"):
-        return None, f"{path}: not {entry.get('records')} one-byte verdicts"
+    if codes.dtype != dtype or codes.ndim != 1 or len(codes) != entry.get("records"):
+        return None, f"{path}: not {entry.get('records')} verdicts of {np.dtype(dtype).name}"
     return codes, ""
 
 

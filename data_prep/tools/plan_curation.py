@@ -50,7 +50,7 @@ def calibrate_curation(sample_inputs: List[str], steps=None, max_bytes: int = 4 
         os.makedirs(out)
         nbytes = _write_sample(sample_inputs, max_bytes, text_field, inp)
         units = plan_units(list_inputs([inp]), unit_bytes)
-        ctx = context(out, sl, units, "text", unit_bytes, 64 << 20)
+        ctx = context(out, sl, units, "text", unit_bytes, 64 << 20, records=True)
         secs: Dict[str, float] = {}
         t0 = time.process_time()
         cu.load_step_resources(sl)  # fixed costs per process (run start-up), not per byte: outside the rates

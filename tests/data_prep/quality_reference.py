@@ -78,7 +78,38 @@ class ReferenceQualityFilter:
             for size, limit in sorted(c.dup_ngram_char_fraction.items()):
                 if dup_ngram_char_fraction(words, size, chars) > limit:
                     return "dup_ngram"
-        return None
+        return gopher_line_rules(text, c)
+
+
+def _repeats(items: List[str]) -> Tuple[int, int]:
+    """(items equal to an earlier one, their characters): Gopher's count, where the first occurrence is no repeat."""
+    counts = Counter(items)
+    extra = {x: k - 1 for x, k in counts.items() if k > 1}
+    return sum(extra.values()), sum(len(x) * k for x, k in extra.items())
+
+
+def gopher_line_rules(text: str, c) -> Optional[str]:
+    """The five rules checked after the kernel's, in their order, written out plainly."""
+    raw = text.splitlines()
+    if raw and c.max_bullet_line_fraction is not None:
+        if sum(1 for ln in raw if ln.lstrip()[:1] in ("-", "\u2022")) / len(raw) > c.max_bullet_line_fraction:
+            return "bullet_lines"
+    if raw and c.max_ellipsis_line_fraction is not None:
+        ends = sum(1 for ln in raw if ln.rstrip().endswith("...") or ln.rstrip().endswith("\u2026"))
+        if ends / len(raw) > c.max_ellipsis_line_fraction:
+            return "ellipsis_lines"
+    paragraphs = [p for p in __import__("re").split("\n\n+", text.strip())]
+    reps, rep_chars = _repeats(paragraphs)
+    if c.max_duplicate_paragraph_fraction is not None and reps / len(paragraphs) > c.max_duplicate_paragraph_fraction:
+        return "duplicate_paragraphs"
+    if c.max_duplicate_paragraph_char_fraction is not None and text and \
+            rep_chars / len(text) > c.max_duplicate_paragraph_char_fraction:
+        return "duplicate_paragraph_chars"
+    lines = [ln for ln in text.split("\n") if ln] or [""]
+    if c.max_duplicate_line_char_fraction is not None and text and \
+            _repeats(lines)[1] / len(text) > c.max_duplicate_line_char_fraction:
+        return "duplicate_line_chars"
+    return None
 
 
 def _ngrams(words: List[str], n: int) -> List[Tuple[str, ...]]:

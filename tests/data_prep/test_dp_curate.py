@@ -170,6 +170,15 @@ def _one_rule_docs(rng):
     docs["top_ngram"] = " ".join(words[:60]) + "\n" + " ".join(words[60:]) + "."
     rep = " ".join(good[1].split()[:-1])
     docs["dup_ngram"] = "\n".join(good[:4] + [rep + " done."] + good[4:8] + [rep + " again."] + good[8:])
+    docs["bullet_lines"] = "\n".join("\u2022 " + ln for ln in good)
+    docs["ellipsis_lines"] = "\n".join(ln[:-1] + "\u2026" if i % 2 else ln for i, ln in enumerate(good))
+    paras = ["\n".join(good[i:i + 2]) for i in range(0, 10, 2)] + ["\n".join(_prose(rng, vocab, lines=4))]
+    docs["duplicate_paragraphs"] = "\n\n".join(paras + ["See more."] * 5)  # 4 repeats of 11 paragraphs
+    # one long token repeated (no repeated n-gram around it): its characters alone exceed a fifth of the text
+    size = int(0.23 * len("\n".join(good)) / 0.54)  # > 20% of the text, the mean word length still <= 10
+    token = "https://example.org/" + "".join(rng.choice(list("abcdefgh"), size - 20))
+    docs["duplicate_paragraph_chars"] = "\n\n".join(["\n".join(good[:5]), token, "\n".join(good[5:]), token])
+    docs["duplicate_line_chars"] = "\n".join(good[:5] + [token] + good[5:] + [token])
     return docs
 
 
@@ -177,7 +186,12 @@ OFF = {"doc_words": ("min_words", "max_words"), "mean_word_length": ("min_mean_w
        "symbol_word_ratio": ("max_symbol_word_ratio",), "digit_fraction": ("max_digit_fraction",),
        "alpha_words": ("min_alpha_word_fraction",), "stop_words": ("min_stop_words",),
        "duplicate_lines": ("max_duplicate_line_fraction",), "punctuation_lines": ("min_punctuation_line_fraction",),
-       "top_ngram": ("top_ngram_char_fraction",), "dup_ngram": ("dup_ngram_char_fraction",)}
+       "top_ngram": ("top_ngram_char_fraction",), "dup_ngram": ("dup_ngram_char_fraction",),
+       "bullet_lines": ("max_bullet_line_fraction",), "ellipsis_lines": ("max_ellipsis_line_fraction",),
+       "duplicate_paragraphs": ("max_duplicate_paragraph_fraction",),
+       # a repeated paragraph of one line is a repeated line too
+       "duplicate_paragraph_chars": ("max_duplicate_paragraph_char_fraction", "max_duplicate_line_char_fraction"),
+       "duplicate_line_chars": ("max_duplicate_line_char_fraction",)}
 
 
 @pytest.mark.multiproc
