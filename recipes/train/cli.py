@@ -18,7 +18,7 @@ from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import local_world
 from recipes.train import local_ranks, signals
 from recipes.train.evaluation import check_include_path_origin
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, count
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _start_local(ns, recipe) -> int:
 def main(args: list[str] | None = None) -> int:
     ap = command_parser("python -m recipes train", __doc__, EXAMPLES)
     ap.add_argument("--config", required=True, help="recipe file or preset name (configs/runs/...)")
-    ap.add_argument("--local", type=int, metavar="N", help="start N CPU worker processes here (gloo)")
+    ap.add_argument("--local", type=count(1), metavar="N", help="start N CPU worker processes here (gloo)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or per-step prints")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. parallel.tp=2")
     ns = ap.parse_args(args)

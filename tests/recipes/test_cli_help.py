@@ -101,3 +101,18 @@ def test_count_refuses_what_is_not_a_count_naming_the_value(capsys):
             ap.parse_args(["--local", bad])
         assert capsys.readouterr().err.strip().endswith(
             f"argument --local: wants a whole number of at least 1, got '{bad}'")
+
+
+def test_train_local_0_is_refused_by_the_parser():
+    """`recipes train --local 0` started no launcher and ran as a lone rank, dying with a torch.distributed
+    traceback: now one parser line naming the value, exit 2."""
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "recipes", "train", "--config", "configs/runs/tiny-cpu.yaml", "--local",
+                        "0"], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert r.returncode == 2 and "argument --local: wants a whole number of at least 1, got '0'" in r.stderr
+    assert "Traceback" not in r.stderr
