@@ -106,10 +106,26 @@ class Layout:
                                          f"parallel.pp={pp} gives stages different optimizer param groups "
                                          f"({problem})", UNEVEN_GROUPS_FIX))
         out += self._pipeline_schedule_problems(model_cfg)
+        if global_batch is not None and pp > 1 and self.schedule != "1f1b" and \
+                global_batch % (self.micro_batch * self.dp) == 0:
+            m = global_batch // (self.micro_batch * self.dp)
+            rounds = max(1, m // pp)
+            if m % rounds:
+                good = [k * pp for k in range(1, 5)]
+                out.append(LayoutProblem("training.global_batch", f"parallel.pipeline_schedule={self.schedule} runs "
+                                         f"the micro-batches in rounds of parallel.pp={pp}: {m} micro-batches per "
+                                         f"step (global_batch / (micro_batch x dp)) do not make whole rounds",
+                                         f"use a multiple of pp micro-batches, e.g. global_batch = "
+                                         f"{good[0] * self.micro_batch * self.dp} or "
+                                         f"{good[1] * self.micro_batch * self.dp}, or pipeline_schedule=1f1b"))
         if self.zero_stage >= 2 and pp > 1:
+            why = ("ZeRO-2 reduces each gradient while the engine runs the backward, and the pipeline schedule runs "
+                   "it outside the engine (DeepSpeed 0.19's ZeRO-2 fails at the first step under it)"
+                   if self.zero_stage == 2 else "ZeRO-3 would gather every stage's weights again for each micro-batch "
+                   "and chunk the schedule runs, outside the engine that gathers them")
             out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
-                                     f"{pp}: DeepSpeed's pipeline engine only supports ZeRO-0/1",
-                                     "set parallel.zero_stage=1 or parallel.pp=1"))
+                                     f"{pp}: {why}", "set parallel.zero_stage=1 (it shards the optimizer state over "
+                                     "DP, most of ZeRO's saving at PP > 1) or parallel.pp=1"))
         if self.sequence_parallel and tp == 1:
             out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",

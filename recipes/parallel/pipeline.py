@@ -27,17 +27,6 @@ SCHEDULES = {"1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1
              "zero_bubble": "ScheduleInterleavedZeroBubble"}
 
 
-def microbatch_problem(schedule: str, pp: int, m: int) -> str | None:
-    """Why torch's multi-chunk schedules cannot run m micro-batches over pp ranks (None: they can): they run the
-    micro-batches in rounds of pp (fewer than pp: one round of m) and need whole rounds."""
-    if schedule == "1f1b" or pp == 1:
-        return None
-    rounds = max(1, m // pp)
-    if m % rounds:
-        return f"{m} micro-batches per step do not make whole rounds of parallel.pp={pp}"
-    return None
-
-
 @dataclass
 class PipelineModel:
     stack: torch.nn.Module  # this rank's layers (recipes.model.layers.DecoderStack): what DeepSpeed wraps

@@ -11,7 +11,6 @@ import pytest
 
 from tests.support.launch import REPO, TOY, TOY_ENTRY, free_port, launch_env, run_launch
 
-pytestmark = pytest.mark.ssh
 
 SECRETS = {"WANDB_API_KEY": "wandb-SENTINEL-1f3a9", "HF_TOKEN": "hf_SENTINEL-9c2b7", "AWS_SECRET_ACCESS_KEY": "aws/SENTINEL+77d0"}
 ENV_FLAG = ["--env", "AWS_SECRET_ACCESS_KEY,WANDB_API_KEY,HF_TOKEN"]
@@ -31,6 +30,7 @@ def _files_with_secrets(log_dir: Path) -> list[str]:
     return out
 
 
+@pytest.mark.ssh
 @pytest.mark.parametrize("backend", ["torchrun-ssh", "deepspeed", "slurm", "local"])
 def test_dry_run_prints_names_not_values(tmp_path, backend):
     hf = tmp_path / "hostfile"
@@ -78,6 +78,7 @@ def _rank_environs(run_id: str) -> dict[int, list[bytes]]:
     return out
 
 
+@pytest.mark.ssh
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["torchrun-ssh", "deepspeed"])
 def test_two_node_run_keeps_secrets(ssh_cluster, tmp_path, backend):
@@ -109,3 +110,20 @@ def test_two_node_run_keeps_secrets(ssh_cluster, tmp_path, backend):
         for name, value in SECRETS.items():
             assert f"{name}={value}".encode() in e, f"rank {rank} lacks {name}"
     assert "step 19 loss" in (logs / "node2.log").read_text()
+
+
+@pytest.mark.unit
+def test_variable_names_that_are_not_names_never_reach_an_export_line(tmp_path):
+    """Round 4: a variable's *name* may hold any byte but '=' (`HF_X;touch /tmp/p`); matched by its prefix alone, it
+    reached job.sbatch's `export` lines and DeepSpeed's pdsh export line unquoted. Now only whole variable names are
+    propagated (and the dry run's job script holds none of the others)."""
+    from launch import environment
+
+    env = {"HF_TOKEN": "x", "HF_X;touch PWNED": "y", "NCCL_DEBUG": "INFO", "NCCL_$(id)": "z"}
+    assert environment.secret_names([], env) == ["HF_TOKEN"]
+    assert environment.plumbing_names(env) == ["NCCL_DEBUG"]
+    e = dict(launch_env(), **{"HF_X;touch PWNED": "y"})
+    r = run_launch("train.sh", TOY, "--backend", "slurm", "--nodes", 1, "--dry-run", "--log-dir",
+                   tmp_path / "d", env=e)
+    assert r.returncode == 0, r.stderr
+    assert "PWNED" not in r.stdout and "PWNED" not in (tmp_path / "d" / "job.sbatch").read_text()
