@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from launch.common import LaunchError
+from recipes.config.file_mode import current as recipe_mode
 
 MAX_READ = 1 << 20  # run files are small; a bigger one is not ours
 
@@ -41,7 +42,8 @@ def check_trusted_dir(path: Path) -> None:
 
 def make_private_dir(path: Path) -> Path:
     """Create the run directory (and missing parents) writable by the user alone, then check it and what is above."""
-    old = os.umask(0o022)  # under umask 002 the parents mkdir makes would be group-writable
+    old = os.umask(0o022)
+    os.umask(old | 0o022)  # the recipe's mode (checkpoint.file_mode's umask), never group- or world-writable
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o755)
     except OSError as e:
@@ -53,13 +55,16 @@ def make_private_dir(path: Path) -> Path:
     return path
 
 
-def write(path: Path, text: str) -> None:
-    """`text` into `path`, mode 0600 from its creation: written under a fresh unpredictable name in the same directory
-    (created exclusively, never through a planted file or link) and renamed over `path`."""
+def write(path: Path, text: str, private: bool = True) -> None:
+    """`text` into `path`: written under a fresh unpredictable name in the same directory (created exclusively, 0600,
+    never through a planted file or link) and renamed over `path`. `private=False` (plans, host lists, launch.env):
+    then given the run's data mode (checkpoint.file_mode, else 0644), never writable by the group or others."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            if not private:
+                os.fchmod(f.fileno(), (recipe_mode() or 0o644) & ~0o022)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

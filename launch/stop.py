@@ -137,7 +137,7 @@ def stop_run(target: str, by_launcher: bool = False, environ=os.environ) -> int:
     if by_launcher:  # the launcher is gone or ending: its env file goes too
         (run_dir / "secret.env").unlink(missing_ok=True)
     else:  # so that the launcher reports a requested stop, not a failure
-        run_files.write(run_dir / "stop_requested", f"{time.time():.0f}\n")
+        run_files.write(run_dir / "stop_requested", f"{time.time():.0f}\n", private=False)
     job = run_dir / "slurm_job_id"
     if job.is_file():
         rc = stop_slurm(_read(job).strip(), grace)

@@ -205,7 +205,7 @@ class Supervisor:
         if attempt > 1 and self.policy.pick_port:  # a port the old rendezvous may still hold
             launch.master_port = self.policy.pick_port()
         for name, text in self.backend.files(launch).items():
-            run_files.write(self.log_dir / name, text)
+            run_files.write(self.log_dir / name, text, private=False)
         self.attempt_hosts = list(launch.plan.hosts)
         self.procs = [NodeProcess(s, self.log_dir, self.quiet) for s in self.backend.spawns(launch)]
         trigger = self.monitor()
@@ -343,7 +343,7 @@ class Supervisor:
         say(f"host {rep.bad} failed twice: replaced by spare {rep.spare.host} (slots={rep.spare.slots}); the world "
             f"stays {plan.world_size} ranks")
         plan.nodes[rep.index] = rep.spare
-        run_files.write(self.log_dir / "hosts", "".join(h + "\n" for h in plan.hosts))
+        run_files.write(self.log_dir / "hosts", "".join(h + "\n" for h in plan.hosts), private=False)
         if rep.index == 0 and self.policy.resolve_addr:
             plan.master_addr = self.policy.resolve_addr(plan.hosts[0])
         if self.secret_file and not push_private_file(self.ssh, [rep.spare.host], self.secret_file):

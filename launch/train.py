@@ -196,11 +196,12 @@ def plan_text(launch: Launch, backend: Backend, notes: list[str] = ()) -> str:
 
 def write_run_files(launch: Launch, backend: Backend, notes: list[str] = ()) -> str:
     d = launch.log_dir
-    run_files.write(d / "launch.env", "".join(line + "\n" for line in launch.env_lines + backend.env_extra(launch)))
+    run_files.write(d / "launch.env", "".join(line + "\n" for line in launch.env_lines + backend.env_extra(launch)),
+                    private=False)
     for name, text in backend.files(launch).items():
-        run_files.write(d / name, text)
+        run_files.write(d / name, text, private=False)
     text = plan_text(launch, backend, notes)
-    run_files.write(d / "plan.txt", text)
+    run_files.write(d / "plan.txt", text, private=False)
     return text
 
 
@@ -257,7 +258,7 @@ def submit(launch: Launch) -> int:
     if r.returncode != 0:
         raise LaunchError(f"sbatch refused {job}: {(r.stdout + r.stderr).strip()}")
     job_id = r.stdout.strip().split(";")[0]
-    run_files.write(launch.log_dir / "slurm_job_id", job_id + "\n")
+    run_files.write(launch.log_dir / "slurm_job_id", job_id + "\n", private=False)
     say(f"submitted Slurm job {job_id}; logs in {launch.log_dir}; stop with launch/stop.sh {launch.log_dir}")
     return 0
 
@@ -290,12 +291,13 @@ def start(opts: Options, launch: Launch, backend: Backend, facts: recipe_check.F
     if backend.name == "slurm":
         backend.check(launch, starting=True)  # e.g. a container without pyxis: refused before anything is written
     set_aside_previous(d)
-    run_files.write(d / "hosts", "".join(h + "\n" for h in launch.plan.hosts if h))  # none yet when Slurm picks
-    run_files.write(d / "backend", backend.name + "\n")
+    # no hosts yet when Slurm picks them
+    run_files.write(d / "hosts", "".join(h + "\n" for h in launch.plan.hosts if h), private=False)
+    run_files.write(d / "backend", backend.name + "\n", private=False)
     take_lease(facts, launch.run_id)
     # How long a stop waits for the ranks' pre-emption save; stop.sh reads it from the run directory.
     grace = facts.stop_grace_s
-    run_files.write(d / "stop_grace", f"{grace:g}\n")
+    run_files.write(d / "stop_grace", f"{grace:g}\n", private=False)
     secret = str(d / "secret.env") if launch.secret_names else None
     if secret:
         environment.write_secret_file(Path(secret), launch.secret_names, os.environ)

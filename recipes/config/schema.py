@@ -185,7 +185,8 @@ class ParallelConfig(_Section):
     cp: PositiveInt = 1  # context parallelism: each sequence split over cp ranks (recipes.model.context)
     recompute: Literal["none", "selective", "full"] = "none"
     pipeline_partition: Literal["uniform", "parameters"] = "uniform"  # see recipes.parallel.partition
-    # virtual pipeline stages: each pipeline rank holds vpp model chunks (interleaved schedules, recipes.parallel.pipeline)
+    # virtual pipeline stages: each pipeline rank holds vpp model chunks (interleaved schedules,
+    # recipes.parallel.pipeline)
     vpp: PositiveInt = 1
     # the pipeline schedule (PP > 1): "auto" = 1f1b at vpp = 1, interleaved_1f1b at vpp > 1; zero_bubble splits each
     # backward into its input and weight halves and fills the bubble with the weight halves
@@ -377,7 +378,8 @@ class WandbConfig(_Section):
     name: Optional[str] = None  # the run's display name; None = the recipe's name
     # None = W&B's own choice (WANDB_MODE, else online); "offline" writes files to sync later (`wandb sync DIR`)
     mode: Optional[Literal["online", "offline", "disabled"]] = None
-    # the W&B run to log into; None = this training run's own (kept in its log dir and checkpoints, recipes.train.tracking)
+    # the W&B run to log into; None = this training run's own (kept in its log dir and checkpoints,
+    # recipes.train.tracking)
     run_id: Optional[str] = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
 
     @model_validator(mode="after")

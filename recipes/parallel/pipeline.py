@@ -58,7 +58,7 @@ class StepFigures:
 class PipelineRunner:
     """Runs one step's micro-batches through this rank's stages on the recipe's schedule."""
 
-    def __init__(self, model: PipelineModel, layout, device: torch.device, micro_batches: int, loss_fn):
+    def __init__(self, model: PipelineModel, recipe, layout, device: torch.device, micro_batches: int, loss_fn):
         from megatron.core import parallel_state as ps
         from torch.distributed import pipelining
 
@@ -67,7 +67,11 @@ class PipelineRunner:
         self.model, self.m, self.loss_fn = model, micro_batches, loss_fn
         self.clock = P2P_WAIT_CLOCK.install()
         self.group = ps.get_pipeline_model_parallel_group()
-        self.stages = [pipelining.PipelineStage(chunk, v, model.num_stages, device, group=self.group)
+        shapes = StageShapes(recipe, layout, _dtype_of(model.stack))
+        # Static shapes: torch's dynamic inference would send the stages' metadata as pickled objects
+        # (send_object_list) and run an extra forward of the first micro-batch (counted in MoE routing statistics).
+        self.stages = [pipelining.PipelineStage(chunk, v, model.num_stages, device, group=self.group,
+                                                input_args=shapes.input(v), output_args=shapes.output(v, model))
                        for chunk, v in zip(model.chunks, model.stages)]
         self.has_first = 0 in model.stages
         self.has_last = model.num_stages - 1 in model.stages
@@ -115,6 +119,37 @@ class PipelineRunner:
             total += torch.stack(self.losses[-self.m:]).mean()
         torch.distributed.all_reduce(total, group=self.group)
         return float(total)
+
+
+class StageShapes:
+    """What each virtual stage receives and sends, for one micro-batch (meta tensors: shapes and dtypes only). A
+    stage boundary carries the hidden state [s, b, h] with s the tokens this rank holds: the sequence over CP, and
+    over TP under sequence parallelism; the first stage takes the token ids [b, S], the last one's output is the
+    vocab-parallel logits [S / cp, b, V / tp]."""
+
+    def __init__(self, recipe, layout, dtype: torch.dtype):
+        m = recipe.model
+        self.b, self.seq, self.dtype = layout.micro_batch, m.seq_length, dtype
+        local = m.seq_length // layout.cp
+        self.hidden = (local // layout.tp if layout.sequence_parallel and layout.tp > 1 else local, self.b,
+                       m.hidden_size)
+        self.logits = (local, self.b, m.padded_vocab_size(layout.tp) // layout.tp)
+
+    def input(self, stage: int) -> torch.Tensor:
+        if stage == 0:
+            return torch.empty((self.b, self.seq), dtype=torch.long, device="meta")
+        return self._activation(self.hidden)  # its gradient goes back to the previous stage
+
+    def output(self, stage: int, model: PipelineModel) -> torch.Tensor:
+        return self._activation(self.logits if stage == model.num_stages - 1 else self.hidden)
+
+    def _activation(self, shape) -> torch.Tensor:
+        return torch.empty(shape, dtype=self.dtype, device="meta", requires_grad=True)
+
+
+def _dtype_of(stack) -> torch.dtype:
+    """The dtype the stages exchange: the model's (DeepSpeed casts it to bf16 / fp16 when the recipe trains in them)."""
+    return next(p.dtype for p in stack.parameters() if p.is_floating_point())
 
 
 def pack(micro_batches: list):

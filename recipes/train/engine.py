@@ -331,7 +331,8 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     if is_pipe:
         from recipes.parallel.pipeline import PipelineRunner
 
-        pipeline = PipelineRunner(pipe_model, layout, device, layout.grad_accum_steps(recipe.training.global_batch),
+        pipeline = PipelineRunner(pipe_model, recipe, layout, device,
+                                  layout.grad_accum_steps(recipe.training.global_batch),
                                   VocabParallelLoss(recipe.model.vocab_size))
     return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,
                   ds_config=ds_config, attention_backend=attention_backend, pipeline=pipeline)

@@ -138,6 +138,6 @@ def test_every_reader_refuses_a_payload_in_a_later_file(runs, tmp_path, reader):
                               timeout=900)
     else:  # init_from: a new run starting from the planted checkpoint, at another layout
         proc = recipes_cli(["train", "--config", RECIPE, "--local", "2", "--quiet", *ov, "parallel.vpp=1",
-                            f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.init_from={ckpt}",
+                            f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.init_from.dir={ckpt}",
                             "checkpoint.init_from.optimizer=true", "training.train_steps=1"], timeout=600)
     _refused(proc, name, marker)

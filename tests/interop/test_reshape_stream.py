@@ -94,7 +94,7 @@ def test_tied_files_equal_the_engine_writers(llama_222_tied, tied_to_4, tmp_path
 
 
 def test_tied_pipeline_files_equal_the_engine_writers(llama_222_tied, tmp_path_factory):
-    # PP > 1 target: the embedding as `tied_modules.embed` first in both the first and the last stage's groups
+    # PP > 1 target: the word embedding first in the first stage's groups, and its copy (the head) first in the last's
     ours = _reshape(llama_222_tied, tmp_path_factory, "tp=2,pp=2,dp=1", writer="auto")
     _same_files(llama_222_tied, ours, tmp_path_factory, "tp=2,pp=2,dp=1")
 
@@ -103,7 +103,7 @@ def test_one_worker_writes_the_same_bytes_as_four(llama_222_tied, tied_to_16, tm
     one = _reshape(llama_222_tied, tmp_path_factory, "tp=2,pp=2,dp=4", workers=1)
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tied_to_16) for p in tied_to_16.rglob("*") if p.is_file())
-    assert len(files) > 30
+    assert len(files) > 20  # 4 model-states, 16 optimizer and 16 RNG files, complete.json, recipe, scripts
     for f in files:
         assert (one / f).read_bytes() == (tied_to_16 / f).read_bytes(), f
 

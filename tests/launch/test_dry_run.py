@@ -105,7 +105,8 @@ def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
     assert "world_size=800" in r.stdout and "TP=4 x PP=5 x DP=40" in r.stdout
     for m in node_lines(r.stdout):
         assert "NCCL_IB_HCA=mlx5_0\\,mlx5_1 " in m[6] or "NCCL_IB_HCA=mlx5_0,mlx5_1 " in m[6], m[6][:400]
-        assert "GLOO_SOCKET_IFNAME=ib0 " in m[6] and "OMP_NUM_THREADS=1 " in m[6] and "MY_SETTING" not in m[6]
+        assert "GLOO_SOCKET_IFNAME=ib0 " in m[6] and "OMP_NUM_THREADS=1 " in m[6] and "MY_SETTING=" not in m[6]
+        assert "LAUNCH_ENV_NAMES=MY_SETTING " in m[6]  # its name only: what rank_exec.sh may export from the file
     assert "user env (values not shown): MY_SETTING" in r.stdout and "a b" not in r.stdout
     r = run_launch("train.sh", recipe, "--hostfile", hf, "--backend", "deepspeed", "--dry-run", "--env",
                    "MY_SETTING", "--log-dir", tmp_path / "d", "--", DATA, env=env)

@@ -172,38 +172,39 @@ def test_a_real_launch_refused_starts_no_process(tmp_path, backend):
 
 
 @pytest.mark.unit
-def test_a_relaunch_over_checkpoints_of_another_layout_is_refused_with_the_reshape_command(tmp_path, launch_here):
-    """checkpoint.dir holds a TP=2 checkpoint (its complete.json records the layout); launched on 2 ranks at TP=1 the
-    dry run and preflight refuse it before anything starts, printing the `recipes reshape` command to run."""
+def test_a_relaunch_over_checkpoints_it_cannot_reshard_is_refused_with_the_fix(tmp_path, launch_here):
+    """checkpoint.dir holds a TP=2 ZeRO-1 checkpoint (its complete.json records the layout). Launched at another
+    layout it is resharded on load (accepted); launched as ZeRO-3, which resharding on load cannot fill, the dry run
+    and preflight refuse it before anything starts, saying how to resume."""
     ck = tmp_path / "ck"
     recorded_tag(ck, str(TINY), "parallel.tp=2", world=2)
-    command = (f"`python -m recipes reshape --checkpoint {ck} --tag global_step4 --out {ck}-tp1-cp1-pp1-dp2-zero1 "
-               "--to tp=1,pp=1,dp=2,cp=1,zero=1`")
-    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", DATA, f"checkpoint.dir={ck}")
+    fix = "resume at parallel.zero_stage=2 (`recipes train` reshards it on load)"
+    err = refused(launch_here, tmp_path, TINY, *LOCAL, "--", DATA, f"checkpoint.dir={ck}", "parallel.zero_stage=3")
     assert err.startswith(f"[launch] error: recipe 'tiny-cpu' cannot start:\n  - checkpoint.dir = {ck} holds "
                           "global_step4, saved at TP=2 x CP=1 x PP=1 x DP=1, ZeRO-1, ")
-    assert command in err and err.count("\n") == 2, err
+    assert fix in err and err.count("\n") == 2, err
     hf = tmp_path / "hostfile"
     hf.write_text("node-that-does-not-exist slots=2\n")  # never contacted: the recipe is refused first
     err = refused(launch_here, tmp_path, TINY, "--hostfile", hf, "--backend", "torchrun-ssh", "--", DATA,
-                  f"checkpoint.dir={ck}", script="preflight.sh")
-    assert command in err and "unreachable" not in err
-    # at the saved layout the same launch is accepted
-    r = launch_here("train.sh", TINY, *LOCAL, "--dry-run", "--log-dir", tmp_path / "ok", "--", DATA,
-                    f"checkpoint.dir={ck}", "parallel.tp=2")
-    assert r.returncode == 0, r.stderr
+                  f"checkpoint.dir={ck}", "parallel.zero_stage=3", script="preflight.sh")
+    assert fix in err and "unreachable" not in err
+    for layout in (["parallel.tp=2"], ["parallel.tp=1"]):  # the saved layout, and another one (resharded on load)
+        r = launch_here("train.sh", TINY, *LOCAL, "--dry-run", "--log-dir", tmp_path / f"ok{layout[0][-1]}", "--",
+                        DATA, f"checkpoint.dir={ck}", *layout)
+        assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.multiproc
 def test_a_real_relaunch_at_another_layout_starts_no_process(tmp_path):
-    """Not a dry run: refused for the layout of its checkpoints, the launcher starts no process at all."""
+    """Not a dry run: refused for the layout of its checkpoints (ZeRO-3 over a ZeRO-1 checkpoint), the launcher starts
+    no process at all."""
     ck = tmp_path / "ck"
     recorded_tag(ck, str(TINY), "parallel.tp=2", world=2)
     logs = tmp_path / "logs"
     r = subprocess.run([sys.executable, "-c", PROBE, "train", str(TINY), *LOCAL, "--log-dir", str(logs), "--", DATA,
-                        f"checkpoint.dir={ck}"], cwd=REPO, env=launch_env(), capture_output=True, text=True,
-                       timeout=120)
+                        f"checkpoint.dir={ck}", "parallel.zero_stage=3"], cwd=REPO, env=launch_env(),
+                       capture_output=True, text=True, timeout=120)
     probe = json.loads(next(line[6:] for line in r.stdout.splitlines() if line.startswith("PROBE ")))
     assert probe == {"rc": 2, "started": []}, (probe, r.stderr)
-    assert f"`python -m recipes reshape --checkpoint {ck} --tag global_step4 " in r.stderr
+    assert "resume at parallel.zero_stage=2 (`recipes train` reshards it on load)" in r.stderr
     assert not logs.exists()

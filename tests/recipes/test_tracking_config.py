@@ -44,11 +44,14 @@ def test_two_projects_that_disagree_are_refused():
         _recipe("logging.wandb_project=a", "logging.wandb={project: b}")
 
 
-def test_the_run_id_comes_from_the_checkpoint_then_the_log_dir_then_is_new(tmp_path):
+def test_the_run_id_comes_from_the_log_dir_that_started_it_then_is_new(tmp_path):
     first, new = run_id(None, tmp_path, "tiny cpu/7")
     assert new and first.startswith("tiny-cpu-7-") and (tmp_path / ID_FILE).read_text().strip() == first
     assert run_id(None, tmp_path, "tiny cpu/7") == (first, False)  # a restart before the first checkpoint
-    assert run_id("from-ckpt", tmp_path, "x") == ("from-ckpt", False)  # the checkpoint's id wins...
+    assert run_id(first, tmp_path, "x") == (first, False)  # a restart from its checkpoint
+    # a checkpoint naming a W&B run this log dir never started is not followed unasked (tests/recipes/
+    # test_wandb_run_id.py); the user's logging.wandb.run_id is
+    assert run_id("from-ckpt", tmp_path, "x", chosen="from-ckpt") == ("from-ckpt", False)
     assert (tmp_path / ID_FILE).read_text().strip() == "from-ckpt"  # ...and is kept for the next restart
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

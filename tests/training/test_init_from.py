@@ -90,10 +90,11 @@ def test_long_context_stage_starts_from_the_source_weights(source, corpus, direc
         assert m["client_state"]["step"] == step and m["client_state"]["consumed_samples"] == 8 * step
         assert m["client_state"]["init_from"] == {
             "dir": str(source.resolve()), "tag": "global_step3", "step": 3, "layout": {
-                "tp": 2, "cp": 1, "pp": 1, "dp": 1, "ep": 1, "zero_stage": 1, "padded_vocab_size": 512,
+                "tp": 2, "cp": 1, "pp": 1, "vpp": 1, "dp": 1, "ep": 1, "zero_stage": 1, "padded_vocab_size": 512,
                 "seq_length": 64}, "recipe": src["recipe"], "optimizer": False}
-        assert m["layout"] == {"tp": 1, "cp": 2, "pp": 1, "dp": 1, "ep": 1, "zero_stage": 1, "padded_vocab_size": 384,
-                               "seq_length": 256, "world_size": 2}
+        assert m["layout"] == {"tp": 1, "cp": 2, "pp": 1, "vpp": 1, "dp": 1, "ep": 1, "zero_stage": 1,
+                               "padded_vocab_size": 384, "seq_length": 256, "world_size": 2, "schedule": "1f1b",
+                               "format": 2}
     # weights only: fresh moments, Adam's step count from zero
     assert read_full_state(stage, model_cfg, with_moments=True).meta["optimizer_step"] == 2
 
@@ -123,21 +124,24 @@ def test_optimizer_state_carried_when_asked(source, corpus, direct_first_loss, t
     assert read_full_state(stage, model_cfg, tag="global_step1", with_moments=True).meta["optimizer_step"] == 4
 
 
-def test_relaunch_at_another_layout_is_refused_and_the_printed_reshape_works(source, corpus):
-    """The source (TP=2) relaunched on 2 ranks at TP=1 is refused with a reshape command; that command, run as
-    printed, writes a checkpoint the TP=1 launch accepts and resumes."""
+def test_relaunch_at_another_layout_reshards_on_load(source, corpus, tmp_path):
+    """The source (TP=2) relaunched on 2 ranks at TP=1 x DP=2 is accepted before launch and resharded on load: its
+    tag only read, the next step's loss that of resuming it at TP=2."""
+    import hashlib
+    import shutil
+
     from recipes.planner.validation import validate_for_launch
 
-    run = [f"data.manifests=[{corpus}]", f"checkpoint.dir={source}", "training.train_steps=4"]
-    [problem] = validate_for_launch(load_recipe(RECIPE, run), 2)
-    command = str(problem).split("`")[1]
-    assert command.startswith(f"python -m recipes reshape --checkpoint {source} --tag global_step3 ")
-    out = Path(problem.fix.split("checkpoint.dir=")[1].split(" ")[0])
-    assert command.split()[1:3] == ["-m", "recipes"]
-    r = recipes_cli([*command.split()[3:], "--quiet"], env=worker_env(), timeout=600)  # the printed command, forked
-    assert r.returncode == 0, r.stderr[-3000:]
-    moved = [f"data.manifests=[{corpus}]", f"checkpoint.dir={out}", "training.train_steps=4"]
-    assert validate_for_launch(load_recipe(RECIPE, moved), 2) == []
-    resumed = pretrain(2, *moved, timeout=600)
-    assert f"resumed from {out / 'global_step3'}" in resumed.stdout + resumed.stderr
-    assert sorted(losses(out)) == [4]
+    runs = {name: tmp_path / name for name in ("tp1dp2", "tp2")}
+    for d in runs.values():
+        shutil.copytree(source, d)
+    digest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (source / "global_step3").iterdir()}
+    common = [f"data.manifests=[{corpus}]", "training.train_steps=4"]
+    assert validate_for_launch(load_recipe(RECIPE, [*common, f"checkpoint.dir={runs['tp1dp2']}"]), 2) == []
+    out = pretrain(2, *common, f"checkpoint.dir={runs['tp1dp2']}", timeout=600)
+    assert "resharding it on load" in out.stdout + out.stderr
+    pretrain(2, *common, f"checkpoint.dir={runs['tp2']}", "parallel.tp=2", timeout=600)  # loaded by DeepSpeed
+    got, ref = losses(runs["tp1dp2"])[4], losses(runs["tp2"])[4]
+    assert abs(got - ref) <= 1e-5 * ref, (got, ref)
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (runs["tp1dp2"] / "global_step3").iterdir()
+            } == digest  # the source tag only read

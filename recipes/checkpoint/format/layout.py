@@ -108,11 +108,12 @@ def detect_layout(tag_dir: Path) -> SourceLayout:
         tp = int(dims.get("tp_degree", len(layer_tp)))
         pp = int(dims.get("pp_degree", len(mp_files) // tp))
         return SourceLayout(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, pipeline_files=True)
-    # format 2: the record names TP and PP (each of the TP x PP model-parallel ranks has its own mp_rank file);
-    # a tag without one predates pipelines in this format (PP = 1)
+    # format 2: each of the TP x PP model-parallel ranks has its own mp_rank file; the record (else DeepSpeed's own
+    # parallel dimensions in the file) says how TP and PP make them
     from recipes.checkpoint.format.layout_record import marker
 
     rec = marker(tag_dir).get("layout") or {}
-    pp = int(rec.get("pp", 1))
-    return SourceLayout(tp=int(rec.get("tp", len(mp_files) // pp)), pp=pp, dp=dp, zero_stage=zero_stage,
-                        pipeline_files=False, vpp=int(rec.get("vpp", 1)))
+    dims = first.get("checkpoint_parallel_dimensions") or {}  # DeepSpeed's engine records PP and TP in every file
+    pp = int(rec.get("pp") or dims.get("pp_degree") or 1)
+    return SourceLayout(tp=int(rec.get("tp") or dims.get("tp_degree") or len(mp_files) // pp), pp=pp, dp=dp,
+                        zero_stage=zero_stage, pipeline_files=False, vpp=int(rec.get("vpp", 1)))

@@ -439,11 +439,11 @@ def _model_states(plan: Plan, stage: int, module: OrderedDict) -> dict:
     for key in ("base_lrs", "_last_lr", "lr_lambdas"):
         if key in lr_sched:
             lr_sched[key] = [lr_sched[key][0]] * len(groups)
-    model_states.pop("checkpoint_parallel_dimensions", None)  # DeepSpeed's pipeline engine's (a source before format 2)
     model_states.update(
         module=module, optimizer=None, lr_scheduler=lr_sched,
         param_shapes=[OrderedDict((n, torch.Size(s)) for n, s in zip(g.names, g.shapes)) for g in groups],
-        dp_world_size=plan.dp, mp_world_size=plan.tp * plan.pp, ds_config=plan.ds_config)
+        dp_world_size=plan.dp, mp_world_size=plan.tp * plan.pp, ds_config=plan.ds_config,
+        checkpoint_parallel_dimensions={"pp_degree": plan.pp, "tp_degree": plan.tp})  # as DeepSpeed's engine writes
     model_states.update(plan.model_states["client_state"])
     return model_states
 
