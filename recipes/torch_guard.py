@@ -40,6 +40,9 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
 
 def _guard() -> None:
+    loading = sys.modules.get("recipes.checkpoint.safe_load")
+    if loading is not None and not hasattr(loading, "guard_torch_load"):
+        return  # torch was imported by safe_load itself, which guards torch.load as its import ends
     from recipes.checkpoint.safe_load import guard_torch_load
 
     guard_torch_load()

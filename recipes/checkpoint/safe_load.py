@@ -103,3 +103,6 @@ def guard_torch_load() -> None:
     data_only_load._recipes_original = original
     torch.load = data_only_load
     torch.serialization.load = data_only_load
+
+
+guard_torch_load()  # importing this module guards the process too (it may be what imported torch first)

@@ -28,7 +28,9 @@ def _payload(path: Path, marker: Path) -> None:
     ("import recipes, torch", "from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import "
                               "TorchCheckpointEngine\nTorchCheckpointEngine().load(PATH)"),
     ("import torch, recipes", "torch.serialization.load(PATH, weights_only=False)"),
-], ids=["project first, DeepSpeed's engine", "torch first, torch.serialization.load"])
+    # the safe loader's own module importing torch first (it once failed as a circular import in `recipes reshape`)
+    ("import recipes.checkpoint.safe_load, torch", "torch.load(PATH, weights_only=False)"),
+], ids=["project first, DeepSpeed's engine", "torch first, torch.serialization.load", "the loader imports torch"])
 def test_torch_load_of_a_project_process_never_unpickles_code(tmp_path, first, load):
     bad, marker = tmp_path / "bad.pt", tmp_path / "pwned"
     _payload(bad, marker)
