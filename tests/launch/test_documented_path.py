@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import rank_forks
 from tests.support.launch import REPO, launch_env
@@ -148,19 +149,22 @@ def test_the_documented_cluster_path_end_to_end(ssh_cluster, tmp_path):
     metrics_before = metrics(ckpt)
     assert stopped_at == max(first)  # the stop saved the step it reached
 
-    # One node left. Before any rank starts, the launcher refuses the recipe's pinned DP=4 on 2 ranks, naming the fix;
+    # One node left. Before any rank starts, the launcher refuses the recipe's pinned DP on 2 ranks, naming the fix;
     # with it, the checkpoint's recorded layout is checked: the plan chose ZeRO-0 for this CPU cluster, which
-    # partitions nothing over DP, so DP 4 -> 2 loads the same files and the run resumes (at ZeRO-1/2 the launch is
-    # refused with the `recipes reshape` command to run: tests/training/test_init_from.py runs that path as printed).
+    # partitions nothing over DP, so the lower DP loads the same files and the run resumes (at ZeRO-1/2 it would be
+    # resharded on load: tests/training/test_init_from.py, test_reshard_on_load.py).
     assert "zero_stage: 0" in recipe.read_text()
+    planned = yaml.safe_load(recipe.read_text())["parallel"]
+    replica = planned.get("tp", 1) * planned.get("pp", 1)
+    dp = 2 // replica  # what one node's 2 ranks hold: the plan's model split kept, DP lowered
     one = tmp_path / "hosts1"
     one.write_text("node1 slots=2\n")
     relaunch = ["bash", REPO / "launch" / "train.sh", recipe, "--hostfile", one, "--log-dir", tmp_path / "l2",
                 "--quiet"]
     refused = run(relaunch, env, check=False)
-    assert refused.returncode == 3 and "Fix: set parallel.dp=2" in refused.stderr, refused.stderr
+    assert refused.returncode == 3 and f"Fix: set parallel.dp={dp}" in refused.stderr, refused.stderr
     assert not (tmp_path / "l2" / "attempt-1").exists()  # nothing started
-    cont = run([*relaunch, "--", "parallel.dp=2"], env, timeout=900)
+    cont = run([*relaunch, "--", f"parallel.dp={dp}"], env, timeout=900)
     assert "finished: all 2 ranks exited 0" in cont.stderr, cont.stderr[-3000:]
     second = {m["step"]: m["loss"] for m in metrics(ckpt)[len(metrics_before):] if "loss" in m}
     assert min(second) == stopped_at + 1 and max(second) == STEPS, sorted(second)
