@@ -18,7 +18,11 @@ def eval_loss(eng, batches: MicroBatches, iters: int, global_batch: int) -> floa
     for i in range(iters):
         mbs = batches.step(i * global_batch)
         if eng.pipeline is not None:
-            total = torch.tensor(eng.pipeline.evaluate(mbs), device=eng.device)
+            eng.module.eval()  # the chunks run this rank's layers: eval mode (no MoE statistics, no aux loss)
+            try:
+                total = torch.tensor(eng.pipeline.evaluate(mbs), device=eng.device)
+            finally:
+                eng.module.train()
             torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
             losses.append(float(total) / parallel_state.get_data_parallel_world_size())
             continue
