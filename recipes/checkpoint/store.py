@@ -23,7 +23,7 @@ from recipes.checkpoint.format.tags import step_of, tag_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Checkpointer", "save", "resume", "newest_complete", "mark_complete", "tag_for", "MARKER"]
+__all__ = ["Checkpointer", "save", "load", "newest_agreed", "newest_complete", "mark_complete", "tag_for", "MARKER"]
 
 
 def _rank() -> int:
@@ -194,12 +194,6 @@ def _disk_full_message(root: Path, tag: str, e: BaseException | None) -> str | N
             f"from {root / good if good else 'the start (no complete checkpoint yet)'}")
 
 
-def resume(engine, ckpt_dir: str | None) -> dict | None:
-    """Collective. Load the newest complete checkpoint; returns its client_state, or None when starting fresh."""
-    tag_dir = newest_agreed(ckpt_dir)
-    return None if tag_dir is None else load(engine, tag_dir)
-
-
 def newest_agreed(ckpt_dir: str | None) -> Path | None:
     """Collective: the newest complete tag of `ckpt_dir` as rank 0 finds it, the same on every rank (None: none)."""
     if not ckpt_dir:
@@ -221,8 +215,6 @@ def load(engine, tag_dir: Path) -> dict:
         # The model-states file carrying client_state lives on DP rank 0 of each model-parallel rank.
         client_state = marked_client_state(tag_dir)
     rng.restore(tag_dir, _rank())
-    log.info(f"checkpoint: resumed from {tag_dir} at step {client_state['step']}, "
-             f"{client_state['consumed_samples']} samples consumed")
     return client_state
 
 
