@@ -17,6 +17,7 @@ COMMANDS = {  # command -> (module, one line for --help)
     "reshape": ("recipes.tools.reshape", "re-lay a checkpoint for another TP x PP x DP"),
     "bench-reshape": ("recipes.tools.bench_reshape", "peak memory and time of the streaming reshape, per checkpoint"),
     "bench-resume": ("recipes.tools.bench_resume", "time to resume at another layout (resharded) vs at the saved one"),
+    "bench-checksums": ("recipes.tools.bench_checksums", "checkpoint write and read time with checksums vs without"),
     "demo": ("recipes.tools.demo", "the main job: corpus -> shards -> plan -> train -> export -> report"),
     "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
     "bench-moe": ("recipes.tools.bench_moe", "step time of a dense model vs an MoE of the same active size"),

@@ -17,7 +17,7 @@ import torch
 
 from recipes.checkpoint import shm_writer, writer
 from recipes.config import file_mode
-from recipes.checkpoint.format import rng
+from recipes.checkpoint.format import checksums, rng
 from recipes.checkpoint.format.tags import MARKER, client_state as marked_client_state, mark_complete, newest_complete
 from recipes.checkpoint.format.tags import step_of, tag_for
 
@@ -69,6 +69,9 @@ class Checkpointer:
             # Re-saving a tag (e.g. after resuming from an older one): its old marker must not vouch for files that
             # are being rewritten, should this save be interrupted.
             (self.root / tag / MARKER).unlink(missing_ok=True)
+            # ...nor its old checksum records (a rank of another layout may now write a file another rank wrote)
+            for record in (self.root / tag).glob(f"{checksums.PREFIX}*{checksums.SUFFIX}"):
+                record.unlink(missing_ok=True)
         _barrier()
         started = time.perf_counter()
         if self.background:
@@ -78,8 +81,10 @@ class Checkpointer:
             self.engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
             self.files.save(rng.rng_state(), str(rng.rng_file(self.root / tag, _rank())))
             jobs, written = self.files.take()
+            digests = self.files.take_digests()
         except (OSError, RuntimeError) as e:
             self.files.take()
+            self.files.take_digests()
             full = _disk_full_message(self.root, tag, e)
             if full:
                 raise RuntimeError(full) from e
@@ -90,7 +95,7 @@ class Checkpointer:
             foreground = sorted({str(p) for p in (self.root / tag).rglob("*") if p.is_file()} - queued
                                 - {str(self.root / tag / MARKER)})
         write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background_writer,
-                                max_bytes_per_s=self.max_bytes_per_s if capped else None)
+                                max_bytes_per_s=self.max_bytes_per_s if capped else None, digests=digests)
         self.inflight = {"step": step, "tag": tag, "client_state": client_state, "write": write, "started": started}
         if self.background:
             log.info(f"checkpoint: {tag} copied to host memory in {time.perf_counter() - started:.2f} s; "

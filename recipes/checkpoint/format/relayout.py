@@ -42,7 +42,7 @@ import torch
 
 from data_prep.io import fsync_dir
 from recipes.checkpoint import safe_load
-from recipes.checkpoint.format import deepspeed_private, layout_record
+from recipes.checkpoint.format import checksums, deepspeed_private, layout_record
 from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.expert_shards import is_moe_split, merge_moe, tp_dim as expert_tp_dim
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, model_states_name,
@@ -412,9 +412,10 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
     optimizer file per DP rank."""
     cache = _OneTensorCache(src)
     figures = {"bytes": 0, "files": 0}
+    digests: dict[str, str] = {}
 
     def save(obj, name):
-        figures["bytes"] += write_durably(obj, plan.out_tag / name)  # fsynced: complete.json follows
+        figures["bytes"] += write_durably(obj, plan.out_tag / name, digests=digests)  # fsynced: complete.json follows
         figures["files"] += 1
 
     module = _write_weights(plan, src, cache, stage, t, save)
@@ -423,6 +424,7 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
     del module
     for d in range(plan.dp):
         save(_optim_file(plan, src, cache, plan.stage_groups[stage], t, d), optim_file_name(d, mp))
+    checksums.record(plan.out_tag, f"mp{mp}", digests)
     cache.clear()  # release the last tensor before the next item
     figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return figures
