@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from recipes.config.cli_help import refuse
+
 COMMANDS = {  # command -> (module, one line for --help)
     "train": ("recipes.train.cli", "train a recipe (under torchrun / deepspeed, or --local N CPU ranks)"),
     "plan": ("recipes.planner.cli", "rank parallel layouts for a model and cluster, explain the best"),
@@ -58,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command '{name}'\n\n{usage()}", file=sys.stderr)
-        return 2
+        return refuse(f"unknown command '{name}'\n\n{usage()}")
     module = importlib.import_module(COMMANDS[name][0])
     return module.main(rest)
 

@@ -31,7 +31,6 @@ makes DeepSpeed's engine build ZeRO with megatron-core's expert groups (recipes.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -352,10 +351,3 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
     if z_coeff > 0:
         out["moe_z_loss"] = sum(float(r[E + 2]) for r in rows) / len(rows)
     return out
-
-
-def expected_capacity(tokens: int, model_cfg) -> int:
-    """Tokens one expert takes from a routing call of `tokens` tokens under model.moe.capacity_factor (megatron-core's
-    get_capacity): ceil(tokens x top_k / num_experts x capacity_factor)."""
-    moe = model_cfg.moe
-    return math.ceil(tokens * moe.top_k / moe.num_experts * moe.capacity_factor)
