@@ -34,7 +34,8 @@ import orjson
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import WorkerDied, make_executor, select_slice, session as executor_session
+from data_prep.executors.base import WorkerDied, select_slice
+from data_prep.executors.choose import make_executor, session as executor_session
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
 from data_prep.settings import DEFAULT_MAX_RECORD, STAGES, check_locations

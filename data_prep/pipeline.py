@@ -21,7 +21,8 @@ import numpy as np
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import WorkerDied, make_executor, select_slice
+from data_prep.executors.base import WorkerDied, select_slice
+from data_prep.executors.choose import make_executor
 from data_prep.progress import Progress
 from data_prep.read.probe import probe_inputs
 from data_prep.read.units import Unit, list_inputs, plan_units
