@@ -70,8 +70,36 @@ class Layout:
                  max_tp: int | None = None) -> list[LayoutProblem]:
         """Every reason this layout cannot train `model_cfg` (empty = it can). `partition` (the recipe's
         parallel.pipeline_partition) adds the pipeline-split check; `max_tp` bounds the TP degrees suggested."""
+        out = self._tensor_split_problems(model_cfg, max_tp)
+        out += self._pipeline_split_problems(model_cfg, partition)
+        out += self._pipeline_schedule_problems(model_cfg)
+        out += self._micro_batch_round_problems(global_batch)
+        if self.zero_stage >= 2 and self.pp > 1:
+            why = ("ZeRO-2 reduces each gradient while the engine runs the backward, and the pipeline schedule runs "
+                   "it outside the engine (DeepSpeed 0.19's ZeRO-2 fails at the first step under it)"
+                   if self.zero_stage == 2 else "ZeRO-3 would gather every stage's weights again for each micro-batch "
+                   "and chunk the schedule runs, outside the engine that gathers them")
+            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
+                                     f"{self.pp}: {why}", "set parallel.zero_stage=1 or parallel.pp=1 (ZeRO-1 shards "
+                                     "the optimizer state over DP, most of ZeRO's saving at PP > 1)"))
+        if self.sequence_parallel and self.tp == 1:
+            out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
+                                     "> 1 (it splits the TP all-reduce regions along the sequence)",
+                                     "set parallel.sequence_parallel=false or tp >= 2"))
+        out += self._sequence_split_problems(model_cfg)
+        out += self._expert_problems(model_cfg)
+        if global_batch is not None and global_batch % (self.micro_batch * self.dp):
+            per = self.micro_batch * self.dp
+            out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
+                                     f"of parallel.micro_batch x dp = {self.micro_batch} x {self.dp} = {per}",
+                                     f"use global_batch={_round_to(global_batch, per)} (a multiple of {per}) or a "
+                                     f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
+        return out
+
+    def _tensor_split_problems(self, model_cfg, max_tp: int | None) -> list[LayoutProblem]:
+        """Heads, KV groups and the dense MLP split over TP ranks (megatron-core's parallel linears)."""
         out: list[LayoutProblem] = []
-        tp, pp, heads, groups = self.tp, self.pp, model_cfg.num_attention_heads, model_cfg.query_groups
+        tp, heads, groups = self.tp, model_cfg.num_attention_heads, model_cfg.query_groups
         limit = max_tp or heads
         if heads % tp:
             out.append(LayoutProblem("parallel.tp", f"model.num_attention_heads={heads} is not divisible by "
@@ -85,60 +113,50 @@ class Layout:
             out.append(LayoutProblem("parallel.tp", f"model.ffn_hidden_size={ffn} is not divisible by parallel.tp="
                                      f"{tp}: the MLP is split over TP ranks (megatron-core's parallel linears)",
                                      f"use a multiple of {tp}, or tp in {_divisors_upto(ffn, limit)}"))
+        return out
+
+    def _pipeline_split_problems(self, model_cfg, partition: str | None) -> list[LayoutProblem]:
+        """Every stage needs a layer; under ZeRO-1 every stage needs the same optimizer param groups."""
+        pp = self.pp
         if pp > model_cfg.num_layers:
-            out.append(LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
-                                     f"{model_cfg.num_layers}: every stage needs at least one layer",
-                                     f"use pp <= {model_cfg.num_layers}"))
-        elif pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1):
+            return [LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
+                                  f"{model_cfg.num_layers}: every stage needs at least one layer",
+                                  f"use pp <= {model_cfg.num_layers}")]
+        if not (pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1)):
             # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong; with
             # expert parallelism a stage without MoE layers also lacks the experts' param group)
-            from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
-            problem = uneven_group_problem(layer_names(model_cfg), rank_layers(
-                model_cfg, tp, pp, self.vpp, partition or "uniform", self.ep), self.ep)
-            if problem and "MoE" in problem:
-                out.append(LayoutProblem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: "
-                                         f"stages get different optimizer param groups ({problem})",
-                                         "DeepSpeed's ZeRO-1 would hang in the first optimizer step; give every "
-                                         "pipeline stage at least one MoE layer (model.moe.layer_pattern, "
-                                         "first_dense_layers or another parallel.pp), or use parallel.ep=1"))
-            elif problem:
-                out.append(LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
-                                         f"parallel.pp={pp} gives stages different optimizer param groups "
-                                         f"({problem})", UNEVEN_GROUPS_FIX))
-        out += self._pipeline_schedule_problems(model_cfg)
-        if global_batch is not None and pp > 1 and self.schedule != "1f1b" and \
-                global_batch % (self.micro_batch * self.dp) == 0:
-            m = global_batch // (self.micro_batch * self.dp)
-            rounds = max(1, m // pp)
-            if m % rounds:
-                good = [k * pp for k in range(1, 5)]
-                out.append(LayoutProblem("training.global_batch", f"parallel.pipeline_schedule={self.schedule} runs "
-                                         f"the micro-batches in rounds of parallel.pp={pp}: {m} micro-batches per "
-                                         f"step (global_batch / (micro_batch x dp)) do not make whole rounds",
-                                         f"use a multiple of pp micro-batches, e.g. global_batch = "
-                                         f"{good[0] * self.micro_batch * self.dp} or "
-                                         f"{good[1] * self.micro_batch * self.dp}, or pipeline_schedule=1f1b"))
-        if self.zero_stage >= 2 and pp > 1:
-            why = ("ZeRO-2 reduces each gradient while the engine runs the backward, and the pipeline schedule runs "
-                   "it outside the engine (DeepSpeed 0.19's ZeRO-2 fails at the first step under it)"
-                   if self.zero_stage == 2 else "ZeRO-3 would gather every stage's weights again for each micro-batch "
-                   "and chunk the schedule runs, outside the engine that gathers them")
-            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
-                                     f"{pp}: {why}", "set parallel.zero_stage=1 or parallel.pp=1 (ZeRO-1 shards the "
-                                     "optimizer state over DP, most of ZeRO's saving at PP > 1)"))
-        if self.sequence_parallel and tp == 1:
-            out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
-                                     "> 1 (it splits the TP all-reduce regions along the sequence)",
-                                     "set parallel.sequence_parallel=false or tp >= 2"))
-        out += self._sequence_split_problems(model_cfg)
-        out += self._expert_problems(model_cfg)
-        if global_batch is not None and global_batch % (self.micro_batch * self.dp):
-            per = self.micro_batch * self.dp
-            out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
-                                     f"of parallel.micro_batch x dp = {self.micro_batch} x {self.dp} = {per}",
-                                     f"use global_batch={_round_to(global_batch, per)} (a multiple of {per}) or a "
-                                     f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
-        return out
+            return []
+        from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
+        problem = uneven_group_problem(layer_names(model_cfg), rank_layers(
+            model_cfg, self.tp, pp, self.vpp, partition or "uniform", self.ep), self.ep)
+        if problem and "MoE" in problem:
+            return [LayoutProblem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: stages get "
+                                  f"different optimizer param groups ({problem})",
+                                  "DeepSpeed's ZeRO-1 would hang in the first optimizer step; give every pipeline "
+                                  "stage at least one MoE layer (model.moe.layer_pattern, first_dense_layers or "
+                                  "another parallel.pp), or use parallel.ep=1")]
+        if problem:
+            return [LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
+                                  f"parallel.pp={pp} gives stages different optimizer param groups ({problem})",
+                                  UNEVEN_GROUPS_FIX)]
+        return []
+
+    def _micro_batch_round_problems(self, global_batch: int | None) -> list[LayoutProblem]:
+        """Interleaved and zero-bubble schedules run the micro-batches in rounds of pp."""
+        pp = self.pp
+        if global_batch is None or pp == 1 or self.schedule == "1f1b" or global_batch % (self.micro_batch * self.dp):
+            return []
+        m = global_batch // (self.micro_batch * self.dp)
+        rounds = max(1, m // pp)
+        if m % rounds == 0:
+            return []
+        good = [k * pp for k in range(1, 5)]
+        return [LayoutProblem("training.global_batch", f"parallel.pipeline_schedule={self.schedule} runs the "
+                              f"micro-batches in rounds of parallel.pp={pp}: {m} micro-batches per step "
+                              f"(global_batch / (micro_batch x dp)) do not make whole rounds",
+                              f"use a multiple of pp micro-batches, e.g. global_batch = "
+                              f"{good[0] * self.micro_batch * self.dp} or {good[1] * self.micro_batch * self.dp}, or "
+                              f"pipeline_schedule=1f1b")]
 
     def _pipeline_schedule_problems(self, model_cfg) -> list[LayoutProblem]:
         """Virtual stages and the schedule: each of the pp x vpp chunks needs a decoder layer; 1F1B runs one chunk
