@@ -29,6 +29,15 @@ class WorkerDied:
         return f"WorkerDied({self.why!r})"
 
 
+class UnitsFailed(Exception):
+    """A command (tokenize, curate) whose units did not all complete: `failed` lists them (unit, error), the message
+    says what to rerun. The others are complete and a rerun keeps them."""
+
+    def __init__(self, message: str, failed: List[dict]):
+        super().__init__(message)
+        self.failed = failed
+
+
 class Executor(ABC):
     @abstractmethod
     def run(self, task: Callable[[U], Any], units: Sequence[U], on_result: Callable[[U, Any], None], bar) -> None:
