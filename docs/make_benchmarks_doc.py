@@ -94,9 +94,16 @@ def _cross_problems(doc: Benchmarks) -> list[str]:
     links = [(f"areas[{n}] ({a.id!r})", a.doc) for n, a in enumerate(doc.areas)]
     links += [(f"figures[{n}] ({f.what[:60]!r})", f.doc) for n, f in enumerate(doc.figures)]
     for where, link in links:
-        if link and not (REPO / "docs" / link.split("#")[0]).is_file():
-            out.append(f"{where}: doc: no page docs/{link.split('#')[0]}")
+        page, _, anchor = link.partition("#")
+        if link and not (REPO / "docs" / page).is_file():
+            out.append(f"{where}: doc: no page docs/{page}")
+        elif anchor and anchor not in _anchors(REPO / "docs" / page):
+            out.append(f"{where}: doc: docs/{page} has no heading #{anchor}")
     return out
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(line.lstrip("#").strip()) for line in page.read_text().splitlines() if line.startswith("#")}
 
 
 def load(path: Path = YAML) -> Benchmarks:

@@ -54,6 +54,7 @@ def command_problems(command: str) -> list[str]:
 
 def test_benchmarks_md_is_what_the_yaml_renders_to():
     assert GEN.stale() == [], "\n".join(GEN.stale())
+    assert GEN.main(["--check"]) == 0  # what a contributor runs
 
 
 def test_every_figure_has_a_date_a_machine_and_a_command_that_exists():
@@ -96,21 +97,28 @@ def test_an_entry_without_its_date_machine_or_command_is_refused_naming_it(tmp_p
     assert e.value.lines == [f"{path}: figures[2] ({what[:60]!r}): {field}: Field required"]
 
 
-def test_an_unknown_area_an_empty_area_and_a_piped_command_are_refused(tmp_path):
+def test_an_unknown_area_an_empty_area_a_bad_link_and_a_piped_command_are_refused(tmp_path):
     def change(raw):
         raw["figures"][0]["area"] = "mainjob"
         raw["figures"][1]["command"] = "python -m recipes demo | tail -3"
         raw["figures"][5]["doc"] = "no_such_page.md"
+        raw["figures"][6]["doc"] = "cluster.md#no-such-heading"
+        raw["figures"] = [f for f in raw["figures"] if f["area"] != "gpu"]  # the last area: indexes above unchanged
     with pytest.raises(GEN.BenchmarksError) as e:
         GEN.load(_planted(tmp_path, change))
     text = "\n".join(e.value.lines)
     assert "figures[1]" in text and "must hold no '|'" in text
     # the pipe is refused by the schema, before the cross-checks: fix it, and the rest is named
+    def change_but_the_pipe(raw):
+        change(raw)
+        raw["figures"][1]["command"] = "python -m recipes demo"
     with pytest.raises(GEN.BenchmarksError) as e:
-        GEN.load(_planted(tmp_path, lambda raw: (change(raw), raw["figures"][1].update(command="python -m recipes demo"))))
+        GEN.load(_planted(tmp_path, change_but_the_pipe))
     text = "\n".join(e.value.lines)
     assert "figures[0]" in text and "area: 'mainjob' is not one of the areas" in text
     assert "figures[5]" in text and "no page docs/no_such_page.md" in text
+    assert "figures[6]" in text and "docs/cluster.md has no heading #no-such-heading" in text
+    assert "areas: 'gpu' has no figure" in text
 
 
 def test_a_stale_table_is_found(tmp_path):
