@@ -10,6 +10,7 @@ when docs/benchmarks.md is stale and when a command names a `recipes` / `data_pr
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import re
 import sys
@@ -199,16 +200,20 @@ def _shown(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="docs/make_benchmarks_doc.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is not current")
+    ap.add_argument("--yaml", type=Path, default=YAML, help="the figures (default: docs/benchmarks.yaml)")
+    ap.add_argument("--out", type=Path, default=OUT, help="the page (default: docs/benchmarks.md)")
+    args = ap.parse_args(argv)
     try:
-        problems = stale()
-        if "--check" in argv:
-            print("\n".join(problems) or f"{_shown(OUT)} is current", file=sys.stderr if problems else
-                  sys.stdout)
+        problems = stale(args.yaml, args.out)
+        if args.check:
+            print("\n".join(problems) or f"{_shown(args.out)} is current", file=sys.stderr if problems else sys.stdout)
             return 1 if problems else 0
         if problems:
-            OUT.write_text(render(load()))
-            print(f"wrote {_shown(OUT)}")
+            args.out.write_text(render(load(args.yaml)))
+            print(f"wrote {_shown(args.out)}")
     except BenchmarksError as e:
         print("\n".join(e.lines), file=sys.stderr)
         return 2
