@@ -2,14 +2,14 @@
 
     .venv/bin/python docs/make_planner_doc.py            # rewrite docs/planner.md and the generated blocks
     .venv/bin/python docs/make_planner_doc.py --check    # exit 1 naming every file that is not current
-    .venv/bin/python docs/make_planner_doc.py --measure  # also rerun `measure-zero` (real DeepSpeed on CPU, minutes)
+    .venv/bin/python docs/make_planner_doc.py --measure  # also rerun `bench zero-memory` (real DeepSpeed on CPU, minutes)
     .venv/bin/python docs/make_planner_doc.py --refit    # first refit the published calibrations (seconds)
     .venv/bin/python docs/make_planner_doc.py --cpu-runs DIR  # rerun `plan --calibrate` on the CPU runs in DIR
 
 It writes docs/planner.md whole, and the blocks between `<!-- planner: begin ... -->` and `<!-- planner: end -->`
 in README.md (the examples table), docs/concepts.md (the shipped examples) and docs/long_context.md (CP against more
 TP/PP, in the planner's numbers). Every plan is run in-process through
-`recipes.planner.cli.main`, exactly as the command shown. The measured block (`measure-zero`) is kept from the
+`recipes.planner.cli.main`, exactly as the command shown. The measured block (`bench zero-memory`) is kept from the
 current docs/planner.md unless --measure is given; tests/recipes/test_planner_real.py checks those measurements.
 The CPU calibration block is likewise kept unless --cpu-runs names the run directories (made as the block says).
 tests/recipes/test_planner_docs.py fails when any generated text differs from what is committed.
@@ -365,11 +365,11 @@ def concepts_block() -> str:
 
 def measured_block(measure: bool) -> str:
     if measure:
-        p = subprocess.run([sys.executable, "-m", "recipes", "measure-zero", *shlex.split(MEASURE)], cwd=REPO,
+        p = subprocess.run([sys.executable, "-m", "recipes", "bench", "zero-memory", *shlex.split(MEASURE)], cwd=REPO,
                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        return f"```\n$ python -m recipes measure-zero {MEASURE}\n{p.stdout.rstrip()}\n```\n"
+        return f"```\n$ python -m recipes bench zero-memory {MEASURE}\n{p.stdout.rstrip()}\n```\n"
     current = PLANNER_MD.read_text()
-    start = current.index("```\n$ python -m recipes measure-zero")
+    start = current.index("```\n$ python -m recipes bench zero-memory")
     return current[start:current.index("```\n", start + 4) + 4]
 
 
@@ -611,7 +611,7 @@ Llama 3 405B's published layouts, 128K with CP=16 included, are in the calibrati
 {{NOFIT}}
 ## Measured: model-state memory per rank under DeepSpeed ZeRO 0/1/2/3 (CPU, 2 gloo processes)
 
-`python -m recipes measure-zero` builds the model through `recipes.train.engine.initialize` (the training path), runs a
+`python -m recipes bench zero-memory` builds the model through `recipes.train.engine.initialize` (the training path), runs a
 step of two micro-batches, then counts every live tensor storage after each backward of a second step, and compares
 with the planner (`tests/recipes/test_planner_real.py` runs the same on a smaller shape):
 

@@ -61,17 +61,19 @@ def test_every_figure_has_a_command_that_exists():
 
 
 def test_the_command_check_finds_planted_commands():
-    assert command_problems("python -m recipes bench-checksums --mib 512 --repeat 3") == []
+    assert command_problems("python -m recipes bench checksums --mib 512 --repeat 3") == []
     assert command_problems("python -m data_prep bench-datatrove web.jsonl --max-mb 16") == []
-    assert command_problems("OMP_NUM_THREADS=1 python -m recipes bench-moe model.hidden_size=512") == []
+    assert command_problems("OMP_NUM_THREADS=1 python -m recipes bench moe model.hidden_size=512") == []
     assert "python -m recipes has no command 'bench-resharding'" in command_problems(
         "python -m recipes bench-resharding --data MANIFEST")[0]
+    assert "recipes bench has no benchmark 'resharding'" in command_problems(
+        "python -m recipes bench resharding --data MANIFEST")[0]
     assert "python -m data_prep has no command 'bench-verify'" in command_problems(
         "python -m data_prep bench-verify --mb 1024")[0]
     assert any("has no option --mebibytes" in why for why in command_problems(
-        "python -m recipes bench-checksums --mebibytes 512"))
+        "python -m recipes bench checksums --mebibytes 512"))
     assert any("no field 'hidden'" in why for why in command_problems(
-        "python -m recipes bench-moe model.hidden=512"))
+        "python -m recipes bench moe model.hidden=512"))
     assert command_problems("cat results.txt") and command_problems("python -m recipes")
 
 

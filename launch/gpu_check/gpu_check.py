@@ -176,7 +176,7 @@ def run_stages(st: Stages, result: dict, out: Path, dry: bool) -> None:
     tests_gpu(st, result, out, py)
     for i, mb in enumerate(mbs):  # bench_train at 2-3 micro-batch sizes; the largest is profiled
         js = out / f"bench_mb{mb}.json"
-        cmd = [py, "-m", "recipes", "bench-train", "--gpu", "--config", recipe, "--steps", str(steps),
+        cmd = [py, "-m", "recipes", "bench", "train", "--gpu", "--config", recipe, "--steps", str(steps),
                "--warmup", str(warmup), "--json", str(js), f"parallel.micro_batch={mb}", *extra]
         if i == len(mbs) - 1:
             cmd += ["--profile", str(out / "profile.txt")]
@@ -205,7 +205,7 @@ def compare(st: Stages, result: dict, out: Path, py: str, recipe: str, mid: int,
     compiling on CPU takes minutes and proves nothing about the GPU's kernels) the opt-in torch.compile."""
     js = out / "compare.json"
     result["stages"]["compare"] = st.run(
-        "megatron-core vs plain PyTorch", [py, "-m", "recipes", "bench-plain", "--config", recipe, "--steps",
+        "megatron-core vs plain PyTorch", [py, "-m", "recipes", "bench", "plain", "--config", recipe, "--steps",
                                            str(steps if dry else 5), "--warmup", str(warmup), "--json", str(js),
                                            f"parallel.micro_batch={mid}", *extra], cap_s=150, reserve_s=60)
     if js.is_file():
@@ -216,7 +216,7 @@ def compare(st: Stages, result: dict, out: Path, py: str, recipe: str, mid: int,
         return
     result["stages"]["bench_compiled"] = st.run(
         f"bench micro-batch {mid}, training.compile_decoder_layers=true",
-        [py, "-m", "recipes", "bench-train", "--gpu", "--config", recipe, "--steps", str(steps), "--warmup",
+        [py, "-m", "recipes", "bench", "train", "--gpu", "--config", recipe, "--steps", str(steps), "--warmup",
          str(warmup + 1), "--json", str(js), f"parallel.micro_batch={mid}", "training.compile_decoder_layers=true",
          *extra], cap_s=150, reserve_s=60)
     if js.is_file():

@@ -88,7 +88,7 @@ def device_gib(cluster) -> float:
 def deepspeed_bucket_bytes(params: float, zero_stage: int, dp: int, elem_bytes: int,
                            assume: Assumptions = Assumptions()) -> float:
     """Gradient bucket DeepSpeed holds per GPU, read from deepspeed/runtime/zero and measured on CPU
-    (`python -m recipes measure-zero`): ZeRO-1/2 allocate a reduce_bucket_size buffer (in the gradients' dtype) for
+    (`python -m recipes bench zero-memory`): ZeRO-1/2 allocate a reduce_bucket_size buffer (in the gradients' dtype) for
     every backward, two with overlap_comm + contiguous_gradients (stage_1_and_2.py swaps between them while one is
     being reduced), ZeRO-3 one at start-up, whatever the model size; ZeRO-0's all-reduce flattens gradients bucket
     by bucket (at most their size)."""

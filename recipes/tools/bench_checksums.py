@@ -1,7 +1,7 @@
 """What the checkpoint checksums cost: writing a checkpoint file with its checksum computed on the way out vs without,
 and reading it with the check before the load vs without, side by side in one run (alternating, `--repeat` times).
 
-    python -m recipes bench-checksums [--mib 512] [--repeat 3] [--dir DIR]
+    python -m recipes bench checksums [--mib 512] [--repeat 3] [--dir DIR]
 
 The file is a torch.save of `--mib` MiB of float32 tensors (a model-states file's shape: a few hundred tensors),
 written and fsynced in `--dir` (default: a temporary directory on the same file system as the current one, removed
@@ -59,7 +59,7 @@ def measure(mib: int, repeat: int, where: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = command_parser("python -m recipes bench-checksums", __doc__)
+    p = command_parser("python -m recipes bench checksums", __doc__)
     p.add_argument("--mib", type=int, default=512, help="size of the checkpoint file (MiB)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", default=None, help="where to write (default: a temporary directory here)")

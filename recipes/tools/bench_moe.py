@@ -6,7 +6,7 @@ E x h); the MoE holds E / k times the MLP parameters. Both engines run in one pr
 same synthetic batches, step by step in alternation (a shared machine slows both alike); prints the median step
 times, their ratio and the parameter counts.
 
-  python -m recipes bench-moe [--config configs/runs/demo-cpu.yaml] [--experts 8] [--top-k 2] [--steps 20] [overrides]
+  python -m recipes bench moe [--config configs/runs/demo-cpu.yaml] [--experts 8] [--top-k 2] [--steps 20] [overrides]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not in
 
 
 def main(argv=None) -> int:
-    ap = command_parser("python -m recipes bench-moe", __doc__)
+    ap = command_parser("python -m recipes bench moe", __doc__)
     ap.add_argument("--config", default="configs/runs/demo-cpu.yaml")
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)

@@ -5,7 +5,7 @@ torch AdamW (fused on CUDA), the same synthetic micro-batches, gradient accumula
 torch SDPA attention. No DeepSpeed here (`recipes.tools.bench_train` measures the whole engine); a ratio well above 1 means
 megatron-core's layers (or our wiring of them) cost time a hand-written model does not.
 
-  python -m recipes bench-plain --config configs/runs/bench-gpt-1.3b-1gpu.yaml --steps 6 --json out.json
+  python -m recipes bench plain --config configs/runs/bench-gpt-1.3b-1gpu.yaml --steps 6 --json out.json
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def time_model(model, recipe, batches, device, warmup: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = command_parser("python -m recipes bench-plain", __doc__)
+    ap = command_parser("python -m recipes bench plain", __doc__)
     ap.add_argument("--config", default="configs/runs/tiny-cpu.yaml")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)

@@ -1,7 +1,7 @@
 """Peak memory and time of the streaming reshape, side by side for several checkpoints and worker counts: does peak RSS
 follow the largest tensor or the model, and what do N workers buy?
 
-    python -m recipes bench-reshape --to tp=2,pp=2,dp=4 [--workers 1,2] CKPT_A CKPT_B ...
+    python -m recipes bench reshape --to tp=2,pp=2,dp=4 [--workers 1,2] CKPT_A CKPT_B ...
 
 Each checkpoint is re-laid by a fresh `python -m recipes reshape --writer stream --workers N` child per worker count
 (its recipe.yaml gives the model). Memory: the child's own peak RSS from the kernel (wait4's ru_maxrss; with workers it
@@ -80,7 +80,7 @@ def _sizes(ckpt: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = command_parser("python -m recipes bench-reshape", __doc__)
+    ap = command_parser("python -m recipes bench reshape", __doc__)
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--to", required=True, help="target layout, e.g. tp=2,pp=2,dp=4")
     ap.add_argument("--workers", default="1", help="comma-separated worker counts to compare, e.g. 1,2 (default 1)")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         s = _sizes(ckpt)
         first = None
         for n in counts:
-            out = Path(tempfile.mkdtemp(prefix="bench-reshape-"))
+            out = Path(tempfile.mkdtemp(prefix="bench reshape-"))
             try:
                 m = _child([sys.executable, "-m", "recipes", "reshape", "--checkpoint", ckpt, "--out",
                             str(out / "ckpt"), "--to", ns.to, "--writer", "stream", "--workers", str(n), "--quiet"])

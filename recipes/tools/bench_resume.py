@@ -1,7 +1,7 @@
 """The time to resume a checkpoint at another layout (resharded on load) vs at its own (DeepSpeed's load), side by side
 for the same checkpoint in one run.
 
-    python -m recipes bench-resume --data MANIFEST [--config RECIPE] --ranks N --saved k=v,... --to k=v,... \
+    python -m recipes bench resume --data MANIFEST [--config RECIPE] --ranks N --saved k=v,... --to k=v,... \
         [--repeat 3] [overrides ...]
 
 A run of the recipe at `--saved` trains `--steps` steps and saves; then, alternating, copies of its checkpoint are
@@ -40,7 +40,7 @@ def _pairs(spec: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = command_parser("python -m recipes bench-resume", __doc__)
+    ap = command_parser("python -m recipes bench resume", __doc__)
     ap.add_argument("--data", required=True, help="a data_prep manifest.json (python -m data_prep demo DIR makes one)")
     ap.add_argument("--config", default=str(REPO / "configs" / "runs" / "tiny-cpu.yaml"))
     ap.add_argument("--ranks", type=int, default=4, help="CPU ranks of both runs (--local N)")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     base = [f"data.manifests=[{ns.data}]", "checkpoint.async_save=false", "training.eval_interval=1000000",
             "logging.tensorboard=false", *ns.overrides]
-    root = Path(tempfile.mkdtemp(prefix="bench-resume-"))
+    root = Path(tempfile.mkdtemp(prefix="bench resume-"))
     try:
         source = root / "source"
         _train(ns.ranks, ns.config, [*base, *_pairs(ns.saved), f"checkpoint.dir={source}",

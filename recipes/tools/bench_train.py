@@ -6,8 +6,8 @@ batch, torch AdamW, clip, schedule) in one process; prints both median step time
 GPU (`--gpu`, one process per GPU under torchrun, or one GPU alone): trains the recipe's model for N steps on
 synthetic tokens at the recipe's layout and prints tokens/s, TFLOP/s per GPU and MFU (model FLOPs from recipes.model.shape).
 
-  python -m recipes bench-train --config configs/runs/tiny-cpu.yaml --steps 20
-  torchrun --nproc-per-node 1 -m recipes bench-train --gpu --config configs/runs/bench-gpt-1.3b-1gpu.yaml --steps 20
+  python -m recipes bench train --config configs/runs/tiny-cpu.yaml --steps 20
+  torchrun --nproc-per-node 1 -m recipes bench train --gpu --config configs/runs/bench-gpt-1.3b-1gpu.yaml --steps 20
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def profile_steps(step, batches, device, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = command_parser("python -m recipes bench-train", __doc__)
+    ap = command_parser("python -m recipes bench train", __doc__)
     ap.add_argument("--config", default="configs/runs/tiny-cpu.yaml")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

@@ -1,4 +1,4 @@
-"""`python -m recipes measure-save-stall`: how long a checkpoint save stalls training, sync vs async, side by side.
+"""`python -m recipes bench save-stall`: how long a checkpoint save stalls training, sync vs async, side by side.
 
 Each rank (local processes over gloo, CPU) builds the recipe's engine through `recipes.train.engine.initialize` (the
 training path), trains on random tokens and saves through `recipes.checkpoint.store.Checkpointer`, sync and async
@@ -21,8 +21,8 @@ Placement (`--placement`, default both, one after the other): the training proce
 
 Default model: about 110M parameters (hidden 1536, 3 layers, vocab 8192, seq 64), fp32 Adam: ~1.3 GB per save.
 
-    python -m recipes measure-save-stall                     # 1 rank, 3 saves of each kind, checkpoints in a temp dir
-    python -m recipes measure-save-stall --ranks 2 --placement unpinned --dir /shared/scratch model.num_layers=6
+    python -m recipes bench save-stall                     # 1 rank, 3 saves of each kind, checkpoints in a temp dir
+    python -m recipes bench save-stall --ranks 2 --placement unpinned --dir /shared/scratch model.num_layers=6
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def _cores_of(rank: int, ranks: int) -> tuple[int, int]:
     """(the training's core, the writer's core) of `rank` under --placement pinned."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2 * ranks:
-        raise SystemExit(f"measure-save-stall: --placement pinned needs 2 cores per rank ({2 * ranks} for --ranks "
+        raise SystemExit(f"bench save-stall: --placement pinned needs 2 cores per rank ({2 * ranks} for --ranks "
                          f"{ranks}), this process may use {len(cores)}: use --placement unpinned or fewer --ranks")
     return cores[2 * rank], cores[2 * rank + 1]
 
@@ -178,13 +178,13 @@ def measure(recipe: str, overrides: list[str], ranks: int, saves: int, out: Path
                CUDA_VISIBLE_DEVICES="")
     outputs = local_workers.forked_outputs(ranks, main, argv, env, timeout)
     if outputs is None:
-        outputs = local_workers.fresh_outputs(ranks, [sys.executable, "-m", "recipes", "measure-save-stall", *argv],
+        outputs = local_workers.fresh_outputs(ranks, [sys.executable, "-m", "recipes", "bench", "save-stall", *argv],
                                               env, timeout)
     return [local_workers.last_json(o) for o in outputs]
 
 
 def main(argv=None) -> int:
-    ap = command_parser("python -m recipes measure-save-stall", __doc__)
+    ap = command_parser("python -m recipes bench save-stall", __doc__)
     ap.add_argument("overrides", nargs="*", help="recipe overrides (after the default ~110M model's)")
     ap.add_argument("--config", default=RECIPE)
     ap.add_argument("--ranks", type=int, default=1)

@@ -1,4 +1,4 @@
-"""`python -m recipes measure-zero`: measure real model-state memory per rank under ZeRO 0/1/2/3 with DeepSpeed on
+"""`python -m recipes bench zero-memory`: measure real model-state memory per rank under ZeRO 0/1/2/3 with DeepSpeed on
 CPU (gloo) and compare it with the planner's prediction.
 
 Each rank builds the recipe's model through `recipes.train.engine.initialize` (the same path as training), runs one
@@ -8,7 +8,7 @@ DeepSpeed's flat buffers and the parameter views into them count once), minus wh
 existed. DeepSpeed's reduce buckets (storages of exactly reduce_bucket_size elements) are reported apart. The
 prediction is `planner.zero_model_state_bytes` at the same layout, and `planner.deepspeed_bucket_bytes`.
 
-    python -m recipes measure-zero configs/runs/tiny-cpu.yaml --dp 2 model.hidden_size=512 \
+    python -m recipes bench zero-memory configs/runs/tiny-cpu.yaml --dp 2 model.hidden_size=512 \
         model.num_attention_heads=8 model.num_query_groups=8 model.ffn_hidden_size=1376 model.vocab_size=8192
 """
 from __future__ import annotations
@@ -107,14 +107,14 @@ def _measure_stage(recipe, layout, device) -> dict:
 def measure(recipe_path: str, overrides: list[str], stages: list[int], dp: int, timeout: int = 600) -> list[list]:
     """Run `dp` local processes that measure each ZeRO stage in turn; per rank, a list of per-stage results."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "recipes", "measure-zero", recipe_path, *overrides, "--worker",
+    cmd = [sys.executable, "-m", "recipes", "bench", "zero-memory", recipe_path, *overrides, "--worker",
            "--stages", ",".join(map(str, stages)), "--dp", str(dp)]
     # fresh interpreters, never forks: a fork's inherited heap would be counted in the live-tensor census
     return [local_workers.last_json(o) for o in local_workers.fresh_outputs(dp, cmd, env, timeout)]
 
 
 def main(argv=None) -> int:
-    ap = command_parser("python -m recipes measure-zero", __doc__)
+    ap = command_parser("python -m recipes bench zero-memory", __doc__)
     ap.add_argument("recipe")
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--dp", type=int, default=2)

@@ -47,7 +47,7 @@ def test_bf16_training_on_gpu_loss_falls(tmp_path):
 
 def test_benchmark_reports_mfu(tmp_path):
     out_json = tmp_path / "bench.json"
-    _torchrun(1, "recipes", "bench-train", "--gpu", "--config", "configs/runs/bench-gpt-1.3b-1gpu.yaml", "--steps", "6",
+    _torchrun(1, "recipes", "bench", "train", "--gpu", "--config", "configs/runs/bench-gpt-1.3b-1gpu.yaml", "--steps", "6",
               "--warmup", "2", "--json", str(out_json))
     result = json.loads(out_json.read_text())
     print(result)

@@ -1,4 +1,4 @@
-"""`python -m recipes measure-save-stall` on a tiny model: the figures it prints have the right structure (the timings
+"""`python -m recipes bench save-stall` on a tiny model: the figures it prints have the right structure (the timings
 themselves are a benchmark, not a test)."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _check(s: dict, placements: tuple[str, ...], ranks: int) -> None:
 
 
 def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return recipes_cli(["measure-save-stall", "--saves", "2", "--dir", str(tmp_path), *args, *TINY], timeout=300)
+    return recipes_cli(["bench", "save-stall", "--saves", "2", "--dir", str(tmp_path), *args, *TINY], timeout=300)
 
 
 def test_measure_save_stall_reports_sync_and_async_per_save(tmp_path):

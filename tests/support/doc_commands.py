@@ -244,7 +244,7 @@ def parser_of(module: str, command: str = "") -> tuple[argparse.ArgumentParser, 
         for m in methods:
             stack.enter_context(mock.patch.object(argparse.ArgumentParser, m, reach(m)))
         try:
-            main([command] if command else [])
+            main(command.split())  # "bench train": a command of a group
         except _Reached as r:
             return r.parser, r.method
         except (SystemExit, Exception):  # noqa: BLE001 - it failed before parsing: no argparse parser to check against
@@ -382,6 +382,14 @@ def recipes_problems(cmd: Command, argv: list[str]) -> list[str]:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         return [f"invalid choice: recipes has no command '{name}' (commands: {', '.join(COMMANDS)})"]
+    if name == "bench":  # the benchmarks' group: `bench NAME ...`
+        from recipes.tools.bench import BENCHMARKS
+
+        if not rest or rest[0] in ("-h", "--help"):
+            return []
+        if rest[0] not in BENCHMARKS:
+            return [f"invalid choice: recipes bench has no benchmark '{rest[0]}' (benchmarks: {', '.join(BENCHMARKS)})"]
+        name, rest = f"bench {rest[0]}", rest[1:]
     parser, method = parser_of("recipes", name)
     out = [f"no preset {a} (configs/{a}.yaml does not exist)" for i, a in enumerate(rest)
            if PRESET.match(a) and not (i and rest[i - 1] in OUTPUT_FLAGS) and a not in produced_paths()
