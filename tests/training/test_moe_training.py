@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.support.observed import ObservedRuns, calls_on, collectives, layout_dims, mesh_group
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import REPO, losses, on_corpus, pretrain, pretrain_cmd, train_records, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
@@ -37,13 +38,35 @@ def _run(n, run_dir, corpus, *overrides, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory):
-    return _run(1, tmp_path_factory.mktemp("moe_ref"), corpus)
+def reference_dirs(corpus, tmp_path_factory):
+    """The 1-process runs (without and with a capacity factor), made once each when first asked for."""
+    made = {}
+
+    def get(capacity: bool):
+        if capacity not in made:
+            made[capacity] = tmp_path_factory.mktemp("moe_cap_ref" if capacity else "moe_ref")
+            _run(1, made[capacity], corpus, *(CAPACITY if capacity else []))
+        return made[capacity]
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def capacity_reference(corpus, tmp_path_factory):
-    return _run(1, tmp_path_factory.mktemp("moe_cap_ref"), corpus, *CAPACITY)
+def reference(reference_dirs):
+    return {r["step"]: r for r in train_records(reference_dirs(False))}
+
+
+@pytest.fixture(scope="module")
+def capacity_reference(reference_dirs):
+    return {r["step"]: r for r in train_records(reference_dirs(True))}
+
+
+@pytest.mark.parametrize("capacity", [False, True], ids=["dropless", "capacity"])
+def test_reference_follows_its_pinned_curve(capacity, reference_dirs, corpus):
+    """The 1-process runs the layouts here are compared with, against their pinned curves
+    (tests/support/reference_curves.py: tolerance and why)."""
+    assert_follows_pinned("moe-8-steps" + ("-capacity" if capacity else ""), reference_dirs(capacity), corpus,
+                          [*MOE, *(CAPACITY if capacity else [])])
 
 
 def _rel(a, b):

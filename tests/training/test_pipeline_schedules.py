@@ -13,6 +13,7 @@ import pytest
 
 from recipes.checkpoint import safe_load
 from tests.support.observed import ObservedRuns, calls_on, collectives, layout_dims, mesh_group
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import losses, on_corpus, pretrain, val_losses
 
 pytestmark = pytest.mark.multiproc
@@ -46,6 +47,14 @@ def references(corpus, tmp_path_factory):
         return made[key]
 
     return get
+
+
+@pytest.mark.parametrize("model", ["dense", "8-layers", "moe"])
+def test_reference_follows_its_pinned_curve(model, references, corpus):
+    """The 1-process runs the cases here are compared with, against their pinned curves
+    (tests/support/reference_curves.py: tolerance and why)."""
+    overrides = {"dense": [], "8-layers": EIGHT_LAYERS, "moe": MOE}[model]
+    assert_follows_pinned(f"pipeline-4-steps-{model}", references(overrides), corpus, [*COMMON, *overrides])
 
 
 def _worst(got: dict, ref: dict) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.observed import ObservedRuns, calls_on, collectives, layout_dims, mesh_group
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import on_corpus, losses, pretrain, val_losses
 
 pytestmark = pytest.mark.multiproc
@@ -41,6 +42,15 @@ def reference_masked(short_doc_corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref_1_masked")
     pretrain(1, *on_corpus(run_dir, short_doc_corpus), *COMMON, *MASK)
     return run_dir
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "document-mask"])
+def test_reference_follows_its_pinned_curve(masked, request, corpus, short_doc_corpus):
+    """The 1-process runs every layout here is compared with, against their pinned curves
+    (tests/support/reference_curves.py: tolerance and why)."""
+    run_dir = request.getfixturevalue("reference_masked" if masked else "reference")
+    name = "sequence-8-steps" + ("-document-mask" if masked else "")
+    assert_follows_pinned(name, run_dir, short_doc_corpus if masked else corpus, [*COMMON, *(MASK if masked else [])])
 
 
 def assert_same_losses(ref_dir, run_dir, name):

@@ -24,6 +24,7 @@ from recipes.config.loading import load_recipe
 from recipes.parallel.partition import stage_boundaries
 from tests.support.observed import (ObservedRuns, collectives, elements_on, layout_dims, mesh_group,
                                     params_numel)
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import on_corpus, RECIPE, REPO, losses, pretrain, train_records, val_losses
 
 pytestmark = pytest.mark.multiproc
@@ -118,6 +119,13 @@ def test_zero_stage_is_on(name, runs):
                 f"collectives: {collectives(e)}")
         else:
             assert held == params and per_step["gathered"] <= at_most_once, (name, e["rank"], held, per_step)
+
+
+def test_reference_follows_its_pinned_curve(reference, corpus):
+    """The 1-process run every layout here is compared with, against its pinned curve
+    (tests/support/reference_curves.py: tolerance and why)."""
+    assert_follows_pinned("layouts-6-steps", reference, corpus, [f"training.train_steps={STEPS}",
+                                                                 "training.eval_interval=3"])
 
 
 def test_loss_falls_on_real_shards(reference):
