@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_SHAPES = 8  # distinct tensor shape lists counted per (call, group); the rest as "other"
+MAX_SHAPES = 8  # distinct tensor shape lists counted per (call, group); the rest counted without a shape
 
 
 class CollectiveLog:
@@ -46,17 +46,14 @@ class CollectiveLog:
             for op in args[0] if args else kwargs["p2p_op_list"]:
                 self._add(op.op.__name__, op.group, [op.tensor])
             return
-        try:
-            bound = self._signature(fn).bind_partial(*args, **kwargs).arguments
-        except TypeError:
-            bound = kwargs
+        bound = dict(zip(self._parameters(fn), args), **kwargs)
         tensors = [v for v in bound.values() if hasattr(v, "shape")]
         tensors += [t for v in bound.values() if isinstance(v, (list, tuple)) for t in v if hasattr(t, "shape")]
         self._add(name, bound.get("group"), tensors)
 
-    def _signature(self, fn):
+    def _parameters(self, fn) -> list[str]:
         if fn not in self._signatures:
-            self._signatures[fn] = inspect.signature(fn)
+            self._signatures[fn] = list(inspect.signature(fn).parameters)
         return self._signatures[fn]
 
     def _group_ranks(self, group) -> tuple[int, ...]:
@@ -72,14 +69,14 @@ class CollectiveLog:
         entry = self.calls[(name, self._group_ranks(group))]
         entry["calls"] += 1
         entry["elements"] += max((t.numel() for t in tensors), default=0)  # a gather's output, a scatter's input
-        shapes = json.dumps([list(t.shape) for t in tensors])
+        shapes = tuple(tuple(t.shape) for t in tensors)
         if shapes not in entry["shapes"] and len(entry["shapes"]) >= MAX_SHAPES:
-            shapes = "other"  # token exchanges: a new shape per call
+            shapes = None  # token exchanges: a new shape per call
         entry["shapes"][shapes] = entry["shapes"].get(shapes, 0) + 1
 
     def as_list(self) -> list[dict]:
         return [{"call": name, "group": list(group), "calls": entry["calls"], "elements": entry["elements"],
-                 "shapes": [{"shapes": json.loads(k) if k != "other" else None, "calls": n}
+                 "shapes": [{"shapes": None if k is None else [list(shape) for shape in k], "calls": n}
                             for k, n in entry["shapes"].items()]}
                 for (name, group), entry in sorted(self.calls.items())]
 
