@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from recipes.checkpoint.format import deepspeed_private
 from recipes.checkpoint.format.layout import detect_layout
 from recipes.checkpoint.format.layout_record import layout_of, saved_layout
 from recipes.checkpoint.format.tags import client_state as marked_client_state
@@ -51,8 +52,7 @@ def load_resharded(eng, recipe, tag_dir: Path, tp_rank: int, ep_rank: int = 0) -
     source.meta.update(checkpoint_meta(tag_dir, detect_layout(tag_dir), optimizer=True))
     install_full_state(eng, recipe, source, tp_rank, ep_rank, schedule=True)
     state = marked_client_state(tag_dir)
-    eng.engine.global_steps = int(state.get("step", 0))
-    eng.engine.global_samples = int(state.get("consumed_samples", 0))
+    deepspeed_private.set_progress(eng.engine, int(state.get("step", 0)), int(state.get("consumed_samples", 0)))
     reseed(recipe.training.seed, int(state.get("step", 0)))
     return state
 

@@ -26,7 +26,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngi
 
 from data_prep.io import fsync_dir, fsync_file, open_write
 from recipes.checkpoint import safe_load
-from recipes.checkpoint.format import checksums
+from recipes.checkpoint.format import checksums, deepspeed_private
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +120,8 @@ class FileEngine(CheckpointEngine):
 
 def install(engine) -> FileEngine:
     """Put a FileEngine in place of the engine's own (which writes without fsync), keeping its serialization."""
-    current = engine.checkpoint_engine
-    if isinstance(current, FileEngine):
-        return current
-    files = FileEngine(zipfile=getattr(current, "zipfile_serialization", True))
-    engine.checkpoint_engine = files
-    return files
+    return deepspeed_private.swap_checkpoint_engine(engine, lambda current: current if isinstance(current, FileEngine)
+                                                    else FileEngine(getattr(current, "zipfile_serialization", True)))
 
 
 class TagWrite:

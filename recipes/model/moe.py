@@ -26,8 +26,8 @@ dense fc1. Each global expert draws its initial weights from its own seed, full 
 weights do not depend on TP or EP.
 
 How DeepSpeed sees the experts (ep > 1): expert weights carry DeepSpeed's MoE attributes (`allreduce=False`,
-`group_name="ep_size_<ep>"`), the optimizer puts them in DeepSpeed's MoE param groups, and `DeepSpeedMoEMarker`
-makes DeepSpeed's engine build ZeRO with megatron-core's expert groups (recipes.train.expert_parallel).
+`group_name="ep_size_<ep>"`), the optimizer puts them in DeepSpeed's MoE param groups, and a marker module the engine
+adds makes DeepSpeed build ZeRO with megatron-core's expert groups (recipes.train.expert_parallel).
 """
 from __future__ import annotations
 
@@ -201,34 +201,6 @@ def _seeded(seed: int):
     return _Seeded(seed)
 
 
-# ---------------------------------------------------------------------------------------------- DeepSpeed's view
-def deepspeed_moe_marker(num_experts: int, ep: int) -> nn.Module:
-    """A parameter-free module whose class derives from `deepspeed.moe.layer.MoE`: DeepSpeed's engine decides that a
-    model has expert-parallel parameters (`has_moe_layers`: ZeRO partitions MoE param groups over the expert-data-
-    parallel group, expert weights are broadcast within it) by finding an instance of that class. The groups it
-    then uses are megatron-core's, registered under this marker's group name (recipes.train.expert_parallel)."""
-    from deepspeed.moe.layer import MoE
-
-    class DeepSpeedMoEMarker(MoE):
-        def __init__(self):
-            nn.Module.__init__(self)  # DeepSpeed's MoE.__init__ would build its own gate and experts
-            self.num_experts, self.ep_size, self.num_local_experts = num_experts, ep, num_experts // ep
-            self.expert_group_name = f"ep_size_{ep}"
-
-        def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
-            from deepspeed.utils import groups
-
-            if self.expert_group_name not in groups._get_expert_parallel_group_dict():
-                raise RuntimeError(f"DeepSpeed has no expert groups '{self.expert_group_name}': register megatron-"
-                                   "core's with recipes.train.expert_parallel.register_expert_groups before "
-                                   "deepspeed.initialize")
-
-        def forward(self, *args, **kwargs):
-            raise RuntimeError("DeepSpeedMoEMarker has no forward: it only marks the model for DeepSpeed")
-
-    return DeepSpeedMoEMarker()
-
-
 # --------------------------------------------------------------------------------------------------- MoE layer
 class MoEMLP(MegatronModule):
     """A decoder layer's MoE MLP: (hidden [s, b, h]) -> (output [s, b, h], None), as megatron-core's MLP returns."""
@@ -255,7 +227,6 @@ class MoEMLP(MegatronModule):
         self.experts = GroupedExperts(config, len(local), local.start, layer_seed, self.tp, pg.expt_tp.rank(),
                                       self.ep)
         self._replicated_grads_over_tp()
-        self.marker = deepspeed_moe_marker(config.num_moe_experts, self.ep) if self.ep > 1 else None
         self.stats = torch.zeros(config.num_moe_experts + 2, dtype=torch.float64)  # tokens per expert, dropped, calls
 
     def _replicated_grads_over_tp(self) -> None:

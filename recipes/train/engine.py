@@ -314,6 +314,10 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
         model, mpu = pipe_model.stack, PipelineMPU()
     else:
         model, mpu = PlainDecoder(recipe, layout), MegatronMPU()
+    if recipe.model.moe is not None:
+        from recipes.train.expert_parallel import mark_for_deepspeed
+
+        mark_for_deepspeed(model, recipe.model.moe.num_experts, layout.ep)
     model.to(device)
     if recipe.training.compile_decoder_layers:
         compile_decoder_layers(model)

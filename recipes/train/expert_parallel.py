@@ -7,17 +7,19 @@ our experts, the aux-loss scale and the routing statistics of a training run.
   partitions and reduces the experts over exactly the ranks megatron-core dispatches tokens over. DeepSpeed's own
   rule for these groups (`deepspeed.utils.groups._get_expert_parallel_ranks`) gives the same ranks (tested).
 - ZeRO: expert weights carry `allreduce=False` and `group_name`; `build_param_groups` puts them in DeepSpeed's MoE
-  param groups; `recipes.model.moe.deepspeed_moe_marker` makes the engine build ZeRO with `has_moe_layers`: MoE
-  groups are partitioned over the EDP group, their gradients averaged over all of DP (sum over EDP / dp).
-- Checkpoints: after the engine is built `has_moe_layers` is switched off again, so DeepSpeed saves and loads the
-  files of a dense model (its MoE checkpoint layout expects its own MoE module names, and its pipeline engine's
-  MoE load path reads the wrong dict). Every DP rank's ZeRO file holds its fp32 masters, experts included; the
+  param groups; `mark_for_deepspeed` gives every MoE layer a marker module that makes the engine build ZeRO with
+  `has_moe_layers`: MoE groups are partitioned over the EDP group, their gradients averaged over all of DP (sum over
+  EDP / dp).
+- Checkpoints: after the engine is built it is told to save and load the files of a dense model (DeepSpeed's MoE
+  checkpoint layout expects its own MoE module names, and its pipeline engine's MoE load path reads the wrong dict). Every DP rank's ZeRO file holds its fp32 masters, experts included; the
   module weights written by DP rank 0 hold only its experts, so after a load the module weights are rebuilt from
-  the masters (`refresh_after_load`): a resumed run continues bit for bit.
+  the masters (`deepspeed_private.module_weights_from_masters`): a resumed run continues bit for bit.
 """
 from __future__ import annotations
 
 import torch
+
+from recipes.checkpoint.format import deepspeed_private
 
 
 def expert_group_name(ep: int) -> str:
@@ -26,15 +28,21 @@ def expert_group_name(ep: int) -> str:
 
 def register_expert_groups(ep: int) -> None:
     """Hand megatron-core's EP / EDP groups of this rank to DeepSpeed's group registry (before deepspeed.initialize)."""
-    from deepspeed.utils import groups
     from megatron.core import parallel_state as ps
 
-    name = expert_group_name(ep)
-    ep_group, edp_group = ps.get_expert_model_parallel_group(), ps.get_expert_data_parallel_group()
-    groups._EXPERT_PARALLEL_GROUP[name] = ep_group
-    groups._EXPERT_PARALLEL_GROUP_RANKS[name] = torch.distributed.get_process_group_ranks(ep_group)
-    groups._EXPERT_DATA_PARALLEL_GROUP[name] = edp_group
-    groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = torch.distributed.get_process_group_ranks(edp_group)
+    deepspeed_private.register_expert_groups(expert_group_name(ep), ps.get_expert_model_parallel_group(),
+                                             ps.get_expert_data_parallel_group())
+
+
+def mark_for_deepspeed(model: torch.nn.Module, num_experts: int, ep: int) -> None:
+    """At ep > 1, before `deepspeed.initialize`: each MoE layer gets DeepSpeed's marker (a parameter-free child module,
+    recipes.checkpoint.format.deepspeed_private.moe_marker), so the engine builds ZeRO for expert parameters."""
+    from recipes.model.moe import moe_layers
+
+    if ep == 1:
+        return
+    for layer in moe_layers(model):
+        layer.deepspeed_marker = deepspeed_private.moe_marker(num_experts, ep, expert_group_name(ep))
 
 
 def build_param_groups(groups: list[dict]) -> list[dict]:
@@ -56,22 +64,9 @@ def after_initialize(engine, layout) -> None:
     set_aux_loss_scale(lambda: _main_loss_scale(engine) / engine.gradient_accumulation_steps())
     if layout.ep == 1:
         return
-    engine.has_moe_layers = False
-    load = engine.load_checkpoint
-
-    def load_and_refresh(*args, **kwargs):
-        result = load(*args, **kwargs)
-        refresh_after_load(engine)
-        return result
-
-    engine.load_checkpoint = load_and_refresh
-
-
-def refresh_after_load(engine) -> None:
-    """Module weights <- this rank's fp32 masters, gathered over each param group's own DP group (EDP for experts)."""
-    opt = engine.optimizer
-    if hasattr(opt, "update_lp_params"):
-        opt.update_lp_params()
+    deepspeed_private.save_as_dense_model(engine)
+    # DP rank 0's module file holds only its own experts: the module weights come from the masters after every load
+    deepspeed_private.run_after_each_load(engine, deepspeed_private.module_weights_from_masters)
 
 
 def _main_loss_scale(engine) -> float:

@@ -34,10 +34,11 @@ from recipes.train.collectives import all_gather_floats, all_gather_strings
 logger = logging.getLogger(__name__)
 
 # every torch.distributed call that can wait for another rank (the async ones return a Work to wait on)
-_CALLS = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-          "reduce_scatter_tensor", "_reduce_scatter_base", "reduce", "broadcast", "barrier", "monitored_barrier",
-          "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all", "all_to_all_single", "gather",
-          "scatter", "all_reduce_coalesced", "all_gather_coalesced")
+# (torch 2.13's all_gather_single / reduce_scatter_single are what context parallelism's K/V gather calls)
+_CALLS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",
+          "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce",
+          "broadcast", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+          "all_to_all", "all_to_all_single", "gather", "scatter", "all_reduce_coalesced", "all_gather_coalesced")
 
 
 class CommClock:

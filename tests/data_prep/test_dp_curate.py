@@ -242,7 +242,11 @@ def test_step_list_errors_name_the_step_and_field(tmp_path):
     r = run_cli("curate", tmp_path, "-o", tmp_path / "o", "--steps", bad, check=False)
     assert r.returncode == 2 and f"{bad}: not valid YAML" in r.stderr
     s = parse_steps([{"minhash_dedup": {"threshold": 0.8}}])
-    assert json.dumps(s.as_dict())  # every default filled in, recorded in the manifest
+    recorded = json.loads(json.dumps(s.as_dict()))  # what the manifest and the fingerprint record
+    assert recorded == {"steps": [{"kind": "minhash_dedup", "name": "minhash_dedup", "config": {
+        "threshold": 0.8, "num_perm": 128, "shingle_words": 5, "lowercase": True, "seed": 1, "bands": None,
+        "rows": None}}], "buckets": 64}  # the given threshold kept, every default (docs/curation.md) filled in
+    assert parse_steps([{"minhash_dedup": recorded["steps"][0]["config"]}]).as_dict() == recorded  # reads back as is
 
 
 def _arrays(stdout):

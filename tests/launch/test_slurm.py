@@ -144,7 +144,11 @@ def _release(slurm, job_id: str, restarts: int) -> None:
     wait_for(slurm.node_idle, 60, f"node {slurm.node} to be idle after requeue {restarts}",
              lambda: f"node: {slurm.run('scontrol', '-o', 'show', 'node', check=False).stdout}\nqueue: "
                      f"{slurm.run('squeue', '-a', check=False).stdout}\njob {slurm.job(job_id)}\n{slurm.logs_tail(8)}")
-    time.sleep(2)
+    idle_seen = time.time()
+    # slurmd revoked the job's credential when it ended the previous attempt, and refuses a credential of the same job
+    # id created in that second or before (`cred->ctime <= j->revoked`, whole seconds): revoked before the node went
+    # idle, so one made in a later second than the idle node was seen is the new attempt's own.
+    wait_for(lambda: int(time.time()) > int(idle_seen), 5, "the clock to pass the second the node went idle")
     slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
 

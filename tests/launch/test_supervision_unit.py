@@ -53,7 +53,7 @@ def test_watch_reports_a_hang_only_after_the_timeout_without_progress(tmp_path):
     assert all(w.observe(watchdog.read_heartbeats(hb), t0 + k * 0.05) is None for k in range(31))
 
 
-def test_heartbeat_file_is_replaced_whole_and_at_most_every_interval(tmp_path, monkeypatch):
+def test_heartbeat_file_is_replaced_whole_and_ends_at_the_newest_step(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LAUNCH_HOST", "nodeX")
     hb = Heartbeat(tmp_path)
@@ -68,6 +68,56 @@ def test_heartbeat_file_is_replaced_whole_and_at_most_every_interval(tmp_path, m
     assert (rec["rank"], rec["host"], rec["step"], rec["phase"], rec["step_time_s"]) == (3, "nodeX", 1000, "log", 0.25)
     assert [p.name for p in tmp_path.iterdir()] == ["rank-3.json"]  # no temporary file left behind
     Heartbeat(None).beat(1, "data")  # no launcher: nothing to write, no error
+
+
+def test_phase_changes_are_written_at_most_every_interval_and_only_when_changed(tmp_path, monkeypatch):
+    """Within a step the phase changes thousands of times (a fast loop): the writer thread replaces the file at most
+    once per interval (it sleeps a whole interval between writes), and once the last change is written it writes
+    nothing more. Each replacement is seen where it happens (os.replace onto the heartbeat file). The interval is
+    shortened to 0.1 s for the test; the rule does not depend on its value."""
+    import os
+
+    from recipes.train import heartbeat
+
+    interval = 0.1
+    monkeypatch.setattr(heartbeat, "WRITE_INTERVAL_S", interval)
+    monkeypatch.setenv("RANK", "0")
+    path = tmp_path / "rank-0.json"
+    writes, replace = [], os.replace
+
+    def recorded(src, dst, *args, **kwargs):
+        if str(dst) == str(path):
+            writes.append(time.monotonic())  # counted before it shows: a reader that sees it finds it counted
+        replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", recorded)
+    hb = Heartbeat(tmp_path)
+    hb.beat(1, "data")  # a new step: written at once, by this thread
+    assert len(writes) == 2  # the start record and step 1
+    start, changes = time.monotonic(), 0
+    while time.monotonic() - start < 6 * interval:
+        for phase in ("data", "forward-backward", "log"):
+            hb.beat(1, phase)
+            changes += 1
+    hb.beat(1, "sync")  # the last change, a phase the loop never set
+    deadline = time.monotonic() + 60
+    while _phase_written(path) != "sync" and time.monotonic() < deadline:  # it reaches the file
+        time.sleep(interval / 4)
+    assert _phase_written(path) == "sync"
+    settled = len(writes)
+    time.sleep(5 * interval)  # nothing changes now: nothing is written
+    phase_writes = writes[2:]
+    gaps = [b - a for a, b in zip(phase_writes, phase_writes[1:])]
+    assert changes > 1000 and len(phase_writes) >= 2, (changes, phase_writes)  # the thread does write changes
+    assert min(gaps) >= interval * 0.95, gaps  # never two writes within an interval
+    assert len(writes) == settled, writes[settled - 1:]
+
+
+def _phase_written(path):
+    try:
+        return json.loads(path.read_text())["phase"]
+    except (OSError, ValueError):
+        return None
 
 
 def _step_written(path):

@@ -144,28 +144,25 @@ def test_a_writer_that_dies_mid_save_is_a_failed_save(tmp_path):
 @pytest.mark.multiproc
 def test_a_preemption_signal_does_not_kill_the_writer_and_a_wait_lifts_the_cap(tmp_path):
     """stop.sh / scancel signal every process of the run, the writer too: the rank's stop save must still be written.
-    And the stop waits for that write: from then on it goes uncapped."""
+    And the stop waits for that write: from then on it goes uncapped. The cap (1 KiB/s) would make the 16 MiB write
+    take over 4 hours: that the wait returns at all, with the whole file, shows the cap was lifted (no clock read)."""
     bw = BackgroundWriter()
     try:
         TagWrite([], [], tmp_path, background=bw).wait()  # the writer is up (torch imported, signals set)
-        state = {"t": torch.arange(64 << 20, dtype=torch.uint8)}  # 64 MiB
+        state = {"t": torch.arange(16 << 20, dtype=torch.uint8)}  # 16 MiB
         write_durably(state, tmp_path / "live.pt")
         bw.arena.reset()
         job = (str(tmp_path / "big.pt"), bw.arena.pack(state))
-        write = TagWrite([job], [], tmp_path, background=bw, max_bytes_per_s=1 << 20)  # ~64 s capped
+        write = TagWrite([job], [], tmp_path, background=bw, max_bytes_per_s=1 << 10)  # capped: 4.5 hours
         time.sleep(1.0)
         assert not write.done()
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             os.kill(bw._proc.pid, sig)
         time.sleep(0.5)
         assert bw._proc.is_alive() and not write.done()
-        waited = time.monotonic()
         write.wait()
-        waited = time.monotonic() - waited
         assert write.error is None, write.error
         assert _records(tmp_path / "big.pt") == _records(tmp_path / "live.pt")
-        # capped, the rest would take ~60 s more; uncapped it is a 64 MiB write (generous for a loaded machine)
-        assert waited < 40, f"the wait took {waited:.1f} s: the write stayed capped at 1 MiB/s"
     finally:
         bw.close()
 

@@ -1,7 +1,8 @@
 """Presets load and have the published shapes; `extends` and dotted overrides compose as documented."""
 import pytest
 
-from recipes.config.loading import CONFIGS_DIR, RecipeError, load_raw, load_recipe, recipe_from_dict, deep_merge
+from recipes.config.loading import (CONFIGS_DIR, RecipeError, deep_merge, load_raw, load_recipe, recipe_from_dict,
+                                     resolve_preset)
 from recipes.model.shape import count_parameters
 from recipes.planner.validation import validate
 
@@ -99,8 +100,16 @@ def test_extends_loop_is_reported(tmp_path):
         load_recipe(tmp_path / "a.yaml")
 
 
-def test_preset_names_with_dots_resolve():
-    assert count_parameters(model_of("gpt-1.3b")) != count_parameters(model_of("gpt-13b"))
+@pytest.mark.parametrize("name", ["gpt-1.3b", "llama-3.1-8b", "llama-3.1-405b"])
+def test_preset_names_with_dots_resolve(name):
+    """A dot inside a preset name is not a suffix: `models/gpt-1.3b` is configs/models/gpt-1.3b.yaml, its own file (not
+    gpt-1 plus a suffix, nor a neighbour such as gpt-13b), as read straight from that file."""
+    import yaml
+
+    path = CONFIGS_DIR / "models" / f"{name}.yaml"
+    assert resolve_preset(f"models/{name}") == path
+    assert load_raw(f"models/{name}") == yaml.safe_load(path.read_text())
+    assert load_recipe(f"models/{name}", ["training.global_batch=8"]).model == model_of(name)
 
 
 def test_presets_cli_lists_every_preset_with_its_count(capsys):

@@ -1,17 +1,20 @@
 """What the project relies on in DeepSpeed's internals, pinned: every function of
 recipes/checkpoint/format/deepspeed_private.py against a result built by hand (the flat ZeRO packings) or against
 DeepSpeed's own public calls (a ZeRO-1 engine in a world of one). A DeepSpeed upgrade that changes one of them
-fails here, by name, before an export, reshape or resume fails somewhere less clear."""
+fails here, by name, before an export, reshape or resume fails somewhere less clear. And the wrapper is the one
+place: an AST scan of the product finds no DeepSpeed internal anywhere else (and finds planted ones)."""
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 
 from recipes.checkpoint.format import deepspeed_private as dsp
+from tests.support import deepspeed_scan
 
 pytestmark = pytest.mark.unit
 
@@ -118,9 +121,9 @@ def test_reduce_pipeline_gradients_then_step_is_adamw_on_the_outside_backward(wo
     engine.step()
     (reference(x).square().sum() / 2).backward()
     ref_opt.step()
-    for got, want in zip(model.parameters(), reference.parameters()):
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-    assert not any(torch.equal(a, b) for a, b in zip(model.parameters(), initial.parameters()))  # it stepped
+    assert not any(torch.equal(a, b) for a, b in zip(model.parameters(), initial.parameters(), strict=True))
 
 
 def test_link_optimizer_state_lets_public_setters_fill_zero_partitions(world_of_one):
@@ -146,16 +149,185 @@ def test_link_optimizer_state_lets_public_setters_fill_zero_partitions(world_of_
     assert filled == weight.numel()  # written into the flat partition the optimizer steps with
 
 
-def test_no_other_module_reaches_into_deepspeed():
-    """The wrapper is the one place: the private names it wraps are used nowhere else in recipes/."""
-    import re
-    from pathlib import Path
+@pytest.fixture
+def expert_groups_of_one(world_of_one):
+    """DeepSpeed's expert groups "ep_size_1" registered (a world of one: EP = EDP = rank 0), removed afterwards."""
+    from deepspeed.utils import groups
 
-    root = Path(__file__).resolve().parents[2] / "recipes"
-    private = re.compile(r"\._zero[23]_merge|(import|from) [\w.]*zero_to_fp32|zero_to_fp32 import|"
-                         r"\._lazy_init_hp_params_optimizer_state|\.reduce_gradients\(|\.cdb\b|__compatible_ops__")
-    wrapper = root / "checkpoint" / "format" / "deepspeed_private.py"
-    assert private.search(wrapper.read_text())  # the pattern finds the uses where they are
-    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in root.rglob("*.py") if p != wrapper
-             for m in private.finditer(p.read_text())]
-    assert found == [], found
+    group = torch.distributed.new_group([0])
+    dsp.register_expert_groups("ep_size_1", group, group)
+    yield group
+    for registry in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                     groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        registry.pop("ep_size_1", None)
+
+
+def test_registered_expert_groups_are_the_ones_deepspeed_reads(expert_groups_of_one):
+    from deepspeed.utils import groups
+
+    group = expert_groups_of_one
+    assert dsp.expert_groups_registered("ep_size_1") and not dsp.expert_groups_registered("ep_size_7")
+    assert groups._get_expert_parallel_group("ep_size_1") is group
+    assert groups._get_expert_data_parallel_group("ep_size_1") is group
+    assert groups._get_expert_parallel_group_ranks("ep_size_1") == [0]
+    assert groups._get_expert_data_parallel_group_ranks("ep_size_1") == [0]
+
+
+class _ExpertModel(torch.nn.Module):
+    """A dense linear and an "expert" linear carrying DeepSpeed's MoE parameter attributes, with the marker."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = torch.nn.Linear(4, 4)
+        self.expert = torch.nn.Linear(4, 4, bias=False)
+        self.expert.weight.allreduce, self.expert.weight.group_name = False, "ep_size_1"
+        self.marker = dsp.moe_marker(num_experts=2, ep=1, group_name="ep_size_1")
+
+    def forward(self, x):
+        return self.expert(self.dense(x))
+
+
+def test_moe_marker_dense_files_and_refresh_after_each_load(expert_groups_of_one, tmp_path):
+    """The marker makes the engine build ZeRO for experts (their param group partitioned over the registered EDP
+    group); `save_as_dense_model` makes it save a dense model's files; `run_after_each_load` runs after every load;
+    `module_weights_from_masters` puts the fp32 masters back into the module."""
+    import deepspeed
+
+    from recipes.checkpoint import safe_load
+    from recipes.train.expert_parallel import build_param_groups
+
+    torch.manual_seed(0)
+    model = _ExpertModel()
+    param_groups = build_param_groups([{"params": [model.dense.weight, model.expert.weight], "weight_decay": 0.1},
+                                       {"params": [model.dense.bias], "weight_decay": 0.0}])
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(param_groups, lr=1e-2),
+                                      dist_init_required=False, config={
+                                          "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1},
+                                          "zero_allow_untested_optimizer": True})
+    assert engine.has_moe_layers and engine.num_experts == [2]
+    moe = [i for i, g in enumerate(engine.optimizer.optimizer.param_groups) if g.get("moe")]
+    assert len(moe) == 1 and engine.optimizer.real_dp_process_group[moe[0]] is expert_groups_of_one
+    with pytest.raises(RuntimeError, match="no forward"):
+        model.marker(torch.zeros(1))
+
+    dsp.save_as_dense_model(engine)
+    loads = []
+    dsp.run_after_each_load(engine, loads.append)
+    engine.backward(engine(torch.randn(2, 4)).square().sum())
+    engine.step()
+    engine.save_checkpoint(str(tmp_path), tag="t")
+    saved = safe_load.load(tmp_path / "t" / "mp_rank_00_model_states.pt")
+    assert "num_experts" not in saved and "ds_autoep_layers" not in saved  # what DeepSpeed's MoE save writes
+    assert set(saved["module"]) == {"dense.weight", "dense.bias", "expert.weight"}
+    path, _ = engine.load_checkpoint(str(tmp_path), tag="t")
+    assert path.endswith("mp_rank_00_model_states.pt") and loads == [engine]
+
+    master = dsp.zero_optimizer(engine.optimizer).single_partition_of_fp32_groups[moe[0]].clone()
+    with torch.no_grad():
+        model.expert.weight.zero_()
+    dsp.module_weights_from_masters(engine)
+    assert torch.equal(model.expert.weight.detach().flatten(), master[:model.expert.weight.numel()])
+
+
+def test_moe_marker_refuses_unregistered_groups(world_of_one):
+    marker = dsp.moe_marker(num_experts=4, ep=2, group_name="ep_size_2")
+    with pytest.raises(RuntimeError, match="no expert groups 'ep_size_2'.*register_expert_groups"):
+        marker.set_deepspeed_parallelism()
+
+
+def test_progress_and_checkpoint_engine_are_what_save_checkpoint_uses(world_of_one, tmp_path):
+    import deepspeed
+
+    from recipes.checkpoint import safe_load
+
+    model = torch.nn.Linear(3, 2)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                      dist_init_required=False, config={
+                                          "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1},
+                                          "zero_allow_untested_optimizer": True})
+    dsp.set_progress(engine, steps=7, samples=56)
+    written = []
+
+    class Recording(type(engine.checkpoint_engine)):
+        def save(self, state_dict, path):
+            written.append(os.path.basename(path))
+            return super().save(state_dict, path)
+
+    made = dsp.swap_checkpoint_engine(engine, lambda current: Recording(config_params=None))
+    assert engine.checkpoint_engine is made
+    engine.save_checkpoint(str(tmp_path), tag="t")
+    assert sorted(written) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    saved = safe_load.load(tmp_path / "t" / "mp_rank_00_model_states.pt")
+    assert (saved["global_steps"], saved["global_samples"]) == (7, 56)
+
+
+# ------------------------------------------------------------------------------------- the wrapper is the one place
+REPO = Path(__file__).resolve().parents[2]
+WRAPPER = REPO / "recipes" / "checkpoint" / "format" / "deepspeed_private.py"
+
+
+def test_no_other_module_uses_deepspeed_internals():
+    """An AST scan of the product (recipes, launch, data_prep) for private DeepSpeed names, DeepSpeed state written,
+    DeepSpeed classes subclassed without their __init__ (tests/support/deepspeed_scan.py): only the wrapper has any."""
+    found = [str(f) for package in ("recipes", "launch", "data_prep")
+             for f in deepspeed_scan.scan_tree(REPO / package, skip={WRAPPER})]
+    assert found == [], "DeepSpeed internals outside the wrapper (deepspeed_private.py):\n" + "\n".join(found)
+
+
+def test_the_scan_sees_every_internal_the_wrapper_uses():
+    found = {(f.kind, f.what) for f in deepspeed_scan.scan_source(WRAPPER.read_text(), "wrapper")}
+    for kind, what in [("private", "z._zero2_merge_trainable_params"), ("private", "z._zero3_merge_trainable_params"),
+                       ("private", "DeepSpeed engine/optimizer internal zero._lazy_init_hp_params_optimizer_state"),
+                       ("writes", "DeepSpeed's state: ds_comm.cdb.new_group"),
+                       ("private", "deepspeed.ops.__compatible_ops__"),
+                       ("writes", "DeepSpeed's state: groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name]"),
+                       ("private", "groups._get_expert_parallel_group_dict"),
+                       ("subclass", "class DeepSpeedMoEMarker(MoE) skips its base's __init__"),
+                       ("writes", "a DeepSpeed engine/optimizer attribute: engine.has_moe_layers"),
+                       ("writes", "a DeepSpeed engine/optimizer attribute: engine.load_checkpoint"),
+                       ("writes", "a DeepSpeed engine/optimizer attribute: engine.global_steps"),
+                       ("writes", "a DeepSpeed engine/optimizer attribute: engine.checkpoint_engine")]:
+        assert (kind, what) in found, (kind, what, sorted(found))
+
+
+PLANTED = """\
+import deepspeed
+from deepspeed.utils import groups
+from deepspeed.utils.groups import _get_expert_parallel_group
+from deepspeed.moe.layer import MoE
+import deepspeed.comm.comm as ds_comm
+
+
+def register(g, engine, opt, layers):
+    groups._EXPERT_PARALLEL_GROUP["ep_size_2"] = g
+    ds_comm.cdb = None
+    setattr(deepspeed.ops, "x", 1)
+    engine.has_moe_layers = False
+    engine.load_checkpoint = lambda *a: None
+    opt._lazy_init_hp_params_optimizer_state()
+    return groups._get_expert_parallel_group_dict()
+
+
+class Marker(MoE):
+    def __init__(self):
+        object.__init__(self)
+
+
+class Fine(MoE):
+    def __init__(self):
+        super().__init__(hidden_size=4, expert=None)
+
+
+def not_deepspeed(groups, self):
+    groups[0] = 1  # a parameter named like the module: not DeepSpeed's
+    self.has_moe_layers = False  # an object's own attribute
+    monitor = None
+    monitor.tqdm_cls.monitor = None  # a plain word DeepSpeed also uses
+"""
+
+
+def test_the_scan_catches_planted_internals():
+    found = [(f.line, f.kind) for f in deepspeed_scan.scan_source(PLANTED, "planted.py")]
+    assert sorted(set(found)) == [(3, "private"), (9, "private"), (9, "writes"), (10, "writes"), (11, "writes"),
+                                  (12, "writes"), (13, "writes"), (14, "private"), (15, "private"),
+                                  (18, "subclass")], found

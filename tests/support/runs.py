@@ -29,20 +29,24 @@ def pretrain_cmd(n: int, *overrides: str, config: str = RECIPE) -> list[str]:
 
 
 def recipes_cli(argv: list[str], env: dict | None = None, timeout: float = 300,
-                fresh: bool = False) -> subprocess.CompletedProcess:
+                fresh: bool = False, observe: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m recipes ARGV` in the repository, output captured: forked from the tests' pre-imported template
-    (tests/support/forkserver.py), or `fresh`: a new interpreter (for what only a real start shows)."""
+    (tests/support/forkserver.py), or `fresh`: a new interpreter (for what only a real start shows). `observe`: each
+    rank of a training run writes what it held and the collectives it made there (tests/support/observed.py)."""
     env = worker_env() if env is None else env
     if fresh:
         return subprocess.run([sys.executable, "-m", "recipes", *argv], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=timeout)
+    if observe is not None:
+        return forkserver.run([str(observe), *argv], env, REPO, timeout, module="tests.support.observed")
     return forkserver.run(argv, env, REPO, timeout)
 
 
 def pretrain(n: int, *overrides: str, config: str = RECIPE, timeout: int = 300,
-             check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess:
+             check: bool = True, fresh: bool = False, observe: Path | None = None) -> subprocess.CompletedProcess:
     """Run `python -m recipes train --local n` (default: the tiny recipe); output captured."""
-    proc = recipes_cli(pretrain_cmd(n, *overrides, config=config)[3:], timeout=timeout, fresh=fresh)
+    proc = recipes_cli(pretrain_cmd(n, *overrides, config=config)[3:], timeout=timeout, fresh=fresh,
+                       observe=observe)
     if check and proc.returncode != 0:
         raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

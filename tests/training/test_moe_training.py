@@ -11,11 +11,14 @@ far more from the first steps on.
 """
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 
 import pytest
 
+from tests.support.observed import ObservedRuns, calls_on, collectives, layout_dims, mesh_group
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import REPO, losses, on_corpus, pretrain, pretrain_cmd, train_records, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
@@ -35,13 +38,35 @@ def _run(n, run_dir, corpus, *overrides, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory):
-    return _run(1, tmp_path_factory.mktemp("moe_ref"), corpus)
+def reference_dirs(corpus, tmp_path_factory):
+    """The 1-process runs (without and with a capacity factor), made once each when first asked for."""
+    made = {}
+
+    def get(capacity: bool):
+        if capacity not in made:
+            made[capacity] = tmp_path_factory.mktemp("moe_cap_ref" if capacity else "moe_ref")
+            _run(1, made[capacity], corpus, *(CAPACITY if capacity else []))
+        return made[capacity]
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def capacity_reference(corpus, tmp_path_factory):
-    return _run(1, tmp_path_factory.mktemp("moe_cap_ref"), corpus, *CAPACITY)
+def reference(reference_dirs):
+    return {r["step"]: r for r in train_records(reference_dirs(False))}
+
+
+@pytest.fixture(scope="module")
+def capacity_reference(reference_dirs):
+    return {r["step"]: r for r in train_records(reference_dirs(True))}
+
+
+@pytest.mark.parametrize("capacity", [False, True], ids=["dropless", "capacity"])
+def test_reference_follows_its_pinned_curve(capacity, reference_dirs, corpus):
+    """The 1-process runs the layouts here are compared with, against their pinned curves
+    (tests/support/reference_curves.py: tolerance and why)."""
+    assert_follows_pinned("moe-8-steps" + ("-capacity" if capacity else ""), reference_dirs(capacity), corpus,
+                          [*MOE, *(CAPACITY if capacity else [])])
 
 
 def _rel(a, b):
@@ -56,9 +81,9 @@ def _assert_same_training(got: dict, ref: dict, name: str) -> None:
         worst = max(_rel(got[s][key], ref[s][key]) for s in ref)
         assert worst <= 10 * REL_TOL, f"{name}: {key} {[got[s][key] for s in got]} vs {[ref[s][key] for s in ref]}"
     for s in ref:  # the same routing (a near-tie may flip one token-expert choice in a few thousand)
-        for mine, theirs in zip(got[s]["moe_tokens_per_expert"], ref[s]["moe_tokens_per_expert"]):
-            assert sum(abs(a - b) for a, b in zip(mine, theirs)) <= 2, (s, got[s]["moe_tokens_per_expert"],
-                                                                         ref[s]["moe_tokens_per_expert"])
+        for mine, theirs in zip(got[s]["moe_tokens_per_expert"], ref[s]["moe_tokens_per_expert"], strict=True):
+            assert sum(abs(a - b) for a, b in zip(mine, theirs, strict=True)) <= 2, (
+                s, got[s]["moe_tokens_per_expert"], ref[s]["moe_tokens_per_expert"])
         assert abs(got[s]["moe_dropped_tokens"] - ref[s]["moe_dropped_tokens"]) <= 2
 
 
@@ -69,14 +94,57 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """Each layout trained once, observed from inside its ranks (tests/support/observed.py)."""
+    def make(name, run_dir, observe):
+        n, overrides = LAYOUTS[name]
+        pretrain(n, *on_corpus(run_dir, corpus), *MOE, *overrides, timeout=600, observe=observe)
+
+    return ObservedRuns(tmp_path_factory, make)
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_expert_parallel_layout_matches_single_process(name, reference, corpus, tmp_path):
-    n, overrides = LAYOUTS[name]
-    got = _run(n, tmp_path, corpus, *overrides)
+def test_expert_parallel_layout_matches_single_process(name, reference, runs):
+    got = {r["step"]: r for r in train_records(runs(name).run_dir)}
     _assert_same_training(got, reference, name)
     tokens = 8 * 64 * 2  # global batch x seq_length x top_k assignments per MoE layer and step
     assert all(sum(t) == tokens for t in got[1]["moe_tokens_per_expert"])
     assert got[1]["moe_dropped_tokens"] == 0  # dropless
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_expert_parallelism_is_on(name, runs):
+    """Every expert on every rank (EP silently 1: plain DP over the experts) gives the same losses. Under EP each
+    rank holds E/ep of each MoE layer's experts and steps them; the ranks of an EP group hold disjoint slices that
+    cover all E in rank order; tokens reach their experts by all-to-all over that group (dispatch and combine: at
+    least 2 per MoE layer and micro-batch); and ZeRO keeps fp32 masters for the rank's own experts only, 1/edp of
+    them (the expert-data-parallel ranks holding the same slice share them)."""
+    n, overrides = LAYOUTS[name]
+    d = layout_dims(n, [*MOE, *overrides])
+    experts, edp = 4, d["cp"] * d["dp"] // d["ep"]
+    ranks = runs(name).ranks
+    for e in ranks:
+        ep_group = mesh_group(e["rank"], "ep", d["expert_mesh"])
+        assert e["experts"], f"{name} rank {e['rank']}: no MoE layer"
+        for layer in e["experts"]:
+            held = [next(x["experts"] for x in ranks[r]["experts"] if x["layer"] == layer["layer"]) for r in ep_group]
+            n_local = experts // d["ep"]
+            assert held == [list(range(i * n_local, (i + 1) * n_local)) for i in range(d["ep"])], (
+                f"{name} rank {e['rank']}: MoE layer {layer['layer']}'s experts held by EP group {ep_group}: {held}; "
+                f"with EP={d['ep']} each holds {n_local} of {experts}: expert parallelism is off")
+            assert {shape[0] for shape in layer["shapes"]} == {n_local} and layer["every_expert_stepped"], (
+                name, e["rank"], layer)
+        exchanges = calls_on(e, ("all_to_all_single", "all_to_all"), ep_group)
+        want = 2 * len(e["experts"]) * d["micro_batches"] * e["steps"]
+        assert exchanges >= want, (
+            f"{name} rank {e['rank']}: {exchanges} all-to-alls over EP group {ep_group} in {e['steps']} steps, "
+            f"expected >= {want}: tokens do not travel to their experts; its collectives: {collectives(e)}")
+        local = sum(math.prod(shape) for layer in e["experts"] for shape in layer["shapes"])
+        masters = e["optimizer"]["expert_masters_numel"]
+        assert local <= masters * edp <= local + 64 * edp, (
+            f"{name} rank {e['rank']}: fp32 masters of {masters:,} expert elements for its {local:,} (EDP {edp}): "
+            "ZeRO does not keep the experts in DeepSpeed's expert param groups")
 
 
 def test_capacity_factor_drops_the_same_tokens_under_expert_parallelism(capacity_reference, corpus, tmp_path):
@@ -95,7 +163,7 @@ def test_capacity_factor_drops_the_same_tokens_under_expert_parallelism(capacity
     for s in range(1, 5):
         ref = capacity_reference[s]
         for mine, theirs in zip(got[s]["moe_tokens_per_expert"], ref["moe_tokens_per_expert"], strict=True):
-            assert sum(abs(a - b) for a, b in zip(mine, theirs)) <= ROUTING_SLACK, (
+            assert sum(abs(a - b) for a, b in zip(mine, theirs, strict=True)) <= ROUTING_SLACK, (
                 s, got[s]["moe_tokens_per_expert"], ref["moe_tokens_per_expert"])
         assert abs(got[s]["moe_dropped_tokens"] - ref["moe_dropped_tokens"]) <= ROUTING_SLACK, s
         assert _rel(got[s]["loss"], ref["loss"]) <= REL_TOL, (s, got[s]["loss"], ref["loss"])

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.observed import ObservedRuns, calls_on, collectives, layout_dims, mesh_group
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import on_corpus, losses, pretrain, val_losses
 
 pytestmark = pytest.mark.multiproc
@@ -25,6 +27,7 @@ STEPS = 8
 REL_TOL = 1e-5
 COMMON = [f"training.train_steps={STEPS}", "training.eval_interval=4"]
 MASK = ["model.document_mask=true"]
+SEQ = 64  # model.seq_length of the tiny recipe (configs/models/tiny.yaml)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,15 @@ def reference_masked(short_doc_corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref_1_masked")
     pretrain(1, *on_corpus(run_dir, short_doc_corpus), *COMMON, *MASK)
     return run_dir
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "document-mask"])
+def test_reference_follows_its_pinned_curve(masked, request, corpus, short_doc_corpus):
+    """The 1-process runs every layout here is compared with, against their pinned curves
+    (tests/support/reference_curves.py: tolerance and why)."""
+    run_dir = request.getfixturevalue("reference_masked" if masked else "reference")
+    name = "sequence-8-steps" + ("-document-mask" if masked else "")
+    assert_follows_pinned(name, run_dir, short_doc_corpus if masked else corpus, [*COMMON, *(MASK if masked else [])])
 
 
 def assert_same_losses(ref_dir, run_dir, name):
@@ -57,41 +69,89 @@ SP_LAYOUTS = {
     "tp2-sp-pp2-dp2-zero1": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp=2",
                                  "parallel.zero_stage=1"]),
 }
-
-
-@pytest.mark.parametrize("name", list(SP_LAYOUTS))
-def test_sequence_parallel_matches_single_process(name, reference, corpus, tmp_path):
-    n, overrides = SP_LAYOUTS[name]
-    pretrain(n, *on_corpus(tmp_path, corpus), *COMMON, *overrides, timeout=600)
-    assert_same_losses(reference, tmp_path, name)
-
-
 CP_LAYOUTS = {
     "cp2": (2, ["parallel.cp=2"]),
     "tp2-sp-cp2-pp2-zero1": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2",
                                  "parallel.pp=2", "parallel.zero_stage=1"]),
     "cp2-dp2-zero3": (4, ["parallel.cp=2", "parallel.zero_stage=3"]),
 }
-
-
-@pytest.mark.parametrize("name", list(CP_LAYOUTS))
-def test_context_parallel_matches_single_process(name, reference, corpus, tmp_path):
-    n, overrides = CP_LAYOUTS[name]
-    pretrain(n, *on_corpus(tmp_path, corpus), *COMMON, *overrides, timeout=600)
-    assert_same_losses(reference, tmp_path, name)
-
-
 CP_MASKED_LAYOUTS = {
     "cp2-document-mask": (2, ["parallel.cp=2"]),
     "tp2-cp2-pp2-document-mask": (8, ["parallel.tp=2", "parallel.cp=2", "parallel.pp=2", "parallel.zero_stage=1"]),
 }
 
 
+@pytest.fixture(scope="module")
+def runs(corpus, short_doc_corpus, tmp_path_factory):
+    """Each layout trained once, observed from inside its ranks (tests/support/observed.py): its parity test compares
+    the losses, its proof test what the ranks held and the collectives they made."""
+    def make(name, run_dir, observe):
+        masked = name in CP_MASKED_LAYOUTS
+        n, overrides = {**SP_LAYOUTS, **CP_LAYOUTS, **CP_MASKED_LAYOUTS}[name]
+        pretrain(n, *on_corpus(run_dir, short_doc_corpus if masked else corpus), *COMMON, *(MASK if masked else []),
+                 *overrides, timeout=600, observe=observe)
+
+    return ObservedRuns(tmp_path_factory, make)
+
+
+@pytest.mark.parametrize("name", list(SP_LAYOUTS))
+def test_sequence_parallel_matches_single_process(name, reference, runs):
+    assert_same_losses(reference, runs(name).run_dir, name)
+
+
+@pytest.mark.parametrize("name", list(SP_LAYOUTS) + ["tp2-sp-cp2-pp2-zero1"])
+def test_sequence_parallel_is_on(name, runs):
+    """TP without SP gives the same losses, so the parity test cannot tell them apart. Under SP every decoder layer
+    takes this TP rank's slice of the sequence, and the TP group reduce-scatters the hidden states (forward: after
+    attention and after the MLP of each layer) instead of all-reducing them whole."""
+    n, overrides = {**SP_LAYOUTS, **CP_LAYOUTS}[name]
+    d = layout_dims(n, overrides)
+    seq = SEQ // d["cp"]  # the sequence a CP rank holds; TP splits it further
+    for e in runs(name).ranks:
+        tp_group = mesh_group(e["rank"], "tp", d["mesh"])
+        inputs = {tuple(v) for v in e["layer_inputs"].values()}
+        assert inputs and {i[0] for i in inputs} == {seq // d["tp"]}, (
+            f"{name} rank {e['rank']}: decoder layers take hidden states {sorted(inputs)}, not this TP rank's "
+            f"{seq // d['tp']} of the sequence's {seq} positions: sequence parallelism is off")
+        scatters = calls_on(e, ("reduce_scatter_tensor", "reduce_scatter_single"), tp_group,
+                            lambda shapes: shapes[0][0] == seq // d["tp"] and shapes[1][0] == seq)
+        want = 2 * len(e["layer_inputs"]) * d["micro_batches"] * e["steps"]
+        assert scatters >= want, (
+            f"{name} rank {e['rank']}: {scatters} reduce-scatters of hidden states over TP group {tp_group} in "
+            f"{e['steps']} steps, expected >= {want} (2 per layer and micro-batch): sequence parallelism is off; "
+            f"its collectives: {collectives(e)}")
+
+
+@pytest.mark.parametrize("name", list(CP_LAYOUTS))
+def test_context_parallel_matches_single_process(name, reference, runs):
+    assert_same_losses(reference, runs(name).run_dir, name)
+
+
 @pytest.mark.parametrize("name", list(CP_MASKED_LAYOUTS))
-def test_context_parallel_with_document_mask_matches_single_process(name, reference_masked, short_doc_corpus,
-                                                                    tmp_path):
+def test_context_parallel_with_document_mask_matches_single_process(name, reference_masked, runs):
     """Documents of at most 40 bytes: every 64-token sample packs several, and documents cross chunk (and CP rank)
     boundaries, so the mask and the RoPE positions of a rank's chunks come from the whole sequence."""
-    n, overrides = CP_MASKED_LAYOUTS[name]
-    pretrain(n, *on_corpus(tmp_path, short_doc_corpus), *COMMON, *MASK, *overrides, timeout=600)
-    assert_same_losses(reference_masked, tmp_path, name)
+    assert_same_losses(reference_masked, runs(name).run_dir, name)
+
+
+@pytest.mark.parametrize("name", list(CP_LAYOUTS) + list(CP_MASKED_LAYOUTS))
+def test_context_parallel_is_on(name, runs):
+    """CP ranks that each ran the whole sequence (CP silently one more DP axis) would give the same losses too. Under
+    CP every decoder layer takes this CP rank's 1/cp of the sequence, and attention gathers the keys and values of
+    the whole sequence over the CP group: one all-gather per layer and micro-batch, [s/cp, b, groups, d] each."""
+    n, overrides = {**CP_LAYOUTS, **CP_MASKED_LAYOUTS}[name]
+    d = layout_dims(n, overrides)
+    local = SEQ // d["cp"] // (d["tp"] if d["sp"] else 1)
+    for e in runs(name).ranks:
+        cp_group = mesh_group(e["rank"], "cp", d["mesh"])
+        inputs = {tuple(v) for v in e["layer_inputs"].values()}
+        assert inputs and {i[0] for i in inputs} == {local}, (
+            f"{name} rank {e['rank']}: decoder layers take hidden states {sorted(inputs)}, not this rank's {local} "
+            f"of the sequence's {SEQ} positions: context parallelism is off")
+        gathers = calls_on(e, ("all_gather_single", "all_gather_into_tensor"), cp_group,
+                           lambda shapes: len(shapes[1]) == 4 and shapes[1][0] * d["cp"] == shapes[0][0] == SEQ)
+        want = len(e["layer_inputs"]) * d["micro_batches"] * e["steps"]
+        assert gathers >= want, (
+            f"{name} rank {e['rank']}: {gathers} key/value all-gathers over CP group {cp_group} in {e['steps']} "
+            f"steps, expected >= {want} (1 per layer and micro-batch): context parallelism is off; its collectives: "
+            f"{collectives(e)}")

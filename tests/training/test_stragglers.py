@@ -72,6 +72,26 @@ def test_comm_clock_counts_blocked_time_in_its_window_only():
     assert clock.stop() == 0
 
 
+@pytest.mark.unit
+def test_comm_clock_wraps_every_call_of_torch_distributed_that_waits_for_peers():
+    """Every public collective and point-to-point function of torch.distributed (found by name; the object helpers,
+    which call the tensor ones, aside) is one the clock wraps. torch 2.13 added all_gather_single and
+    reduce_scatter_single, which context parallelism's K/V gather calls: the clock missed them until this test."""
+    import re
+
+    import torch
+
+    from recipes.train.stragglers import _CALLS
+
+    kinds = re.compile(r"(all_gather|all_reduce|reduce_scatter|all_to_all|broadcast|barrier|send|recv|^gather|"
+                       r"^scatter|^reduce)")
+    public = [n for n in dir(torch.distributed) if kinds.search(n) and callable(getattr(torch.distributed, n))
+              and not n.startswith("_") and not n[0].isupper() and not n.endswith(("_object", "_object_list"))
+              and n != "reduce_op"]
+    assert "all_gather_single" in public and "all_reduce" in public  # the pattern finds them
+    assert sorted(set(public) - set(_CALLS)) == []
+
+
 @pytest.mark.multiproc
 def test_the_slowed_rank_is_named(corpus, tmp_path):
     env = dict(worker_env(), RECIPES_TEST_FAULT=f"slow rank={SLOW_RANK} step=1 seconds={SLEEP}")

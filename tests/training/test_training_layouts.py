@@ -22,6 +22,9 @@ import pytest
 from recipes.checkpoint import safe_load
 from recipes.config.loading import load_recipe
 from recipes.parallel.partition import stage_boundaries
+from tests.support.observed import (ObservedRuns, collectives, elements_on, layout_dims, mesh_group,
+                                    params_numel)
+from tests.support.reference_curves import assert_follows_pinned
 from tests.support.runs import on_corpus, RECIPE, REPO, losses, pretrain, train_records, val_losses
 
 pytestmark = pytest.mark.multiproc
@@ -46,17 +49,83 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """Each layout trained once, observed from inside its ranks (tests/support/observed.py)."""
+    def make(name, run_dir, observe):
+        n, overrides = LAYOUTS[name]
+        pretrain(n, *on_corpus(run_dir, corpus), f"training.train_steps={STEPS}", "training.eval_interval=3",
+                 *overrides, timeout=400, observe=observe)
+
+    return ObservedRuns(tmp_path_factory, make)
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_single_process(name, reference, corpus, tmp_path):
-    n, overrides = LAYOUTS[name]
-    pretrain(n, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", "training.eval_interval=3", *overrides, timeout=400)
-    ref, got = losses(reference), losses(tmp_path)
+def test_layout_matches_single_process(name, reference, runs):
+    run_dir = runs(name).run_dir
+    ref, got = losses(reference), losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in ref)
     assert worst <= REL_TOL, f"{name}: per-step losses {got} vs 1x1x1 {ref} (worst relative difference {worst:.2e})"
-    ref_val, got_val = val_losses(reference), val_losses(tmp_path)  # validation through the same engine path
+    ref_val, got_val = val_losses(reference), val_losses(run_dir)  # validation through the same engine path
     assert sorted(got_val) == sorted(ref_val) == [3, 6]
     assert all(abs(got_val[s] - ref_val[s]) <= REL_TOL * ref_val[s] for s in ref_val), (got_val, ref_val)
+
+
+def assert_zero_partitions(name: str, ranks: list[dict], d: dict) -> None:
+    """ZeRO >= 1 on each rank: Adam's state (and the fp32 masters) for 1/dp of the rank's parameters, the DP group's
+    shares adding up to all of them (DeepSpeed pads each flat group a little). Without it every rank keeps them all."""
+    for e in ranks:
+        dp_group = mesh_group(e["rank"], "dp", d["mesh"])
+        params, opt = params_numel(e), e["optimizer"]
+        shares = [ranks[r]["optimizer"]["exp_avg_numel"] for r in dp_group]
+        assert params <= sum(shares) <= params * 1.01 + 64 * d["dp"] and max(shares) - min(shares) <= 64, (
+            f"{name} rank {e['rank']}: Adam state of {opt['exp_avg_numel']:,} elements for {params:,} parameters, "
+            f"the DP group {dp_group} holds {shares}: ZeRO-{d['zero']} does not partition the optimizer state")
+        assert opt["masters_numel"] == opt["exp_avg_numel"], (name, e["rank"], opt)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_zero_stage_is_on(name, runs):
+    """DeepSpeed at ZeRO-0 instead would give the same losses. What each stage changes, per rank:
+    ZeRO-1: the optimizer state partitioned over DP (assert_zero_partitions);
+    ZeRO-2: the gradients too: reduced over DP after every micro-batch's backward, each rank keeping its part
+            (ZeRO-0/1 accumulate whole gradients and reduce them once per step);
+    ZeRO-3: the gradients as ZeRO-2, and the parameters: each rank holds 1/dp of every parameter and all-gathers them
+            in every micro-batch's forward (ZeRO-1/2 gather the updated weights once per step)."""
+    n, overrides = LAYOUTS[name]
+    d = layout_dims(n, overrides)
+    ranks = runs(name).ranks
+    assert_zero_partitions(name, ranks, d)
+    reduces = ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
+    gathers = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather")
+    for e in ranks:
+        dp_group, params = mesh_group(e["rank"], "dp", d["mesh"]), params_numel(e)
+        per_step = {"reduced": elements_on(e, reduces, dp_group) / e["steps"],
+                    "gathered": elements_on(e, gathers, dp_group) / e["steps"]}
+        at_most_once = params * 1.01 + 64 * d["dp"]
+        if d["zero"] >= 2:
+            assert per_step["reduced"] >= d["micro_batches"] * params, (
+                f"{name} rank {e['rank']}: {per_step['reduced']:,.0f} gradient elements reduced over DP {dp_group} per "
+                f"step for {params:,} parameters and {d['micro_batches']} micro-batches: ZeRO-{d['zero']} reduces "
+                f"each micro-batch's gradients; its collectives: {collectives(e)}")
+        else:
+            assert per_step["reduced"] <= at_most_once, (name, e["rank"], per_step, params)
+        held = sum(p["held"] for p in e["params"].values())
+        if d["zero"] == 3:
+            assert held <= params / d["dp"] * 1.01 + 64 and per_step["gathered"] >= d["micro_batches"] * params, (
+                f"{name} rank {e['rank']}: holds {held:,} of its {params:,} parameter elements and all-gathers "
+                f"{per_step['gathered']:,.0f} per step over DP {dp_group}: ZeRO-3 partitions the parameters; its "
+                f"collectives: {collectives(e)}")
+        else:
+            assert held == params and per_step["gathered"] <= at_most_once, (name, e["rank"], held, per_step)
+
+
+def test_reference_follows_its_pinned_curve(reference, corpus):
+    """The 1-process run every layout here is compared with, against its pinned curve
+    (tests/support/reference_curves.py: tolerance and why)."""
+    assert_follows_pinned("layouts-6-steps", reference, corpus, [f"training.train_steps={STEPS}",
+                                                                 "training.eval_interval=3"])
 
 
 def test_loss_falls_on_real_shards(reference):

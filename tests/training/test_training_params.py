@@ -48,9 +48,11 @@ def test_initial_weights_do_not_depend_on_the_pipeline_cut(single_process_group)
     stack = PlainDecoder(recipe, Layout())
     config = transformer_config(recipe.model, tp=1)
     alone = DecoderLayerPipe(config, recipe.model, 3, recipe.training.seed + SEED_STRIDE * 3)
-    for (name, a), (_, b) in zip(getattr(stack, "3").state_dict().items(), alone.state_dict().items()):
+    in_stack, by_itself = getattr(stack, "3").state_dict(), alone.state_dict()
+    assert list(in_stack) == list(by_itself)  # the same entries: none skipped by the comparison below
+    for name, a in in_stack.items():
         if a is not None:
-            assert torch.equal(a, b), name
+            assert torch.equal(a, by_itself[name]), name
     assert not torch.equal(getattr(stack, "2").state_dict()["mlp.linear_fc1.weight"],
                            getattr(stack, "3").state_dict()["mlp.linear_fc1.weight"])
 
@@ -72,7 +74,7 @@ def test_partition_inputs_match_the_built_layers(name, single_process_group):
     assert [type(layer).__name__ for layer in built] == names
     assert [sum(p.numel() for p in layer.parameters()) for layer in built] == \
         layer_weights(recipe.model, 1, "parameters")
-    for layer_name, layer in zip(names, built):
+    for layer_name, layer in zip(names, built, strict=True):
         groups = build_optimizer(layer, recipe, torch.device("cpu")).param_groups
         used = {kind for kind, g in zip(("decay", "no_decay"), groups) if g["params"]}
         assert used == GROUPS_OF_LAYER[layer_name], layer_name

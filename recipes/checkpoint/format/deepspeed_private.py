@@ -111,3 +111,97 @@ def skip_shm_comm_op() -> None:
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
+# ------------------------------------------------------------------------------------------- expert parallelism (MoE)
+def register_expert_groups(name: str, ep_group, edp_group) -> None:
+    """Put this rank's expert-parallel (EP) and expert-data-parallel (EDP) groups into DeepSpeed's group registry under
+    `name` (DeepSpeed's "ep_size_<ep>"), as deepspeed.utils.groups._create_expert_and_data_parallel would have made
+    them: ZeRO then partitions and reduces the expert parameters over these ranks. Relies on the module globals
+    groups._EXPERT_PARALLEL_GROUP(_RANKS) and groups._EXPERT_DATA_PARALLEL_GROUP(_RANKS), dicts keyed by group name,
+    which DeepSpeed's own getters read."""
+    from deepspeed.utils import groups
+
+    groups._EXPERT_PARALLEL_GROUP[name] = ep_group
+    groups._EXPERT_PARALLEL_GROUP_RANKS[name] = torch.distributed.get_process_group_ranks(ep_group)
+    groups._EXPERT_DATA_PARALLEL_GROUP[name] = edp_group
+    groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = torch.distributed.get_process_group_ranks(edp_group)
+
+
+def expert_groups_registered(name: str) -> bool:
+    """Whether DeepSpeed's group registry holds expert groups named `name`. Relies on
+    groups._get_expert_parallel_group_dict()."""
+    from deepspeed.utils import groups
+
+    return name in groups._get_expert_parallel_group_dict()
+
+
+def moe_marker(num_experts: int, ep: int, group_name: str) -> torch.nn.Module:
+    """A parameter-free module whose class derives from `deepspeed.moe.layer.MoE`: DeepSpeed's engine decides that a
+    model has expert-parallel parameters (`has_moe_layers`: ZeRO partitions the MoE param groups over the expert-data-
+    parallel group named by the parameters' `group_name`) by finding an instance of that class among the model's
+    modules, and calls its `set_deepspeed_parallelism`. Relies on the engine reading only `num_experts` of it and on
+    MoE.__init__ being skippable (it would build DeepSpeed's own gate and experts): nn.Module.__init__ instead."""
+    from deepspeed.moe.layer import MoE
+
+    class DeepSpeedMoEMarker(MoE):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.num_experts, self.ep_size, self.num_local_experts = num_experts, ep, num_experts // ep
+            self.expert_group_name = group_name
+
+        def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+            if not expert_groups_registered(self.expert_group_name):
+                raise RuntimeError(f"DeepSpeed has no expert groups '{self.expert_group_name}': register megatron-"
+                                   "core's with recipes.train.expert_parallel.register_expert_groups before "
+                                   "deepspeed.initialize")
+
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("DeepSpeedMoEMarker has no forward: it only marks the model for DeepSpeed")
+
+    return DeepSpeedMoEMarker()
+
+
+def save_as_dense_model(engine) -> None:
+    """From now on the engine saves and loads the files of a dense model although ZeRO was built for MoE param groups
+    (DeepSpeed's MoE checkpoint layout expects its own MoE module names). Relies on the engine's `has_moe_layers`,
+    set by deepspeed.initialize, being read again only by save_checkpoint / load_checkpoint (and the MoE gradient
+    path of its own backward, which ZeRO-1/2 replace)."""
+    engine.has_moe_layers = False
+
+
+def run_after_each_load(engine, after) -> None:
+    """Call `after(engine)` whenever `engine.load_checkpoint` has loaded (its result unchanged), whoever calls it.
+    Relies on DeepSpeed's callers and ours reaching the load through the instance attribute `load_checkpoint`."""
+    load = engine.load_checkpoint
+
+    def load_then_after(*args, **kwargs):
+        result = load(*args, **kwargs)
+        after(engine)
+        return result
+
+    engine.load_checkpoint = load_then_after
+
+
+def module_weights_from_masters(engine) -> None:
+    """ZeRO-1/2: the module weights <- this rank's fp32 masters, gathered over each param group's own DP group (the
+    EDP group for experts). Relies on DeepSpeedZeroOptimizer.update_lp_params(); a no-op for other optimizers."""
+    optimizer = engine.optimizer
+    if hasattr(optimizer, "update_lp_params"):
+        optimizer.update_lp_params()
+
+
+# ------------------------------------------------------------------------------------------------- engine's own state
+def set_progress(engine, steps: int, samples: int) -> None:
+    """The engine's step and sample counters, as its own load_checkpoint sets them from a checkpoint (after a
+    reshard on load, which installs the state without it). Relies on DeepSpeedEngine.global_steps / global_samples
+    being plain attributes that its lr-schedule, logging and save code read."""
+    engine.global_steps, engine.global_samples = steps, samples
+
+
+def swap_checkpoint_engine(engine, make):
+    """Put `make(current)` in place of the engine's checkpoint engine (the object that writes and reads every file of
+    save_checkpoint / load_checkpoint) and return it. Relies on DeepSpeedEngine keeping it in the attribute
+    `checkpoint_engine` and calling its save / load / create / commit (deepspeed.runtime.checkpoint_engine)."""
+    engine.checkpoint_engine = make(engine.checkpoint_engine)
+    return engine.checkpoint_engine
