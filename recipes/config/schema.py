@@ -35,6 +35,24 @@ class RopeScalingConfig(_Section):
         return self
 
 
+class MLAConfig(_Section):
+    """Multi-head latent attention (DeepSeek-V2/V3; recipes.model.mla, docs/moe.md): queries through a low-rank
+    projection, keys and values through one shared latent of kv_lora_rank per token, and a decoupled RoPE part per
+    head whose key is shared by all heads. Names as transformers' DeepseekV3Config (megatron-core's in comments)."""
+    q_lora_rank: Optional[PositiveInt] = None  # None = one full query projection (DeepSeek-V2-Lite); V3: 1536
+    kv_lora_rank: PositiveInt  # the latent keys and values come from (V3: 512)
+    qk_nope_head_dim: PositiveInt  # per head, the query/key part without RoPE (megatron qk_head_dim; V3: 128)
+    qk_rope_head_dim: PositiveInt  # per head, the RoPE part (megatron qk_pos_emb_head_dim; V3: 64)
+    v_head_dim: PositiveInt  # per head, the value width (V3: 128)
+
+    @field_validator("qk_rope_head_dim")
+    @classmethod
+    def _even(cls, value):
+        if value % 2:
+            raise ValueError(f"model.mla.qk_rope_head_dim={value}: RoPE rotates pairs of dimensions; use an even size")
+        return value
+
+
 class MoEConfig(_Section):
     """Mixture of experts in the MLP of some or all decoder layers (megatron-core's router, expert and shared-expert
     modules; docs/moe.md). Every field names the megatron-core / Hugging Face option it matches."""
@@ -93,12 +111,20 @@ class ModelConfig(_Section):
     head_dim: Optional[PositiveInt] = None
     qk_norm: bool = False  # RMSNorm / LayerNorm of each query and key head before RoPE (Qwen3; megatron qk_layernorm)
     moe: Optional[MoEConfig] = None  # None = every decoder layer has a dense MLP
+    mla: Optional[MLAConfig] = None  # None = grouped-query attention (num_query_groups, head_dim)
 
     @model_validator(mode="after")
     def _rope_options(self):
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise ValueError(f"model.rope_scaling is set but model.position_embedding={self.position_embedding}; "
                              "remove rope_scaling or use position_embedding: rope")
+        return self
+
+    @model_validator(mode="after")
+    def _mla_options(self):
+        problems = mla_problems(self) if self.mla is not None else []
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -132,6 +158,11 @@ class ModelConfig(_Section):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def rope_head_dim(self) -> int:
+        """Width of the part of a head that RoPE rotates (the whole head, or MLA's decoupled part)."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.kv_channels
+
+    @property
     def expert_ffn_size(self) -> int:
         """FFN size of one routed expert (model.moe.ffn_hidden_size, default the dense ffn size)."""
         return (self.moe.ffn_hidden_size if self.moe is not None else None) or self.ffn_size
@@ -144,6 +175,22 @@ class ModelConfig(_Section):
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp."""
         m = self.make_vocab_size_divisible_by * tp
         return ((self.vocab_size + m - 1) // m) * m
+
+
+def mla_problems(m: "ModelConfig") -> list[str]:
+    """What model.mla cannot be combined with, each with the fix."""
+    out = []
+    if m.position_embedding != "rope":
+        out.append(f"model.mla with model.position_embedding={m.position_embedding}: MLA's decoupled keys carry RoPE; "
+                   "set position_embedding: rope")
+    if m.num_query_groups not in (None, m.num_attention_heads):
+        out.append(f"model.mla with model.num_query_groups={m.num_query_groups}: every MLA head has its own key and "
+                   "value (from the shared latent); remove num_query_groups")
+    for field in ("head_dim", "qk_norm", "add_qkv_bias", "add_bias_linear"):
+        if getattr(m, field):
+            out.append(f"model.mla with model.{field}={getattr(m, field)}: MLA's head widths are model.mla's "
+                       f"(qk_nope/qk_rope/v_head_dim) and it has no biases or per-head norms; remove model.{field}")
+    return out
 
 
 def moe_problems(m: "ModelConfig") -> list[str]:

@@ -61,6 +61,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -118,6 +119,14 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         from recipes.model.fast_path import fused_config_kwargs
 
         kwargs.update(fused_config_kwargs(model_cfg))
+    config_class = TransformerConfig
+    if model_cfg.mla is not None:  # megatron-core's config of MLA shapes (recipes.model.mla)
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        from recipes.model.mla import mla_config_kwargs, softmax_scale
+
+        kwargs.update(mla_config_kwargs(model_cfg), softmax_scale=softmax_scale(model_cfg))
+        config_class = MLATransformerConfig
     if model_cfg.moe is not None:
         import warnings
 
@@ -127,8 +136,8 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         with warnings.catch_warnings():
             # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
             warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
-            return TransformerConfig(**kwargs)
-    return TransformerConfig(**kwargs)
+            return config_class(**kwargs)
+    return config_class(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- building blocks
@@ -309,6 +318,10 @@ def layer_spec(config: TransformerConfig):
     spec.submodules.pre_mlp_layernorm = TorchNorm
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.causal}
+    if getattr(config, "multi_latent_attention", False):
+        from recipes.model.mla import LatentAttention
+
+        spec.submodules.self_attention = ModuleSpec(module=LatentAttention, params=spec.submodules.self_attention.params)
     if config.qk_layernorm:
         spec.submodules.self_attention.submodules.q_layernorm = HeadNorm
         spec.submodules.self_attention.submodules.k_layernorm = HeadNorm
@@ -400,7 +413,7 @@ class DecoderLayerPipe(TransformerLayer):
         # must stay fp32 (bf16 would be off by whole radians at long positions).
         self._rope = None
         if self.use_rope:
-            self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base,
+            self._rope = rope_table(model_cfg.seq_length, model_cfg.rope_head_dim, model_cfg.rotary_base,
                                     model_cfg.rope_scaling)
 
     def forward(self, inputs):

@@ -11,6 +11,27 @@ def norm_params(model_cfg) -> int:
     return h if model_cfg.normalization == "rmsnorm" else 2 * h
 
 
+def mla_matrices(model_cfg) -> tuple[int, int]:
+    """Weights of an MLA attention's matrices (recipes.model.mla) as (split over TP: the up-projections and the
+    output projection, held whole on every TP rank: the down-projections)."""
+    mla, h, n = model_cfg.mla, model_cfg.hidden_size, model_cfg.num_attention_heads
+    q_width = n * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    split = mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim) + n * mla.v_head_dim * h
+    replicated = h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+    if mla.q_lora_rank is None:
+        split += h * q_width
+    else:
+        split += mla.q_lora_rank * q_width
+        replicated += h * mla.q_lora_rank
+    return split, replicated
+
+
+def _mla_norms(model_cfg) -> int:
+    """The latent norms of an MLA attention (q's only with a q_lora_rank), replicated."""
+    mla, per = model_cfg.mla, norm_params(model_cfg) // model_cfg.hidden_size
+    return per * (mla.kv_lora_rank + (mla.q_lora_rank or 0))
+
+
 def _layer_matrices(model_cfg) -> tuple[int, int, int]:
     """(weights of the layer's matrices, qkv output width, fc1 output width)."""
     h, f = model_cfg.hidden_size, model_cfg.ffn_size
@@ -18,7 +39,8 @@ def _layer_matrices(model_cfg) -> tuple[int, int, int]:
     q_out = model_cfg.num_attention_heads * head_dim  # = h unless model.head_dim says otherwise
     qkv_out = q_out + 2 * model_cfg.query_groups * head_dim
     fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
-    return h * qkv_out + q_out * h + h * fc1_out + f * h, qkv_out, fc1_out
+    attention = h * qkv_out + q_out * h if model_cfg.mla is None else sum(mla_matrices(model_cfg))
+    return attention + h * fc1_out + f * h, qkv_out, fc1_out
 
 
 def layer_parameters(model_cfg) -> tuple[int, int]:
@@ -30,6 +52,10 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     h = model_cfg.hidden_size
     split, qkv_out, fc1_out = _layer_matrices(model_cfg)
     replicated = 2 * norm_params(model_cfg)
+    if model_cfg.mla is not None:  # its down-projections and latent norms are held whole by every TP rank
+        mla_replicated = mla_matrices(model_cfg)[1]
+        split -= mla_replicated
+        replicated += mla_replicated + _mla_norms(model_cfg)
     if model_cfg.qk_norm:  # one norm of head_dim for the queries, one for the keys
         replicated += 2 * norm_params(model_cfg) // h * model_cfg.kv_channels
     if model_cfg.qkv_bias:  # add_bias_linear or add_qkv_bias (Qwen2)

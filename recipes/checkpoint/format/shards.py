@@ -23,6 +23,10 @@ _SPLIT_DIM = {
     "mlp.linear_fc1.bias": 0,
     "self_attention.linear_proj.weight": 1,
     "mlp.linear_fc2.weight": 1,
+    # MLA (recipes.model.mla): the up-projections split by heads; the down-projections and latent norms replicated
+    "self_attention.linear_q_proj.weight": 0,
+    "self_attention.linear_q_up_proj.weight": 0,
+    "self_attention.linear_kv_up_proj.weight": 0,
 }
 _VOCAB = ("word_embeddings.weight", "output_layer.weight")
 
