@@ -75,6 +75,22 @@ class MoEConfig(_Section):
     # first_k_dense_replace) then keeps the first layers dense
     layer_pattern: Union[PositiveInt, list[Literal[0, 1]]] = 1
     first_dense_layers: int = Field(default=0, ge=0)
+    # DeepSeek-V3 routing (recipes.model.deepseek_routing, docs/moe.md). "sigmoid": each expert scored on its own
+    # (sigmoid of its logit), the chosen experts' scores renormalized when normalize_top_k; "softmax": Mixtral's
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    # group-limited routing (HF n_group / topk_group): the experts in num_groups equal groups, a token's top_k chosen
+    # only from its group_top_k best groups (a group scored by the sum of its 2 best scores); None = no groups
+    num_groups: Optional[PositiveInt] = None
+    group_top_k: Optional[PositiveInt] = None
+    routed_scaling_factor: PositiveFloat = 1.0  # the routed experts' weights times this (V3: 2.5)
+    # auxiliary-loss-free balancing (sigmoid routing): a per-expert bias added to the scores only to choose the
+    # experts, after every step moved by bias_update_rate up for experts below the mean load of the global batch and
+    # down for those above it (V3: 0.001); kept in the checkpoint (HF e_score_correction_bias)
+    expert_bias: bool = False
+    bias_update_rate: float = Field(default=1e-3, ge=0)
+    # the load-balancing loss per sequence, averaged over the micro-batch's sequences (V3's complementary
+    # sequence-wise loss, megatron-core seq_aux_loss), instead of over the micro-batch's tokens
+    aux_loss_per_sequence: bool = False
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has the MoE MLP."""
@@ -203,6 +219,7 @@ def moe_problems(m: "ModelConfig") -> list[str]:
         out.append("model.moe.top_k=1 with normalize_top_k=true: one renormalized probability is always 1 and the "
                    "router gets no gradient; set model.moe.normalize_top_k=false (softmax over all experts, Switch "
                    "style) or top_k >= 2")
+    out += _routing_problems(moe)
     if moe.shared_expert_gate and moe.shared_expert_ffn_size is None:
         out.append("model.moe.shared_expert_gate=true without model.moe.shared_expert_ffn_size: there is no shared "
                    "expert to gate; set shared_expert_ffn_size (Qwen2-MoE: 4x the expert size) or remove the gate")
@@ -220,6 +237,26 @@ def moe_problems(m: "ModelConfig") -> list[str]:
     elif not any(moe.is_moe_layer(i) for i in range(L)):
         out.append(f"model.moe.layer_pattern={moe.layer_pattern} with first_dense_layers={moe.first_dense_layers} "
                    f"leaves no MoE layer among the {L} layers; lower first_dense_layers or remove model.moe")
+    return out
+
+
+def _routing_problems(moe: MoEConfig) -> list[str]:
+    """DeepSeek-V3 routing options that do not fit together, each with the fix."""
+    out = []
+    if (moe.num_groups is None) != (moe.group_top_k is None):
+        out.append("model.moe.num_groups and model.moe.group_top_k come together (DeepSeek-V3: 8 and 4); set both or "
+                   "neither")
+    elif moe.num_groups is not None:
+        size = moe.num_experts // moe.num_groups
+        if moe.num_experts % moe.num_groups or size < 2:
+            out.append(f"model.moe.num_groups={moe.num_groups} must split model.moe.num_experts={moe.num_experts} "
+                       "into equal groups of 2 or more experts (a group is scored by its 2 best)")
+        elif moe.group_top_k > moe.num_groups or moe.top_k > moe.group_top_k * size:
+            out.append(f"model.moe.group_top_k={moe.group_top_k} groups of {size} experts cannot hold top_k="
+                       f"{moe.top_k} experts (or exceeds num_groups={moe.num_groups}); raise group_top_k")
+    if moe.expert_bias and moe.score_function != "sigmoid":
+        out.append("model.moe.expert_bias=true needs model.moe.score_function=sigmoid (the bias shifts sigmoid scores, "
+                   "as DeepSeek-V3's aux-loss-free balancing does)")
     return out
 
 

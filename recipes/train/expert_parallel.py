@@ -82,3 +82,18 @@ def _main_loss_scale(engine) -> float:
             return float(v)
     return 1.0
 
+
+def update_expert_biases(eng, recipe) -> None:
+    """After each optimizer step, aux-loss-free balancing (model.moe.expert_bias, recipes.model.deepseek_routing):
+    this pipeline stage's router biases moved by the step's load, counted over the stage's TP x CP x DP ranks (every
+    rank that routed tokens of its layers). A collective: every rank, every step."""
+    moe = recipe.model.moe
+    if moe is None or not moe.expert_bias:
+        return
+    from megatron.core import parallel_state as ps
+
+    from recipes.model.deepseek_routing import update_expert_biases as update
+    from recipes.model.moe import moe_layers
+
+    group = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    update([layer.router for layer in moe_layers(eng.module)], group, moe.bias_update_rate)

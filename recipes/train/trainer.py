@@ -29,6 +29,7 @@ from recipes.train.build import build_data, parallel_state_and_seeds, run_dirs
 from recipes.train.checkpoints import RunCheckpoints
 from recipes.train.engine import init_distributed, initialize, shutdown_distributed
 from recipes.train.evaluation import BackgroundEval
+from recipes.train.expert_parallel import update_expert_biases
 from recipes.train.faults import Fault, LayerDelays
 from recipes.train.heartbeat import Heartbeat
 from recipes.train.metrics import StepFigures, build_metrics_log, moe_routing, pipeline_figures, progress
@@ -129,6 +130,7 @@ class Trainer:
         mbs = self.data.train.step(s.consumed_samples)
         self.heartbeat.beat(s.step, "forward-backward")
         loss = train_step(eng, mbs)
+        update_expert_biases(eng, self.recipe)  # MoE with model.moe.expert_bias only (aux-loss-free balancing)
         elapsed = time.perf_counter() - start
         self.stragglers.add(elapsed - COMM_CLOCK.stop())
         s.step += 1

@@ -1,6 +1,10 @@
 """DeepSeek-V3-class training on CPU ranks against the 1-process run of the same recipe: multi-head latent attention
 (MLA) across TP x PP (interleaved, vpp 2) x DP with full recompute, and across TP with sequence parallelism x CP; all
-with document masking (per-token RoPE positions and attention within documents reach the latent attention).
+with document masking (per-token RoPE positions and attention within documents reach the latent attention). Then the
+tiny DeepSeek-V3-shaped recipe (configs/runs/tiny-deepseek-cpu.yaml: MLA, a dense first layer, sigmoid routing over
+expert groups with routed scaling, a shared expert, the sequence-level aux loss and aux-loss-free balancing at a
+bias rate of 0.01, so that the bias moves routing within a few steps) at EP2 x DP2 and TP2 x EP2 x PP2: the same
+losses, routing and biases; and an EP2 x DP2 run killed after step 5 resumes its biases bitwise.
 
 Tolerance as tests/training/test_training_layouts.py: fp32, layouts change only the order of additions (observed
 ~1e-7 relative), 1e-5 allowed; a down-projection summed over TP twice, a RoPE key whose gradient is not summed over
@@ -9,8 +13,14 @@ TP, or a head split in the wrong place moves the loss by far more from the first
 from __future__ import annotations
 
 import pytest
+import torch
 
-from tests.support.runs import losses, on_corpus, pretrain, val_losses
+import subprocess
+import time
+
+from recipes.checkpoint import safe_load
+from tests.support.runs import (REPO, kill_group, losses, on_corpus, pretrain, pretrain_cmd, train_records,
+                                val_losses, worker_env)
 
 pytestmark = pytest.mark.multiproc
 
@@ -50,3 +60,93 @@ def test_mla_layout_matches_single_process(name, mla_reference, short_doc_corpus
     assert sorted(got_val) == sorted(ref_val) == [3, 6]
     assert all(_rel(got_val[s], ref_val[s]) <= REL_TOL for s in ref_val), (got_val, ref_val)
     assert ref[STEPS] < ref[1] - 0.5  # and the model learns
+
+
+# ----------------------------------------------------------------------------------------------- DeepSeek routing
+DEEPSEEK_RECIPE = str(REPO / "configs/runs/tiny-deepseek-cpu.yaml")
+DS_STEPS = 8
+DEEPSEEK = [f"training.train_steps={DS_STEPS}", "model.moe.bias_update_rate=0.01", "checkpoint.save_interval=2",
+            "checkpoint.keep_last=4"]
+
+
+def _deepseek(n, run_dir, corpus, *overrides):
+    pretrain(n, *on_corpus(run_dir, corpus), *DEEPSEEK, *overrides, config=DEEPSEEK_RECIPE, timeout=400)
+    return {r["step"]: r for r in train_records(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def deepseek_reference(corpus, tmp_path_factory):
+    return _deepseek(1, tmp_path_factory.mktemp("ds_ref"), corpus)
+
+
+@pytest.fixture(scope="module")
+def deepseek_ep2(corpus, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ds_ep2")
+    return run_dir, _deepseek(4, run_dir, corpus, "parallel.ep=2")
+
+
+def _assert_same_deepseek_training(got: dict, ref: dict, name: str) -> None:
+    assert sorted(got) == sorted(ref) == list(range(1, DS_STEPS + 1))
+    worst = max(_rel(got[s]["loss"], ref[s]["loss"]) for s in ref)
+    assert worst <= REL_TOL, f"{name}: losses {[got[s]['loss'] for s in got]} vs {[ref[s]['loss'] for s in ref]}"
+    for key in ("grad_norm", "moe_aux_loss"):
+        worst = max(_rel(got[s][key], ref[s][key]) for s in ref)
+        assert worst <= 10 * REL_TOL, f"{name}: {key} {[got[s][key] for s in got]} vs {[ref[s][key] for s in ref]}"
+    for s in ref:  # the same routing, hence the same bias steps (sums of +-0.01: equal as floats)
+        assert got[s]["moe_tokens_per_expert"] == ref[s]["moe_tokens_per_expert"], (name, s)
+        assert got[s]["moe_expert_bias"] == ref[s]["moe_expert_bias"], (name, s)
+    assert len(ref[1]["moe_tokens_per_expert"]) == 3  # layers 2-4: the first is dense
+    assert any(b != 0 for layer in ref[DS_STEPS]["moe_expert_bias"] for b in layer)
+    assert all(sum(t) == 8 * 64 * 2 for t in ref[1]["moe_tokens_per_expert"])  # every token to its top-2
+
+
+def test_deepseek_routing_at_ep2_dp2_matches_single_process(deepseek_ep2, deepseek_reference):
+    _assert_same_deepseek_training(deepseek_ep2[1], deepseek_reference, "ep2-dp2")
+
+
+def test_deepseek_routing_at_tp2_ep2_pp2_matches_single_process(deepseek_reference, corpus, tmp_path):
+    got = _deepseek(8, tmp_path, corpus, "parallel.tp=2", "parallel.ep=2", "parallel.pp=2")
+    _assert_same_deepseek_training(got, deepseek_reference, "tp2-ep2-pp2")
+
+
+def _expert_biases(tag_dir) -> dict:
+    """name -> expert_bias tensor of every model-parallel rank's module states in a checkpoint tag."""
+    out = {}
+    for path in sorted(tag_dir.glob("mp_rank_*_model_states.pt")):
+        for name, t in safe_load.load(path)["module"].items():
+            if name.endswith("router.expert_bias"):
+                out[f"{path.name}:{name}"] = t
+    return out
+
+
+def test_killed_deepseek_run_resumes_its_expert_biases_bitwise(deepseek_ep2, corpus, tmp_path):
+    """EP2 x DP2, SIGKILL after step 5 (saved at step 4), auto-resume: the biases come back from the checkpoint's
+    module states (fp32), so steps 5-8 route, and lose, exactly as the uninterrupted run's."""
+    ref_dir, ref = deepseek_ep2
+    cmd = pretrain_cmd(4, *on_corpus(tmp_path, corpus), *DEEPSEEK, "parallel.ep=2", "checkpoint.async_save=false",
+                       config=DEEPSEEK_RECIPE)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 5, proc)
+    finally:
+        kill_group(proc)
+    assert max(losses(tmp_path)) < DS_STEPS
+    resumed = pretrain(4, *on_corpus(tmp_path, corpus), *DEEPSEEK, "parallel.ep=2", config=DEEPSEEK_RECIPE)
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    got = {r["step"]: r for r in train_records(tmp_path)}  # the resumed run's records win
+    assert [got[s]["loss"] for s in ref] == [ref[s]["loss"] for s in ref]
+    assert [got[s]["moe_expert_bias"] for s in ref] == [ref[s]["moe_expert_bias"] for s in ref]
+    mine, theirs = _expert_biases(tmp_path / f"global_step{DS_STEPS}"), _expert_biases(ref_dir / f"global_step{DS_STEPS}")
+    assert sorted(mine) == sorted(theirs) and len(mine) == 3  # one file (no PP, no TP), layers 2-4
+    assert all(t.dtype == torch.float32 and torch.equal(t, theirs[k]) for k, t in mine.items())
+
+
+def _wait_for_step(metrics_path, step: int, proc, timeout: float = 400) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metrics_path.is_file() and f'"step": {step},' in metrics_path.read_text():
+            return
+        assert proc.poll() is None, "run ended before it could be killed"
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never logged")
