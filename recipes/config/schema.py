@@ -53,6 +53,15 @@ class MLAConfig(_Section):
         return value
 
 
+class MTPConfig(_Section):
+    """Multi-token prediction (DeepSeek-V3; recipes.model.mtp, docs/moe.md): num_layers extra depths after the last
+    decoder layer, depth k predicting the token k + 1 ahead through its own decoder layer, sharing the embedding and
+    the output head. Trained with loss_weight / num_layers x the sum of the depths' losses; transformers runs them as
+    draft layers (generate(use_mtp=True)) or ignores them."""
+    num_layers: PositiveInt = 1  # prediction depths D (HF num_nextn_predict_layers; V3: 1)
+    loss_weight: float = Field(default=0.1, gt=0)  # lambda (V3: 0.3 for the first 10T tokens, then 0.1)
+
+
 class MoEConfig(_Section):
     """Mixture of experts in the MLP of some or all decoder layers (megatron-core's router, expert and shared-expert
     modules; docs/moe.md). Every field names the megatron-core / Hugging Face option it matches."""
@@ -128,12 +137,21 @@ class ModelConfig(_Section):
     qk_norm: bool = False  # RMSNorm / LayerNorm of each query and key head before RoPE (Qwen3; megatron qk_layernorm)
     moe: Optional[MoEConfig] = None  # None = every decoder layer has a dense MLP
     mla: Optional[MLAConfig] = None  # None = grouped-query attention (num_query_groups, head_dim)
+    mtp: Optional[MTPConfig] = None  # None = next-token prediction only
 
     @model_validator(mode="after")
     def _rope_options(self):
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise ValueError(f"model.rope_scaling is set but model.position_embedding={self.position_embedding}; "
                              "remove rope_scaling or use position_embedding: rope")
+        return self
+
+    @model_validator(mode="after")
+    def _mtp_options(self):
+        if self.mtp is not None and self.position_embedding != "rope":
+            raise ValueError(f"model.mtp with model.position_embedding={self.position_embedding}: the prediction "
+                             "depths embed tokens with the word embedding only (DeepSeek-V3's); use rope or remove "
+                             "model.mtp")
         return self
 
     @model_validator(mode="after")
@@ -186,6 +204,22 @@ class ModelConfig(_Section):
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has the MoE MLP (model.moe.layer_pattern)."""
         return self.moe is not None and self.moe.is_moe_layer(index)
+
+    @property
+    def mtp_depths(self) -> int:
+        return self.mtp.num_layers if self.mtp is not None else 0
+
+    @property
+    def mtp_is_moe(self) -> bool:
+        """A prediction depth's layer has the MoE MLP when the last decoder layer has (DeepSeek-V3's)."""
+        return self.mtp is not None and self.is_moe_layer(self.num_layers - 1)
+
+    def moe_layer_numbers(self) -> list[int]:
+        """Pipeline indices (recipes.model.layers) of the layers with the MoE MLP: decoder layers 1..L, then the
+        prediction depths L+3 .. L+2+D."""
+        L = self.num_layers
+        numbers = [i + 1 for i in range(L) if self.is_moe_layer(i)]
+        return numbers + ([L + 2 + k for k in range(1, self.mtp_depths + 1)] if self.mtp_is_moe else [])
 
     def padded_vocab_size(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp."""

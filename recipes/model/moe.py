@@ -347,13 +347,13 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
     """Collective (every rank, same steps): routing statistics since the last call, for metrics.jsonl.
 
     Per step (the global batch), summed over the MoE layers unless per layer: `moe_tokens_per_expert` (one list per
-    MoE layer), `moe_dropped_tokens` (token-expert assignments over capacity, 0 when dropless), `moe_dropped_frac`,
+    MoE layer, model.mtp's depths last), `moe_dropped_tokens` (token-expert assignments over capacity, 0 when dropless), `moe_dropped_frac`,
     `moe_load_imbalance` (busiest expert / mean, worst layer), `moe_aux_loss` and `moe_z_loss` (without their
     coefficients, mean over MoE layers and micro-batches, as megatron-core logs them); with model.moe.expert_bias
     `moe_expert_bias` (one list per MoE layer, after this step's update). TP ranks route disjoint slices and DP ranks
     disjoint samples (their counts add up); each layer lives on one pipeline stage.
     """
-    E, L = model_cfg.moe.num_experts, model_cfg.num_layers
+    E, L = model_cfg.moe.num_experts, model_cfg.num_layers + 2 + model_cfg.mtp_depths  # rows: layer number - 1
     table = torch.zeros(L, 2 * E + 4, dtype=torch.float64)  # counts, dropped, aux, z, ranks holding it, bias
     coeff, z_coeff = model_cfg.moe.aux_loss_coeff, model_cfg.moe.z_loss_coeff
     for layer in moe_layers(module):
@@ -369,7 +369,7 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
     table = table.to(device)
     torch.distributed.all_reduce(table)
     table = table.cpu()
-    rows = [table[i] for i in range(L) if model_cfg.is_moe_layer(i)]
+    rows = [table[i - 1] for i in model_cfg.moe_layer_numbers()]  # decoder layers, then model.mtp's depths
     per_layer = [r[:E] for r in rows]
     routed = sum(float(r[:E + 1].sum()) for r in rows)
     dropped = sum(float(r[E]) for r in rows)

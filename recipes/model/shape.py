@@ -91,17 +91,25 @@ def moe_layer_parameters(model_cfg) -> tuple[int, int, int]:
 def decoder_parameters(model_cfg, active: bool = False) -> int:
     """All decoder layers' parameters; `active`: only the top_k routed experts of each MoE layer count (what one
     token's forward pass uses, as MoE models are reported: Mixtral-8x7B 46.7B total, 12.9B active)."""
+    return sum(_one_layer(model_cfg, model_cfg.is_moe_layer(i), active) for i in range(model_cfg.num_layers))
+
+
+def _one_layer(model_cfg, moe: bool, active: bool) -> int:
     split, replicated = layer_parameters(model_cfg)
-    total = 0
-    for i in range(model_cfg.num_layers):
-        if not model_cfg.is_moe_layer(i):
-            total += split + replicated
-            continue
-        s, r, experts = moe_layer_parameters(model_cfg)
-        if active:
-            experts = experts // model_cfg.moe.num_experts * model_cfg.moe.top_k
-        total += s + r + experts
-    return total
+    if not moe:
+        return split + replicated
+    s, r, experts = moe_layer_parameters(model_cfg)
+    if active:
+        experts = experts // model_cfg.moe.num_experts * model_cfg.moe.top_k
+    return s + r + experts
+
+
+def mtp_parameters(model_cfg, active: bool = False) -> int:
+    """model.mtp's prediction depths (recipes.model.mtp): each a decoder layer (MoE when the last layer is) plus
+    eh_proj [h, 2h] and three norms (enorm, hnorm, final_layernorm); the embedding and head are the model's."""
+    h = model_cfg.hidden_size
+    per_depth = _one_layer(model_cfg, model_cfg.mtp_is_moe, active) + 2 * h * h + 3 * norm_params(model_cfg)
+    return model_cfg.mtp_depths * per_depth
 
 
 def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
@@ -109,7 +117,7 @@ def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
     `active`: counting only the top_k routed experts of each MoE layer (= count_parameters for a dense model)."""
     h = model_cfg.hidden_size
     v = model_cfg.padded_vocab_size(tp)
-    total = v * h + decoder_parameters(model_cfg, active) + norm_params(model_cfg)
+    total = v * h + decoder_parameters(model_cfg, active) + norm_params(model_cfg) + mtp_parameters(model_cfg, active)
     if model_cfg.position_embedding == "learned":
         total += model_cfg.seq_length * h
     if not model_cfg.tied_embeddings:

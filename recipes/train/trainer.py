@@ -32,7 +32,8 @@ from recipes.train.evaluation import BackgroundEval
 from recipes.train.expert_parallel import update_expert_biases
 from recipes.train.faults import Fault, LayerDelays
 from recipes.train.heartbeat import Heartbeat
-from recipes.train.metrics import StepFigures, build_metrics_log, moe_routing, pipeline_figures, progress
+from recipes.train.metrics import (StepFigures, build_metrics_log, moe_routing, mtp_figures, pipeline_figures,
+                                   progress)
 from recipes.train.resume import resume
 from recipes.train.signals import StopRequest
 from recipes.train.step import NanPolicy, StepResult, loss_scale, outcome, train_step
@@ -151,6 +152,7 @@ class Trainer:
         if interval:  # every rank, the same steps: a collective
             record.update(self.stragglers.gather())
             record.update(moe_routing(self.eng, self.recipe))  # MoE only: tokens per expert, drops, aux loss
+            record.update(mtp_figures(self.eng, self.recipe))  # model.mtp only: each depth's loss
             record.update(pipeline_figures(self.eng, self.recipe))  # PP only: measured and predicted bubble
         if interval or result.skipped:
             self.log.write(record, result.step)

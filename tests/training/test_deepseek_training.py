@@ -3,8 +3,9 @@
 with document masking (per-token RoPE positions and attention within documents reach the latent attention). Then the
 tiny DeepSeek-V3-shaped recipe (configs/runs/tiny-deepseek-cpu.yaml: MLA, a dense first layer, sigmoid routing over
 expert groups with routed scaling, a shared expert, the sequence-level aux loss and aux-loss-free balancing at a
-bias rate of 0.01, so that the bias moves routing within a few steps) at EP2 x DP2 and TP2 x EP2 x PP2: the same
-losses, routing and biases; and an EP2 x DP2 run killed after step 5 resumes its biases bitwise.
+bias rate of 0.01, so that the bias moves routing within a few steps, and one multi-token-prediction depth with its
+own MoE layer) at EP2 x DP2 and TP2 x EP2 x PP2 (the depth on the last stage, with its copy of the embedding): the
+same losses, depth losses, routing and biases; and an EP2 x DP2 run killed after step 5 resumes its biases bitwise.
 
 Tolerance as tests/training/test_training_layouts.py: fp32, layouts change only the order of additions (observed
 ~1e-7 relative), 1e-5 allowed; a down-projection summed over TP twice, a RoPE key whose gradient is not summed over
@@ -92,10 +93,13 @@ def _assert_same_deepseek_training(got: dict, ref: dict, name: str) -> None:
     for key in ("grad_norm", "moe_aux_loss"):
         worst = max(_rel(got[s][key], ref[s][key]) for s in ref)
         assert worst <= 10 * REL_TOL, f"{name}: {key} {[got[s][key] for s in got]} vs {[ref[s][key] for s in ref]}"
+    worst = max(_rel(got[s]["mtp_loss"][0], ref[s]["mtp_loss"][0]) for s in ref)
+    assert worst <= REL_TOL, f"{name}: mtp_loss {[got[s]['mtp_loss'] for s in got]} vs {[ref[s]['mtp_loss'] for s in ref]}"
     for s in ref:  # the same routing, hence the same bias steps (sums of +-0.01: equal as floats)
         assert got[s]["moe_tokens_per_expert"] == ref[s]["moe_tokens_per_expert"], (name, s)
         assert got[s]["moe_expert_bias"] == ref[s]["moe_expert_bias"], (name, s)
-    assert len(ref[1]["moe_tokens_per_expert"]) == 3  # layers 2-4: the first is dense
+    assert len(ref[1]["moe_tokens_per_expert"]) == 4  # layers 2-4 (the first is dense) and the MTP depth's
+    assert ref[DS_STEPS]["mtp_loss"][0] < ref[1]["mtp_loss"][0] - 0.3  # the depth learns to predict 2 tokens ahead
     assert any(b != 0 for layer in ref[DS_STEPS]["moe_expert_bias"] for b in layer)
     assert all(sum(t) == 8 * 64 * 2 for t in ref[1]["moe_tokens_per_expert"])  # every token to its top-2
 
@@ -138,7 +142,7 @@ def test_killed_deepseek_run_resumes_its_expert_biases_bitwise(deepseek_ep2, cor
     assert [got[s]["loss"] for s in ref] == [ref[s]["loss"] for s in ref]
     assert [got[s]["moe_expert_bias"] for s in ref] == [ref[s]["moe_expert_bias"] for s in ref]
     mine, theirs = _expert_biases(tmp_path / f"global_step{DS_STEPS}"), _expert_biases(ref_dir / f"global_step{DS_STEPS}")
-    assert sorted(mine) == sorted(theirs) and len(mine) == 3  # one file (no PP, no TP), layers 2-4
+    assert sorted(mine) == sorted(theirs) and len(mine) == 4  # one file (no PP, no TP), layers 2-4 and the depth
     assert all(t.dtype == torch.float32 and torch.equal(t, theirs[k]) for k, t in mine.items())
 
 

@@ -179,7 +179,7 @@ def _optimizer_meta(tag_dir: Path) -> dict:
 def _check_names(weights: dict, model_cfg, tag_dir: Path) -> None:
     """The checkpoint must hold the parameters of the recipe's model (wrong --config gives a clear error)."""
     L = model_cfg.num_layers
-    expected_layers = set(range(0, L + 3 - (1 if model_cfg.tied_embeddings else 0)))
+    expected_layers = set(range(0, L + 3 + model_cfg.mtp_depths)) - ({L + 2} if model_cfg.tied_embeddings else set())
     got_layers = {int(n.split(".", 1)[0]) for n in weights}
     emb = weights.get("0.word_embeddings.weight")
     if got_layers != expected_layers or emb is None or emb.shape[1] != model_cfg.hidden_size:

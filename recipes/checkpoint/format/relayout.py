@@ -274,7 +274,8 @@ TIED_COPY = "0.word_embeddings.weight"
 
 
 def _target_layers(src: Source, recipe, layout) -> list[tuple[list[int], bool]]:
-    """Per target pipeline stage: the layers its DecoderStack holds, and whether layer 0 is a tied head's copy."""
+    """Per target pipeline stage: the layers its DecoderStack holds, and whether layer 0 is a copy (the last stage's
+    embedding for a tied head or model.mtp's depths)."""
     from recipes.parallel.partition import rank_layers
 
     cfg = recipe.model
@@ -283,8 +284,8 @@ def _target_layers(src: Source, recipe, layout) -> list[tuple[list[int], bool]]:
     head = cfg.num_layers + 2
     out = []
     for held in rank_layers(cfg, layout.tp, layout.pp, layout.vpp, recipe.parallel.pipeline_partition, layout.ep):
-        copy = cfg.tied_embeddings and head in held and 0 not in held
-        out.append((sorted({0 if (copy and i == head) else i for i in held} & set(src.module_keys)), copy))
+        copy = (cfg.tied_embeddings or cfg.mtp is not None) and head in held and 0 not in held
+        out.append((sorted((({0} if copy else set()) | set(held)) & set(src.module_keys)), copy))
     return out
 
 
