@@ -18,18 +18,25 @@ class _Section(BaseModel):
 
 
 class RopeScalingConfig(_Section):
-    """RoPE frequency scaling of a long-context checkpoint. Only Llama 3.1's "llama3" scheme (transformers'
+    """RoPE frequency scaling of a long-context checkpoint, as transformers computes it. "llama3" (Llama 3.1,
     `_compute_llama3_parameters`): wavelengths above original_max_position_embeddings / low_freq_factor are divided
-    by `factor`, those below original / high_freq_factor kept, the band between interpolated."""
-    type: Literal["llama3"] = "llama3"
-    factor: float = Field(ge=1.0)  # Llama 3.1: 8, Llama 3.2: 32
+    by `factor`, those below original / high_freq_factor kept, the band between interpolated. "yarn" (DeepSeek-V3,
+    `_compute_yarn_parameters`, model.mla only): frequencies interpolated by `factor` outside the band of
+    beta_fast..beta_slow rotations, cos/sin times mscale(factor, mscale) / mscale(factor, mscale_all_dim) and the
+    softmax scale times mscale(factor, mscale_all_dim)^2."""
+    type: Literal["llama3", "yarn"] = "llama3"
+    factor: float = Field(ge=1.0)  # Llama 3.1: 8, Llama 3.2: 32, DeepSeek-V3: 40
     low_freq_factor: PositiveFloat = 1.0
     high_freq_factor: PositiveFloat = 4.0
     original_max_position_embeddings: PositiveInt = 8192
+    beta_fast: PositiveFloat = 32.0  # yarn
+    beta_slow: PositiveFloat = 1.0  # yarn
+    mscale: float = Field(default=0.0, ge=0)  # yarn (0 = unset; DeepSeek-V3: 1.0)
+    mscale_all_dim: float = Field(default=0.0, ge=0)  # yarn (0 = unset; DeepSeek-V3: 1.0)
 
     @model_validator(mode="after")
     def _band(self):
-        if self.high_freq_factor <= self.low_freq_factor:
+        if self.type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"model.rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
                              f"low_freq_factor={self.low_freq_factor} (Llama 3.1 uses 4.0 and 1.0)")
         return self
@@ -144,6 +151,9 @@ class ModelConfig(_Section):
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise ValueError(f"model.rope_scaling is set but model.position_embedding={self.position_embedding}; "
                              "remove rope_scaling or use position_embedding: rope")
+        if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.mla is None:
+            raise ValueError("model.rope_scaling.type=yarn is supported with model.mla (DeepSeek-V3's RoPE) only; "
+                             "use type llama3, or no rope_scaling")
         return self
 
     @model_validator(mode="after")

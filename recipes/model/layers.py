@@ -120,8 +120,16 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         from recipes.model.fast_path import fused_config_kwargs
 
         kwargs.update(fused_config_kwargs(model_cfg))
+    return _config_with_variants(model_cfg, kwargs, ep)
+
+
+def _config_with_variants(model_cfg, kwargs: dict, ep: int) -> TransformerConfig:
+    """The config with model.mla's fields (megatron-core's MLATransformerConfig, recipes.model.mla) and model.moe's
+    (recipes.model.moe)."""
+    import warnings
+
     config_class = TransformerConfig
-    if model_cfg.mla is not None:  # megatron-core's config of MLA shapes (recipes.model.mla)
+    if model_cfg.mla is not None:
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 
         from recipes.model.mla import mla_config_kwargs, softmax_scale
@@ -129,16 +137,13 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         kwargs.update(mla_config_kwargs(model_cfg), softmax_scale=softmax_scale(model_cfg))
         config_class = MLATransformerConfig
     if model_cfg.moe is not None:
-        import warnings
-
         from recipes.model.moe import moe_config_kwargs
 
         kwargs.update(moe_config_kwargs(model_cfg, ep))
-        with warnings.catch_warnings():
-            # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
-            warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
-            return config_class(**kwargs)
-    return config_class(**kwargs)
+    with warnings.catch_warnings():
+        # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
+        warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
+        return config_class(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- building blocks
@@ -280,6 +285,10 @@ def rope_inv_freq(head_dim: int, base: float, scaling=None) -> torch.Tensor:
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
     if scaling is None:
         return inv_freq
+    if scaling.type == "yarn":
+        from recipes.model.mla import yarn_inv_freq
+
+        return yarn_inv_freq(head_dim, base, scaling)
     factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
     old_context = scaling.original_max_position_embeddings
     low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
@@ -582,15 +591,16 @@ class DecoderStack(nn.Module):
     def run(self, indices: list[int], x, mtp_labels=None):
         """Layers `indices` in order on x: tokens (or (tokens, position_ids)) into layer 0, hidden states between,
         vocab-parallel logits out of the head; a chunk holding model.mtp's depths returns theirs after the head's
-        (recipes.model.mtp), from the hidden state before the final norm and the labels."""
+        (recipes.model.mtp), from the final norm's output and the labels."""
         depths = [i for i in indices if i > self.head_index]
         trunk = None
         for i in indices:
             if i > self.head_index:
                 break
-            if depths and i == self.head_index - 1:
-                trunk = x  # the last decoder layer's output (with the position ids under document masking)
+            positions = x[1] if depths and isinstance(x, tuple) else None  # (document masking)
             x = self._layer(i, x)
+            if depths and i == self.head_index - 1:
+                trunk = (x, positions)  # the main model's final (normed) hidden state: what the depths start from
         if depths:
             x = self._depths(depths, x, trunk, mtp_labels)
         if isinstance(x, tuple):  # (hidden, position_ids) leaving a chunk that ends before the final norm
@@ -601,7 +611,7 @@ class DecoderStack(nn.Module):
         """model.mtp: each depth's logits after the main ones, [(1 + D) s, b, V/t]."""
         from recipes.model.mtp import depth_inputs
 
-        hidden, position_ids = trunk if isinstance(trunk, tuple) else (trunk, None)
+        hidden, position_ids = trunk
         embedding, out = getattr(self, "0"), [logits]
         for k, i in enumerate(depths, 1):
             layer = getattr(self, str(i))

@@ -59,11 +59,21 @@ LATENT_NORM_EPS = 1e-6
 
 
 def mla_config_kwargs(model_cfg) -> dict:
-    """megatron-core MLATransformerConfig fields of model.mla (RoPE itself stays ours: the layer's fp32 tables)."""
-    mla = model_cfg.mla
-    return dict(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
-                qk_head_dim=mla.qk_nope_head_dim, qk_pos_emb_head_dim=mla.qk_rope_head_dim,
-                v_head_dim=mla.v_head_dim, rope_type="rope", rotary_base=model_cfg.rotary_base)
+    """megatron-core MLATransformerConfig fields of model.mla (RoPE itself stays ours: the layer's fp32 tables, and
+    with yarn the factor on cos / sin from these fields)."""
+    mla, r = model_cfg.mla, model_cfg.rope_scaling
+    kwargs = dict(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+                  qk_head_dim=mla.qk_nope_head_dim, qk_pos_emb_head_dim=mla.qk_rope_head_dim,
+                  v_head_dim=mla.v_head_dim, rope_type="rope", rotary_base=model_cfg.rotary_base)
+    if r is not None and r.type == "yarn":
+        kwargs.update(rope_type="yarn", rotary_scaling_factor=r.factor, mscale=r.mscale,
+                      mscale_all_dim=r.mscale_all_dim, beta_fast=r.beta_fast, beta_slow=r.beta_slow,
+                      original_max_position_embeddings=r.original_max_position_embeddings)
+    return kwargs
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def softmax_scale(model_cfg) -> float:
@@ -71,10 +81,38 @@ def softmax_scale(model_cfg) -> float:
     mla = model_cfg.mla
     scale = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5
     r = model_cfg.rope_scaling
-    if r is not None and r.type == "yarn" and r.mscale_all_dim and r.factor > 1:
-        m = 0.1 * r.mscale_all_dim * math.log(r.factor) + 1.0
-        scale *= m * m
+    if r is not None and r.type == "yarn" and r.mscale_all_dim:
+        scale *= _yarn_mscale(r.factor, r.mscale_all_dim) ** 2
     return scale
+
+
+def rope_mscale(config) -> float:
+    """YaRN's factor on cos and sin (transformers' attention_factor) from megatron-core's MLA config; 1 without
+    yarn."""
+    if config.rope_type != "yarn":
+        return 1.0
+    factor, mscale, mscale_all_dim = config.rotary_scaling_factor, config.mscale, config.mscale_all_dim
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def yarn_inv_freq(dim: int, base: float, r) -> torch.Tensor:
+    """YaRN's inverse frequencies [dim / 2], op for op as transformers' `_compute_yarn_parameters` (truncate on):
+    interpolated (divided by factor) below the correction range of beta_fast..beta_slow rotations over the original
+    context, extrapolated (kept) above it, a linear ramp between."""
+    def correction_dim(rotations):
+        return (dim * math.log(r.original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(r.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(r.beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (r.factor * pos_freqs)
+    extrapolation_factor = 1 - ramp
+    return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
 
 
 def _allreduce_over_tp(grad):
@@ -136,6 +174,7 @@ class LatentAttention(MegatronModule):
         self.linear_kv_up_proj = column(self.kv_rank, n * (self.dn + self.dv))
         self.core_attention = SDPAttention(config, layer_number, attn_mask_type, "self",
                                            softmax_scale=config.softmax_scale)
+        self.rope_mscale = rope_mscale(config)
         self.linear_proj = tensor_parallel.RowParallelLinear(
             n * self.dv, h, config=config, init_method=config.output_layer_init_method, bias=False,
             input_is_parallel=True, skip_bias_add=True)
@@ -162,8 +201,8 @@ class LatentAttention(MegatronModule):
         k_nope, value = kv.view(*kv.shape[:2], self.heads, self.dn + self.dv).split([self.dn, self.dv], dim=-1)
         k_rope = self._shared_rope_key(k_rope).unsqueeze(2)  # [s, b, 1, dr]
         if rotary_pos_emb is not None:
-            q_rope = apply_rotary_pos_emb(q_rope, rotary_pos_emb, self.config)  # interleaved pairs (MLA)
-            k_rope = apply_rotary_pos_emb(k_rope, rotary_pos_emb, self.config)
+            q_rope = apply_rotary_pos_emb(q_rope, rotary_pos_emb, self.config, mscale=self.rope_mscale)  # pairs
+            k_rope = apply_rotary_pos_emb(k_rope, rotary_pos_emb, self.config, mscale=self.rope_mscale)
         query = torch.cat([q_nope, q_rope], dim=-1)
         key = torch.cat([k_nope, k_rope.expand(-1, -1, self.heads, -1)], dim=-1)
         out = self.core_attention(query, key, value.contiguous(), attention_mask)

@@ -1,7 +1,8 @@
 """Multi-token prediction (model.mtp; DeepSeek-V3 report Section 2.2): D extra prediction depths after the decoder.
 
 Depth k (1..D) predicts token i + k + 1 at position i. Its input is depth k-1's hidden state of token i (depth 0: the
-last decoder layer's output, before the final norm) and the embedding of token i + k:
+main model's final hidden state, after its final norm, which megatron-core's MTP, vLLM's and SGLang's DeepSeek MTP
+and transformers' MtpModel all take) and the embedding of token i + k:
     h_k = Layer_k(eh_proj([enorm(embed(x_{i+k})); hnorm(h_{k-1})]))   logits_k = head(final_layernorm(h_k))
 with the model's own word embedding and output head (shared, not copied), and a full decoder layer of the model's
 kind (MLA, and the MoE MLP when the last decoder layer has it, as DeepSeek-V3's layer 61). Its loss is the cross

@@ -47,8 +47,8 @@ from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.expert_shards import is_moe_split, tp_dim as expert_tp_dim
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, model_states_name,
                                               optim_file_name, optim_name)
-from recipes.checkpoint.format.shards import (canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp,
-                                              strip_vocab)
+from recipes.checkpoint.format.shards import (canonical_name, is_state_buffer, is_vocab, merge_tp, pad_vocab,
+                                              split_dim, split_tp, strip_vocab)
 from recipes.checkpoint.format.tags import client_state as marked_client_state, mark_complete, tag_for
 from recipes.checkpoint.recipe_file import write_recipe
 from recipes.checkpoint.writer import write_durably
@@ -81,6 +81,7 @@ class Source:
         self.lay = detect_layout(tag_dir)
         self.swiglu = model_cfg.activation == "swiglu"
         self._files: dict[str, dict] = {}
+        self.buffers: dict[str, torch.Tensor] = {}  # shards.STATE_BUFFERS, whole (filled with the module keys)
         lay = self.lay
         # canonical name -> (stage, group, offset in the flat group, local shape); groups are laid out alike on every
         # TP rank. A tied embedding's second copy (the last stage's, `tied_modules.embed.*`) is not indexed: the
@@ -141,6 +142,8 @@ class Source:
             stage_keys: dict[int, list[str]] = {}
             for k in module:
                 stage_keys.setdefault(int(k.split(".", 1)[0]), []).append(k)
+                if is_state_buffer(k):  # the routing biases: model state outside the optimizer (replicated)
+                    self.buffers.setdefault(canonical_name(k), module[k].float().clone())
             for layer, names in stage_keys.items():
                 keys.setdefault(layer, names)
         return dict(sorted(keys.items()))
@@ -167,6 +170,8 @@ class Source:
 
     def full(self, name: str, kind: str) -> torch.Tensor:
         """Canonical full tensor (all source TP shards merged, vocabulary padding removed), fp32."""
+        if name in self.buffers:
+            return self.buffers[name].clone()
         stage, tp = self.index[name][0], self.lay.tp
         shards = [self._local(stage * tp + t, name, kind) for t in range(tp)]
         return strip_vocab(name, merge_tp(name, shards, self.swiglu).float(), self.cfg.vocab_size).clone()
