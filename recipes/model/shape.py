@@ -125,26 +125,37 @@ def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
     return total
 
 
+def attention_score_flops(model_cfg) -> float:
+    """QK^T and scores x V of one token against all s keys in one layer (the whole block): 2 s (query/key width +
+    value width) summed over the heads: 4 s h for multi-head attention, 2 s n (dn + dr + dv) for MLA."""
+    s, mla = model_cfg.seq_length, model_cfg.mla
+    if mla is None:
+        return 4.0 * s * model_cfg.hidden_size
+    return 2.0 * s * model_cfg.num_attention_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+
+
 def _forward_flops_per_token(model_cfg, causal: bool = False) -> tuple[float, float, float]:
     """(layer matmul FLOPs, attention-score FLOPs, output-layer FLOPs) of one token's forward pass.
 
     Matmuls: 2 FLOPs per weight of every layer matrix and of the output layer. Attention: QK^T and scores x V are
-    2*s*h each per token per layer, growing with s^2 per sequence. `causal=False` counts the whole s x s block (what a
-    kernel that computes the scores and then masks them executes); `causal=True` the lower triangle only (what a causal
-    model needs, and what flash kernels execute: they skip the masked blocks): half.
+    2*s*h each per token per layer, growing with s^2 per sequence (`attention_score_flops`). `causal=False` counts the
+    whole s x s block (what a kernel that computes the scores and then masks them executes); `causal=True` the lower
+    triangle only (what a causal model needs, and what flash kernels execute: they skip the masked blocks): half.
+    model.mtp's D depths are D more layers (of the last layer's kind), their eh_proj and D more output layers.
     """
     matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
-    h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
-    head = 2.0 * model_cfg.padded_vocab_size(1) * h
-    attn = 4.0 * L * s * h * (0.5 if causal else 1.0)
+    h, L, D = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.mtp_depths
+    head = 2.0 * model_cfg.padded_vocab_size(1) * h * (1 + D)
+    attn = (L + D) * attention_score_flops(model_cfg) * (0.5 if causal else 1.0)
+    depths = 2.0 * D * 2 * h * h  # eh_proj
     if model_cfg.moe is not None:  # active weights: router, top_k routed experts, the shared expert
         moe = model_cfg.moe
         moe_layer = (matrices - _mlp_matrices(model_cfg, model_cfg.ffn_size) + moe.num_experts * h
                      + moe.top_k * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
                      + (_mlp_matrices(model_cfg, moe.shared_expert_ffn_size) if moe.shared_expert_ffn_size else 0))
-        n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L))
-        return 2.0 * ((L - n_moe) * matrices + n_moe * moe_layer), attn, head
-    return 2.0 * L * matrices, attn, head
+        n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L)) + (D if model_cfg.mtp_is_moe else 0)
+        return 2.0 * ((L + D - n_moe) * matrices + n_moe * moe_layer) + depths, attn, head
+    return 2.0 * (L + D) * matrices + depths, attn, head
 
 
 def attention_flops_per_step(model_cfg, global_batch: int, recompute: str = "none", causal: bool = False) -> float:
