@@ -224,12 +224,29 @@ def remove_stale_tmp(out_dir: str) -> None:
         head, sep, pid = name.rpartition(".")
         if not sep or not pid.isdigit() or not head.endswith(f".tmp.{host}"):
             continue
+        path = os.path.join(out_dir, name)
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            remove(os.path.join(out_dir, name))
+            remove(path)
+            continue
         except PermissionError:
-            pass
+            continue
+        if _started_after(int(pid), path):  # the pid was reused: its writer is gone
+            remove(path)
+
+
+def _started_after(pid: int, path: str) -> bool:
+    """Process `pid` started after `path` was last written (so it cannot be the writer of that file). Linux /proc:
+    the process's start in clock ticks after boot; False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK") > os.path.getmtime(path) + 1.0
+    except (OSError, ValueError, StopIteration):
+        return False
 
 
 def check_writable(out_dir: str) -> None:

@@ -57,6 +57,10 @@ examples:
                            times (default: the recipe's supervision.max_restarts); not with --backend slurm
   --spares K               keep the last K hosts of the selection out of the world: a host that failed twice is
                            replaced by a spare with the same slots; with none left the run stops
+  --min-nodes N            elastic: when a host is gone for good (no ssh) and no spare is left, restart on the hosts
+                           that answer, at least N of them: the model split (TP, CP, PP, VPP, EP) and the global
+                           batch kept, DP lowered (more micro-batches per step), the checkpoint resharded on load;
+                           a host that answers again rejoins at the next restart
 environment: LAUNCH_SSH_CONFIG (ssh_config file for aliases/ports/keys), LAUNCH_EXPORT, LAUNCH_STOP_GRACE (s; default: the
   recipe's checkpoint.stop_grace_seconds), LAUNCH_SLURM_GRACE (s, 300: a Slurm job saves and requeues itself this long
   before its time limit), LAUNCH_VENV
@@ -82,7 +86,7 @@ _FLAGS = {"--comm-check": "comm_check", "--no-preflight": "no_preflight", "--dry
           "--exclusive": "exclusive", "--pin-nodes": "pin_nodes"}
 _SLURM_ONLY = ("--nodes", "--gpus-per-node", "--partition", "--account", "--time", "--qos", "--exclusive",
                "--nodelist", "--pin-nodes", "--container-image", "--container-mounts", "--container-workdir")
-_TRAIN_VALUED = {"--max-restarts": "max_restarts", "--spares": "spares"}
+_TRAIN_VALUED = {"--max-restarts": "max_restarts", "--spares": "spares", "--min-nodes": "min_nodes"}
 _TRAIN_FLAGS = {"--quiet": "quiet"}
 
 
@@ -112,6 +116,7 @@ class Options:
     quiet: bool = False
     max_restarts: int | None = None
     spares: int = 0
+    min_nodes: int | None = None  # elastic: shrink to the nodes left (not below this many), grow when they return
     overrides: list[str] = field(default_factory=list)
 
 
@@ -178,6 +183,9 @@ def _apply(o: Options, raw: dict, environ) -> None:
     o.max_restarts = _count(raw, "max_restarts", "--max-restarts '{}': give the number of restarts allowed (0 or more)")
     o.spares = _count(raw, "spares", "--spares '{}': give how many hosts at the end of the selection to keep as "
                                      "spares") or 0
+    o.min_nodes = _count(raw, "min_nodes", "--min-nodes '{}': give the fewest hosts the run may go on with (1 or more)")
+    if o.min_nodes == 0:
+        raise LaunchError("--min-nodes 0: give at least 1 (the fewest hosts the run may go on with)", 2)
     port = raw.get("master_port", environ.get("MASTER_PORT", ""))
     if port:
         if not re.fullmatch(r"[0-9]+", port) or not 0 < int(port) < 65536:

@@ -30,13 +30,6 @@ class NodePlan:
         first = sum(n.slots for n in self.nodes[:i])
         return first, first + self.nodes[i].slots - 1
 
-    def host_of_rank(self, rank: int) -> str | None:
-        for i, n in enumerate(self.nodes):
-            first, last = self.rank_range(i)
-            if first <= rank <= last:
-                return n.host
-        return None
-
 
 def _local_gpus() -> int:
     try:

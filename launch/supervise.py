@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from launch import failures, run_files, watchdog
+from launch import elastic, failures, run_files, watchdog
 from launch.backends.base import Backend, Launch
 from launch.common import Interrupted, LaunchError, remote_launch, say
 from launch.hostfile import Node
@@ -151,6 +151,8 @@ class Policy:
     pick_port: Callable[[], int] | None = None     # a new port for each restart (None: --master-port was given)
     resolve_addr: Callable[[str], str] | None = None   # the master moves with node 0 (None: --master-addr given)
     preflight_spares: bool = True                      # a spare is checked over ssh before it replaces a host
+    min_nodes: int | None = None                       # elastic (--min-nodes): go on with the nodes that answer
+    resize: Callable[[list[Node]], "elastic.Resize"] | None = None  # the run on other nodes (launch/train.resize)
 
 
 class Supervisor:
@@ -163,6 +165,8 @@ class Supervisor:
         self.restarts = 0
         self.procs: list[NodeProcess] = []
         self.log_dir = launch.log_dir
+        self.world_nodes: list[Node] = list(launch.plan.nodes)  # the first world, in order: nodes that may rejoin
+        self.resized: dict | None = None  # the last restart's change of world (launch/elastic.py)
 
     # signals
     def install_signals(self) -> None:
@@ -331,8 +335,53 @@ class Supervisor:
                 say(d.message)
             return False
         replaced = self.replace(d.replacement) if d.replacement else None
+        if p.resize is not None and not self.resize_world():
+            return False
         self.restarts += 1
         return self.restart(failure, failed_at, replaced)
+
+    def resize_world(self) -> bool:
+        """Elastic (--min-nodes): the next attempt runs on the run's nodes that answer (False: too few, or the
+        recipe cannot run on them; said). Unchanged when they are the current ones."""
+        plan, launch = self.launch.plan, self.launch
+        self.resized = None
+        alive = elastic.surviving(self.world_nodes, lambda h: check_reachable(self.ssh, [h]))
+        if [n.host for n in alive] == plan.hosts:
+            return True
+        if len(alive) < self.policy.min_nodes:
+            say(f"FAILED: {len(alive)} of the run's {len(self.world_nodes)} node(s) answer, fewer than --min-nodes "
+                f"{self.policy.min_nodes}; the run stops after {self.restarts} restart(s).")
+            return False
+        try:
+            new = self.policy.resize(alive)
+        except LaunchError as e:
+            say(f"FAILED: the run cannot go on with the {len(alive)} node(s) that answer "
+                f"({' '.join(n.host for n in alive)}): {e}")
+            return False
+        back = [n.host for n in alive if n.host not in plan.hosts]
+        if back and self.secret_file and not push_private_file(self.ssh, back, self.secret_file):
+            say(f"FAILED: could not copy the env file to returning node(s) {' '.join(back)}")
+            return False
+        self.resized = elastic.describe(launch.layout, new, plan.hosts, *self.batch_facts())
+        say(f"elastic: the world becomes {' '.join(n.host for n in alive)} ({sum(n.slots for n in alive)} ranks, "
+            f"{new.layout}; {self.resized['why']}); the global batch stays, the checkpoint is resharded on load")
+        plan.nodes[:] = alive
+        launch.rank_cmd, launch.layout = new.rank_cmd, new.layout
+        run_files.write(self.log_dir / "hosts", "".join(h + "\n" for h in plan.hosts), private=False)
+        if self.policy.resolve_addr:
+            plan.master_addr = self.policy.resolve_addr(plan.hosts[0])
+        return True
+
+    def batch_facts(self) -> tuple[int, int]:
+        """(global batch, sequence length) as the ranks' command sets them, for the restart record."""
+        from recipes.config.loading import load_recipe
+
+        cmd = self.launch.rank_cmd
+        if "--config" not in cmd:
+            return 0, 0
+        i = cmd.index("--config")
+        recipe = load_recipe(cmd[i + 1], cmd[i + 2:])
+        return recipe.training.global_batch, recipe.model.seq_length
 
     def spare_reachable(self, host: str) -> bool:
         return not self.policy.preflight_spares or check_reachable(self.ssh, [host])
@@ -370,6 +419,8 @@ class Supervisor:
         resumed = resume_step(p.checkpoint_dir)
         rec = restart_record(k, launch.attempt + 1, failure, resumed, last, wait_s, failed_at, replaced,
                              launch.plan.hosts)
+        if self.resized:
+            rec["resized"] = self.resized
         with open(self.log_dir / "restarts.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         start = f"step {resumed} (the newest complete checkpoint)" if resumed else "the start (no complete checkpoint)"

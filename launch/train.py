@@ -13,7 +13,7 @@ import time
 import zlib
 from pathlib import Path
 
-from launch import container_check, environment, plan, recipe_check, run_files
+from launch import container_check, elastic, environment, plan, recipe_check, run_files
 from launch.backends import make as make_backend
 from launch.backends.base import Backend, Launch
 from launch.common import REPO_DIR, RUN_ID_RE, LaunchError, python, say, venv_dir
@@ -270,7 +270,24 @@ def _policy(opts: Options, launch: Launch, facts: recipe_check.Facts, ssh: Ssh, 
     return Policy(max_restarts=facts.max_restarts if opts.max_restarts is None else opts.max_restarts,
                   backoff_s=facts.backoff_s, backoff_max_s=facts.backoff_max_s, hang_timeout_s=facts.hang_timeout_s,
                   spares_n=opts.spares, stop_grace_s=grace, checkpoint_dir=facts.checkpoint_dir, pick_port=port,
-                  resolve_addr=addr, preflight_spares=not opts.no_preflight)
+                  resolve_addr=addr, preflight_spares=not opts.no_preflight, min_nodes=opts.min_nodes,
+                  resize=(lambda nodes: resize(opts, launch, nodes)) if opts.min_nodes else None)
+
+
+def resize(opts: Options, launch: Launch, nodes: list) -> elastic.Resize:
+    """The run on `nodes` (launch/elastic.py): the recipe checked for that world as for the first one, the ranks'
+    command with its new DP; LaunchError with the reason when it cannot run there."""
+    recipe = recipe_check.load(opts.recipe, opts.overrides)
+    extra, dp = elastic.world_overrides(recipe.parallel, nodes)
+    overrides = [*opts.overrides, *extra]
+    recipe = recipe_check.load(opts.recipe, overrides)
+    slots = {n.slots for n in nodes}
+    world = recipe_check.World(sum(n.slots for n in nodes), len(nodes), next(iter(slots)) if len(slots) == 1 else
+                               None, "the nodes that answer")
+    facts = recipe_check.check(recipe, opts.recipe, world, overrides, opts.entry)
+    return elastic.Resize(nodes=list(nodes), rank_cmd=_rank_cmd(dataclasses.replace(opts, overrides=overrides),
+                                                                launch.repo, launch.python), layout=facts.layout,
+                          dp=dp)
 
 
 def _announce(launch: Launch, backend: Backend, policy: Policy) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from recipes.config.cli_help import refuse
+
 COMMANDS = {  # command -> (module, one line for --help)
     "train": ("recipes.train.cli", "train a recipe (under torchrun / deepspeed, or --local N CPU ranks)"),
     "plan": ("recipes.planner.cli", "rank parallel layouts for a model and cluster, explain the best"),
@@ -16,6 +18,8 @@ COMMANDS = {  # command -> (module, one line for --help)
     "import-hf": ("recipes.hf.importer", "Hugging Face model directory -> checkpoint at any layout"),
     "reshape": ("recipes.tools.reshape", "re-lay a checkpoint for another TP x PP x DP"),
     "bench-reshape": ("recipes.tools.bench_reshape", "peak memory and time of the streaming reshape, per checkpoint"),
+    "bench-resume": ("recipes.tools.bench_resume", "time to resume at another layout (resharded) vs at the saved one"),
+    "bench-checksums": ("recipes.tools.bench_checksums", "checkpoint write and read time with checksums vs without"),
     "demo": ("recipes.tools.demo", "the main job: corpus -> shards -> plan -> train -> export -> report"),
     "bench-train": ("recipes.tools.bench_train", "training throughput / MFU benchmark"),
     "bench-moe": ("recipes.tools.bench_moe", "step time of a dense model vs an MoE of the same active size"),
@@ -56,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command '{name}'\n\n{usage()}", file=sys.stderr)
-        return 2
+        return refuse(f"unknown command '{name}'\n\n{usage()}")
     module = importlib.import_module(COMMANDS[name][0])
     return module.main(rest)
 

@@ -58,6 +58,7 @@ def test_the_tree_keeps_every_import_contract():
     ("recipes/config/schema.py", "import recipes.tools.demo", "recipes.config is not allowed to import recipes.tools"),
     ("recipes/model/shape.py", "from recipes.planner import cost", "recipes.model is not allowed to import recipes.planner"),
     ("data_prep/io.py", "import recipes.config.loading", "data_prep imports nothing from recipes"),
+    ("recipes/train/data.py", "from data_prep.read import units", "recipes is not allowed to import data_prep.read"),
     ("recipes/train/trainer.py", "import launch.supervise", "recipes is not allowed to import launch"),
     ("launch/hostfile.py", "import recipes.train.trainer", "launch is not allowed to import recipes.train"),
     ("recipes/checkpoint/format/read.py", "from recipes.checkpoint import store",
@@ -78,3 +79,22 @@ def test_no_test_imports_code_by_path(tmp_path):
     planted.parent.mkdir(parents=True)
     planted.write_text("import sys\nsys.path.insert(0, 'docs')\n")
     assert imports_by_path(tmp_path) == ["tests/recipes/test_planted.py:2"]
+
+
+SHARED_WITH_RECIPES = ("data_prep", "data_prep.__main__", "data_prep.io", "data_prep.file_modes", "data_prep.objstore",
+                       "data_prep.lazy_compile", "data_prep.write", "data_prep.write.shards", "data_prep.write.verify",
+                       "data_prep.steps", "data_prep.steps.tokenizers")
+
+
+def test_every_data_prep_module_is_either_shared_with_recipes_or_forbidden_to_it():
+    """A new data_prep module must be put on one side of the shared-layer contract (else recipes could import it
+    unnoticed): the contract's forbidden list plus the shared layer cover every module."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    forbidden = next(c["forbidden_modules"] for c in contracts if c["name"].startswith("recipes takes from data_prep"))
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+               for p in (REPO / "data_prep").rglob("*.py")}
+    unplaced = sorted(m for m in modules if m not in SHARED_WITH_RECIPES
+                      and not any(m == f or m.startswith(f + ".") for f in forbidden))
+    assert unplaced == [], f"place these in pyproject.toml's shared-layer contract or SHARED_WITH_RECIPES: {unplaced}"

@@ -75,7 +75,7 @@ def test_export_loads_in_transformers_and_generates(demo_run):
 
     # The export computes what the trained model computes: our own model, rebuilt from the newest checkpoint as
     # read by recipes.checkpoint.format.read (TP/PP shards merged), gives the same logits on the same ids.
-    from recipes.checkpoint.plain_model import build_plain_model, logits
+    from tests.support.plain_model import build_plain_model, logits
     from recipes.checkpoint.format.read import read_full_state
     from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 

@@ -1,5 +1,6 @@
 """The measurements of `run.sh`, in one time budget: tests/gpu, bench_train at 2-3 micro-batch sizes, the megatron-core
-vs plain PyTorch step-time comparison; one JSON + a log + a torch.profiler summary in OUTDIR.
+vs plain PyTorch step-time comparison, the pipeline schedules (1F1B, interleaved, zero-bubble: step time and measured
+bubble, with 2 GPUs); one JSON + a log + a torch.profiler summary in OUTDIR.
 
     python launch/gpu_check/gpu_check.py OUTDIR [--budget-s 480] [--dry]
 
@@ -85,6 +86,60 @@ def pytest_counts(log_text: str) -> str:
     return lines[-1].strip("= ") if lines else ""
 
 
+def pipeline_schedules(st: Stages, py: str, out: Path, dry: bool) -> dict:
+    """1F1B, interleaved 1F1B and zero-bubble on 2 pipeline ranks: the step time and the measured bubble of each
+    (metrics.jsonl's step_time_s / pp_bubble / pp_bubble_predicted, recipes.parallel.pipeline). Two devices are
+    needed: on a machine with one GPU the stage says so instead of running (NCCL refuses two ranks on one GPU)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if not dry and gpus < 2:
+        st.say(f"pipeline schedules: not run: a pipeline needs 2 GPUs, this machine has {gpus}")
+        return {"status": "ok", "seconds": 0.0, "note": f"not run: {gpus} GPU (a pipeline needs 2)"}
+    recipe, steps = ("configs/runs/tiny-cpu.yaml", 3) if dry else (GPU_RECIPE, 8)
+    start = [py, "-m", "recipes", "train", "--config", recipe, "--local", "2"] if dry else \
+        [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "recipes", "train",
+         "--config", recipe]
+    data = [f"data.manifests=[{synthetic_shards(out / 'pipeline_data', vocab=300 if dry else 50000)}]"]
+    runs, total = {}, {"status": "ok", "seconds": 0.0}
+    for name, extra in (("1f1b", []), ("interleaved_1f1b", ["parallel.vpp=2"]),
+                        ("zero_bubble", ["parallel.vpp=2", "parallel.pipeline_schedule=zero_bubble"])):
+        ckpt = out / f"pipeline_{name}"
+        stage = st.run(f"pipeline {name}", [*start, "--quiet", *data, "parallel.pp=2", *extra,
+                                            f"training.train_steps={steps}", f"checkpoint.dir={ckpt}",
+                                            "training.global_batch=16", "logging.tensorboard=false"]
+                         + ([] if dry else ["parallel.micro_batch=2"]),
+                         cap_s=150)
+        total["seconds"] += stage["seconds"]
+        if stage["status"] != "ok":
+            total["status"] = stage["status"]
+        records = [json.loads(x) for x in (ckpt / "logs" / "metrics.jsonl").read_text().splitlines()] \
+            if (ckpt / "logs" / "metrics.jsonl").is_file() else []
+        last = [r for r in records if "pp_bubble" in r][-1:] or [{}]
+        runs[name] = {k: last[0].get(k) for k in ("step_time_s", "tokens_per_s", "pp_bubble", "pp_bubble_predicted")}
+    total["runs"] = runs
+    return total
+
+
+def synthetic_shards(out: Path, vocab: int, tokens: int = 600_000) -> Path:
+    """Random-token shards and their manifest (megatron-core's own writer; the GPU image has no tokenizer): what a
+    training run reads, for timing the step, not for learning anything."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    builder = IndexedDatasetBuilder(str(out / "shard_000.bin"), dtype=np.uint16)
+    for _ in range(tokens // 1000):
+        builder.add_document(rng.integers(0, vocab - 1, 1000).astype(np.int64), [1000])
+    builder.finalize(str(out / "shard_000.idx"))
+    manifest = {"tokenizer": {"vocab_size": vocab, "eod_id": vocab - 1, "pad_id": None, "type": "synthetic",
+                              "path": None}, "dtype": "uint16",
+                "shards": [{"prefix": "shard_000", "tokens": tokens}], "blend": [tokens, "shard_000"]}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out / "manifest.json"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
@@ -94,11 +149,22 @@ def main(argv=None) -> int:
     out = Path(ns.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     st = Stages(out, ns.budget_s)
-    py = sys.executable
     result = {"dry": ns.dry, "environment": environment(), "stages": {}, "bench": [], "peak_tflops": PEAK_BF16_TFLOPS}
     st.say(f"environment: {result['environment']}")
+    run_stages(st, result, out, ns.dry)
+    summarise(result)
+    result["seconds"] = round(time.monotonic() - st.t0, 1)
+    (out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
+    st.say(f"wrote {out / 'gpu_check.json'}" + (f"; best: {result['best']}" if "best" in result else ""))
+    failed = [k for k, v in result["stages"].items() if v["status"] != "ok"]
+    if failed:
+        st.say(f"stages not ok: {', '.join(failed)} (see run.log)")
+    return 1 if failed else 0
 
-    if ns.dry:
+
+def run_stages(st: Stages, result: dict, out: Path, dry: bool) -> None:
+    py = sys.executable
+    if dry:
         # one micro-batch: the stages' code paths are the same for each (profiled as the last), and every bench
         # stage is a process paying torch's, DeepSpeed's and megatron-core's imports again (~8 s of CPU)
         recipe, mbs, steps, warmup = "configs/runs/tiny-cpu.yaml", (2,), 2, 1
@@ -107,51 +173,57 @@ def main(argv=None) -> int:
         # 1.3B GPT (GPT-3 XL shape), bf16, seq 2048, one GPU, ZeRO-1, no TP/PP; 32 sequences per step.
         recipe, mbs, steps, warmup = GPU_RECIPE, (4, 8, 16), 8, 2
         extra = ["training.global_batch=32", "parallel.zero_stage=1"]
-
-    # 1. tests/gpu (skipped without CUDA; under --dry this proves they import and collect)
-    log_start = (out / "run.log").stat().st_size
-    result["stages"]["tests_gpu"] = st.run("tests/gpu", [py, "-m", "pytest", "-q", "-x", "tests/gpu"],
-                                           cap_s=200, reserve_s=240)
-    with open(out / "run.log") as f:
-        f.seek(log_start)
-        result["stages"]["tests_gpu"]["summary"] = pytest_counts(f.read())
-
-    # 2. bench_train at 2-3 micro-batch sizes; the largest is profiled.
-    for i, mb in enumerate(mbs):
+    tests_gpu(st, result, out, py)
+    for i, mb in enumerate(mbs):  # bench_train at 2-3 micro-batch sizes; the largest is profiled
         js = out / f"bench_mb{mb}.json"
         cmd = [py, "-m", "recipes", "bench-train", "--gpu", "--config", recipe, "--steps", str(steps),
                "--warmup", str(warmup), "--json", str(js), f"parallel.micro_batch={mb}", *extra]
         if i == len(mbs) - 1:
             cmd += ["--profile", str(out / "profile.txt")]
-        stage = st.run(f"bench micro-batch {mb}", cmd, cap_s=150, reserve_s=40 * (len(mbs) - i))
-        result["stages"][f"bench_mb{mb}"] = stage
+        result["stages"][f"bench_mb{mb}"] = st.run(f"bench micro-batch {mb}", cmd, cap_s=150,
+                                                   reserve_s=40 * (len(mbs) - i) + 60)
         if js.is_file():
             result["bench"].append(json.loads(js.read_text()))
+    mid = mbs[len(mbs) // 2]
+    compare(st, result, out, py, recipe, mid, steps, warmup, extra, dry)
+    result["stages"]["pipeline"] = pipeline_schedules(st, py, out, dry)
 
-    mid = mbs[len(mbs) // 2]  # the middle micro-batch: compared with plain PyTorch, and compiled
-    # 3. TP=1 megatron-core model vs plain PyTorch model of the same shape
+
+def tests_gpu(st: Stages, result: dict, out: Path, py: str) -> None:
+    """tests/gpu (skipped without CUDA; under --dry this proves they import and collect)."""
+    log_start = (out / "run.log").stat().st_size
+    result["stages"]["tests_gpu"] = st.run("tests/gpu", [py, "-m", "pytest", "-q", "-x", "tests/gpu"],
+                                           cap_s=200, reserve_s=300)
+    with open(out / "run.log") as f:
+        f.seek(log_start)
+        result["stages"]["tests_gpu"]["summary"] = pytest_counts(f.read())
+
+
+def compare(st: Stages, result: dict, out: Path, py: str, recipe: str, mid: int, steps: int, warmup: int,
+            extra: list[str], dry: bool) -> None:
+    """The megatron-core model vs plain PyTorch of the same shape at the middle micro-batch, and (not under --dry:
+    compiling on CPU takes minutes and proves nothing about the GPU's kernels) the opt-in torch.compile."""
     js = out / "compare.json"
     result["stages"]["compare"] = st.run(
         "megatron-core vs plain PyTorch", [py, "-m", "recipes", "bench-plain", "--config", recipe, "--steps",
-                                           str(steps if ns.dry else 5), "--warmup", str(warmup), "--json", str(js),
-                                           f"parallel.micro_batch={mid}", *extra], cap_s=150)
+                                           str(steps if dry else 5), "--warmup", str(warmup), "--json", str(js),
+                                           f"parallel.micro_batch={mid}", *extra], cap_s=150, reserve_s=60)
     if js.is_file():
         result["compare"] = json.loads(js.read_text())
-
-    # 4. opt-in torch.compile of the decoder layers at the middle micro-batch, if time is left (default stays off
-    #    unless this measures faster)
     js = out / f"bench_mb{mid}_compiled.json"
-    if ns.dry:  # compiling on CPU takes minutes and proves nothing about the GPU's kernels
+    if dry:
         result["stages"]["bench_compiled"] = {"status": "ok", "seconds": 0.0, "note": "not run under --dry"}
-    else:
-        result["stages"]["bench_compiled"] = st.run(
-            f"bench micro-batch {mid}, training.compile_decoder_layers=true",
-            [py, "-m", "recipes", "bench-train", "--gpu", "--config", recipe, "--steps", str(steps), "--warmup",
-             str(warmup + 1), "--json", str(js), f"parallel.micro_batch={mid}",
-             "training.compile_decoder_layers=true", *extra], cap_s=150)
+        return
+    result["stages"]["bench_compiled"] = st.run(
+        f"bench micro-batch {mid}, training.compile_decoder_layers=true",
+        [py, "-m", "recipes", "bench-train", "--gpu", "--config", recipe, "--steps", str(steps), "--warmup",
+         str(warmup + 1), "--json", str(js), f"parallel.micro_batch={mid}", "training.compile_decoder_layers=true",
+         *extra], cap_s=150, reserve_s=60)
     if js.is_file():
         result["bench_compiled"] = json.loads(js.read_text())
 
+
+def summarise(result: dict) -> None:
     if result["bench"]:
         best = max(result["bench"], key=lambda r: r["tokens_per_s"])
         result["best"] = {k: best.get(k) for k in (
@@ -159,13 +231,6 @@ def main(argv=None) -> int:
             "step_time_vs_predicted", "max_memory_reserved_gb", "predicted_memory_gb", "memory_vs_predicted",
             "attention")}
         result["best"]["mfu_vs_989"] = best["tflops_per_gpu"] / PEAK_BF16_TFLOPS
-    result["seconds"] = round(time.monotonic() - st.t0, 1)
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
-    st.say(f"wrote {out / 'gpu_check.json'}" + (f"; best: {result['best']}" if "best" in result else ""))
-    failed = [k for k, v in result["stages"].items() if v["status"] != "ok"]
-    if failed:
-        st.say(f"stages not ok: {', '.join(failed)} (see run.log)")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

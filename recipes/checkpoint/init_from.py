@@ -6,9 +6,9 @@ its own TP shard, re-pads the vocabulary and puts weights, fp32 masters and (wit
 step count where DeepSpeed keeps them (recipes.checkpoint.format.engine_state). The new run's step, consumed samples
 and lr schedule start at zero; the source (dir, tag, step, its recipe's name and sha256) is recorded in the new
 run's checkpoints (client_state["init_from"]).
-Mixture-of-experts sources are read the same way when saved at parallel.ep=1 (every data rank's partitions hold all
-experts; their TP split: recipes.checkpoint.format.expert_shards), into a run at any EP (each rank cuts its experts);
-a source saved at ep > 1 is refused before launch with the `recipes reshape ... ep=1` to run first.
+Mixture-of-experts sources are read the same way at any EP (the routed experts' partitions of each expert shard from
+the DP ranks of its expert-data-parallel group, recipes.checkpoint.format.relayout.Source; their TP split:
+recipes.checkpoint.format.expert_shards), into a run at any EP (each rank cuts its experts).
 
 Only while checkpoint.dir holds no complete checkpoint: after the first save the run resumes its own
 (recipes.train.resume). Before any rank starts, `init_from_refusals` checks the source is there and fits the model.
@@ -62,15 +62,8 @@ def init_from_refusals(recipe) -> list[Refusal]:
                         "point checkpoint.init_from.dir at the source run's checkpoint.dir and "
                         "checkpoint.init_from.tag at one of its complete tags (default: its `latest`)")]
     out = _shape_refusals(tag_dir, recipe.model)
-    if saved.ep > 1:  # the ranks read the source offline; experts split over EP ranks are read only by engines
-        out.append(Refusal("checkpoint.init_from", f"checkpoint.init_from = {tag_dir} was saved at parallel.ep="
-                           f"{saved.ep}; the ranks read a source whose experts are whole on every data rank (ep=1)",
-                           f"reshape the source to ep=1 first (python -m recipes reshape --checkpoint {src.dir} "
-                           f"--tag {tag_dir.name} --out SRC-ep1 --to tp={saved.tp},pp={saved.pp},dp={saved.dp},"
-                           f"{f'cp={saved.cp},' if saved.cp > 1 else ''}ep=1) "
-                           "and point checkpoint.init_from.dir at SRC-ep1"))
     if recipe.parallel.zero_stage == 3:
-        out.append(Refusal("parallel.zero_stage", f"checkpoint.init_from puts the source's tensors into a ZeRO-0/1/2 "
+        out.append(Refusal("parallel.zero_stage", "checkpoint.init_from puts the source's tensors into a ZeRO-0/1/2 "
                            "engine; parallel.zero_stage=3 partitions each parameter where that cannot reach it yet",
                            "start this run at parallel.zero_stage=1 or 2 (or reshape the source with `python -m "
                            "recipes reshape` and resume it as ZeRO-1/2)"))

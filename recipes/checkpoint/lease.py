@@ -189,17 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) < 2 or argv[0] != "check":
         print("usage: python -m recipes.checkpoint.lease check RECIPE [section.key=value ...]", file=sys.stderr)
         return 2
+    from recipes.config.cli_help import refuse
     from recipes.config.loading import RecipeError, load_recipe
 
     try:
         recipe = load_recipe(argv[1], argv[2:])
     except (RecipeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     problem = recipe.checkpoint.dir and holder_problem(recipe.checkpoint.dir, run_id())
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 5
+        refuse(problem)
+        return 5  # held by another run: the launcher's own code for it
     print(f"stop_grace_seconds={recipe.checkpoint.stop_grace_seconds}")
     return 0
 

@@ -10,8 +10,7 @@ DP may change freely.
 
 Any other change is resharded on load (recipes.checkpoint.reshard): `recipes train` reads the slices each rank needs
 and goes on at the new layout. Refused here, naming both sides and the way forward: a source whose optimizer state
-cannot be re-laid (ZeRO-0: torch keeps it without parameter names), a source whose experts are split over EP ranks
-(read by engines only: `recipes reshape` does it), a ZeRO-3 target (its partitions are not filled tensor by tensor),
+cannot be re-laid (ZeRO-0: torch keeps it without parameter names), a ZeRO-3 target (its partitions are not filled tensor by tensor),
 and a different model.seq_length (a resumed run keeps its sequence length: its consumed-
 samples count and data index are in sequences of that length; a longer-context stage is a new run started from this
 one, checkpoint.init_from).
@@ -73,9 +72,6 @@ def _why_not_resharded(saved: SavedLayout, wanted: SavedLayout) -> str | None:
     """Why `recipes train` cannot reshard this tag on load (None: it can)."""
     if saved.zero_stage == 0:
         return "a ZeRO-0 checkpoint's optimizer state cannot be resharded (torch keeps it without parameter names)"
-    if saved.ep > 1:
-        return (f"its experts are split over EP={saved.ep} ranks, which only engines read (resharding on load reads "
-                "files)")
     if wanted.zero_stage == 3:
         return "resharding on load fills ZeRO-0/1/2 engines, not ZeRO-3 partitions"
     return None

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from recipes.checkpoint.format import checksums
+
 
 class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file that asks the unpickler to build something other than data."""
@@ -60,6 +62,8 @@ def load(path: str | Path, map_location="cpu", legacy_rng: bool = False, mmap: b
 
 def _data_only(f, map_location, legacy_rng: bool = False, mmap: bool | None = None):
     kwargs = {} if mmap is None else {"mmap": mmap}
+    if isinstance(f, (str, Path)):
+        checksums.verify(f)  # a damaged file (same size, other bytes) is refused, not loaded
     with torch.serialization.safe_globals(allowed_globals(legacy_rng)):
         try:
             return _real_torch_load()(f, map_location=map_location, weights_only=True, **kwargs)

@@ -195,8 +195,9 @@ class BackgroundWriter:
         self._sent = 0
 
     def submit(self, jobs: list[tuple[str, bytes]], foreground: list[str], tag_dir: str,
-               max_bytes_per_s: float | None) -> None:
-        """Write `jobs` ((path, Arena.pack bytes)), fsync `foreground` files and the tag's directories."""
+               max_bytes_per_s: float | None, digests: dict[str, str] | None = None, who: str | None = None) -> None:
+        """Write `jobs` ((path, Arena.pack bytes)), fsync `foreground` files and the tag's directories, record the
+        checksums (writer.write_tag)."""
         if not self._proc.is_alive():
             self._start()  # the last one died (and that save was reported failed)
         for i in range(self._sent, len(self.arena.segments)):
@@ -205,7 +206,7 @@ class BackgroundWriter:
             reduction.send_handle(self._conn, fd, self._proc.pid)
         self._sent = len(self.arena.segments)
         self._full_speed.value = 0
-        self._conn.send(("write", jobs, foreground, tag_dir, max_bytes_per_s))
+        self._conn.send(("write", jobs, foreground, tag_dir, max_bytes_per_s, digests, who))
 
     def result(self, wait: bool) -> dict | None:
         """The report of the submitted write ({"bytes": n} or {"error": ..., "errno": ...}); None while running.
@@ -283,10 +284,11 @@ def _serve(conn, parent: int, full_speed, rank_end=None) -> None:
             segments[msg[1]] = mmap.mmap(fd, msg[2])
             os.close(fd)
         elif msg[0] == "write":
-            _, jobs, foreground, tag_dir, rate = msg
+            _, jobs, foreground, tag_dir, rate, digests, who = msg
             started = time.perf_counter()
             report = write_tag(((path, lambda data=data: unpack(data, segments)) for path, data in jobs),
-                               foreground, tag_dir, rate, full_speed=lambda: full_speed.value)
+                               foreground, tag_dir, rate, full_speed=lambda: full_speed.value, digests=digests,
+                               who=who)
             report["seconds"] = time.perf_counter() - started
             conn.send(report)
         else:

@@ -17,13 +17,13 @@ import torch
 
 from recipes.checkpoint import shm_writer, writer
 from recipes.config import file_mode
-from recipes.checkpoint.format import rng
+from recipes.checkpoint.format import checksums, rng
 from recipes.checkpoint.format.tags import MARKER, client_state as marked_client_state, mark_complete, newest_complete
 from recipes.checkpoint.format.tags import step_of, tag_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Checkpointer", "save", "resume", "newest_complete", "mark_complete", "tag_for", "MARKER"]
+__all__ = ["Checkpointer", "save", "load", "newest_agreed", "newest_complete", "mark_complete", "tag_for", "MARKER"]
 
 
 def _rank() -> int:
@@ -69,6 +69,9 @@ class Checkpointer:
             # Re-saving a tag (e.g. after resuming from an older one): its old marker must not vouch for files that
             # are being rewritten, should this save be interrupted.
             (self.root / tag / MARKER).unlink(missing_ok=True)
+            # ...nor its old checksum records (a rank of another layout may now write a file another rank wrote)
+            for record in (self.root / tag).glob(f"{checksums.PREFIX}*{checksums.SUFFIX}"):
+                record.unlink(missing_ok=True)
         _barrier()
         started = time.perf_counter()
         if self.background:
@@ -78,8 +81,10 @@ class Checkpointer:
             self.engine.save_checkpoint(str(self.root), tag=tag, client_state=client_state, save_latest=False)
             self.files.save(rng.rng_state(), str(rng.rng_file(self.root / tag, _rank())))
             jobs, written = self.files.take()
+            digests = self.files.take_digests()
         except (OSError, RuntimeError) as e:
             self.files.take()
+            self.files.take_digests()
             full = _disk_full_message(self.root, tag, e)
             if full:
                 raise RuntimeError(full) from e
@@ -90,7 +95,7 @@ class Checkpointer:
             foreground = sorted({str(p) for p in (self.root / tag).rglob("*") if p.is_file()} - queued
                                 - {str(self.root / tag / MARKER)})
         write = writer.TagWrite(jobs or [], foreground, self.root / tag, background=self.background_writer,
-                                max_bytes_per_s=self.max_bytes_per_s if capped else None)
+                                max_bytes_per_s=self.max_bytes_per_s if capped else None, digests=digests)
         self.inflight = {"step": step, "tag": tag, "client_state": client_state, "write": write, "started": started}
         if self.background:
             log.info(f"checkpoint: {tag} copied to host memory in {time.perf_counter() - started:.2f} s; "
@@ -194,12 +199,6 @@ def _disk_full_message(root: Path, tag: str, e: BaseException | None) -> str | N
             f"from {root / good if good else 'the start (no complete checkpoint yet)'}")
 
 
-def resume(engine, ckpt_dir: str | None) -> dict | None:
-    """Collective. Load the newest complete checkpoint; returns its client_state, or None when starting fresh."""
-    tag_dir = newest_agreed(ckpt_dir)
-    return None if tag_dir is None else load(engine, tag_dir)
-
-
 def newest_agreed(ckpt_dir: str | None) -> Path | None:
     """Collective: the newest complete tag of `ckpt_dir` as rank 0 finds it, the same on every rank (None: none)."""
     if not ckpt_dir:
@@ -221,8 +220,6 @@ def load(engine, tag_dir: Path) -> dict:
         # The model-states file carrying client_state lives on DP rank 0 of each model-parallel rank.
         client_state = marked_client_state(tag_dir)
     rng.restore(tag_dir, _rank())
-    log.info(f"checkpoint: resumed from {tag_dir} at step {client_state['step']}, "
-             f"{client_state['consumed_samples']} samples consumed")
     return client_state
 
 

@@ -26,6 +26,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngi
 
 from data_prep.io import fsync_dir, fsync_file, open_write
 from recipes.checkpoint import safe_load
+from recipes.checkpoint.format import checksums
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,17 @@ class _Throttled:
 
 
 def write_durably(obj, path: str | Path, zipfile: bool = True, max_bytes_per_s: float | None = None,
-                  full_speed=None) -> int:
+                  full_speed=None, digests: dict[str, str] | None = None) -> int:
     """torch.save `obj` to `path` and fsync it (at most `max_bytes_per_s` when given, until `full_speed()` is true);
-    returns its size in bytes."""
+    returns its size in bytes. The bytes are hashed on their way out: `digests[path]` gets the file's checksum
+    (recipes.checkpoint.format.checksums), for the writer's record."""
     with open_write(str(path)) as f:
-        torch.save(obj, _Throttled(f, max_bytes_per_s, full_speed) if max_bytes_per_s else f,
+        hashing = checksums.Hashing(f)
+        torch.save(obj, _Throttled(hashing, max_bytes_per_s, full_speed) if max_bytes_per_s else hashing,
                    _use_new_zipfile_serialization=zipfile)
         fsync_file(f)
+        if digests is not None:
+            digests[str(path)] = hashing.hexdigest()
         return f.tell()
 
 
@@ -77,6 +82,7 @@ class FileEngine(CheckpointEngine):
         self._pending: list[tuple[str, bytes]] | None = None
         self._arena = None
         self.written: list[str] = []  # files written (sync) since the last take()
+        self.digests: dict[str, str] = {}  # their checksums
 
     def collect(self, arena) -> None:
         """Until take(): pack every file into `arena` (a shm_writer.Arena whose previous save is written)."""
@@ -84,16 +90,22 @@ class FileEngine(CheckpointEngine):
         self._pending, self._arena = [], arena
 
     def take(self) -> tuple[list[tuple[str, bytes]] | None, list[str]]:
-        """(files packed since collect(), or None when sync; paths written in the foreground)."""
+        """(files packed since collect(), or None when sync; paths written in the foreground). Their checksums:
+        `take_digests()`."""
         pending, written = self._pending, self.written
         self._pending, self._arena, self.written = None, None, []
         return pending, written
+
+    def take_digests(self) -> dict[str, str]:
+        """The checksums of the files written in the foreground since the last call (path -> digest)."""
+        digests, self.digests = self.digests, {}
+        return digests
 
     def save(self, state_dict, path: str) -> None:
         if self._pending is not None:
             self._pending.append((str(path), self._arena.pack(state_dict)))
         else:
-            write_durably(state_dict, path, self.zipfile)
+            write_durably(state_dict, path, self.zipfile, digests=self.digests)
             self.written.append(str(path))
 
     def create(self, info) -> None:
@@ -121,20 +133,22 @@ class TagWrite:
     fsync the files written in the foreground, fsync the directories; `error` is set if that failed.
 
     `background=None`: now, in this process. Otherwise `background` (a `shm_writer.BackgroundWriter`, whose arena
-    holds the packed files) does it while training goes on; `done()` / `wait()` collect its report."""
+    holds the packed files) does it while training goes on; `done()` / `wait()` collect its report. `digests`: the
+    checksums of the rank's foreground files; with those of the packed files they make the rank's checksum record."""
 
     def __init__(self, jobs: list[tuple[str, object]], foreground_files: list[str], tag_dir: Path,
-                 background=None, max_bytes_per_s: float | None = None):
+                 background=None, max_bytes_per_s: float | None = None, digests: dict[str, str] | None = None):
         self.error: BaseException | None = None
         self.bytes = 0
         self.seconds = 0.0
         self._writer = background
         self._started = time.perf_counter()
+        who = checksums.who_am_i()
         if background is None:
             self._finish(write_tag(((p, lambda s=s: s) for p, s in jobs), foreground_files, tag_dir,
-                                   max_bytes_per_s))
+                                   max_bytes_per_s, digests=digests, who=who))
         else:
-            background.submit(jobs, foreground_files, str(tag_dir), max_bytes_per_s)
+            background.submit(jobs, foreground_files, str(tag_dir), max_bytes_per_s, digests=digests, who=who)
 
     def _finish(self, report: dict) -> None:
         self.seconds = time.perf_counter() - self._started
@@ -159,14 +173,18 @@ class TagWrite:
 
 
 def write_tag(jobs, foreground_files: list[str], tag_dir: str | Path, max_bytes_per_s: float | None,
-              full_speed=None) -> dict:
+              full_speed=None, digests: dict[str, str] | None = None, who: str | None = None) -> dict:
     """Write `jobs` ((path, a function returning the state to save)), fsync the `foreground_files` and every directory
-    of the tag (throttled to `max_bytes_per_s` until `full_speed()`). A report {"bytes": n} or {"error": ...,
-    "errno": ...} (the writer process sends it to its rank)."""
+    of the tag (throttled to `max_bytes_per_s` until `full_speed()`), record the checksums (`digests` of the
+    foreground files and those of `jobs`) as `who`'s. A report {"bytes": n} or {"error": ..., "errno": ...} (the
+    writer process sends it to its rank)."""
     written = 0
+    digests = dict(digests or {})
     try:
         for path, state in jobs:
-            written += write_durably(state(), path, max_bytes_per_s=max_bytes_per_s, full_speed=full_speed)
+            written += write_durably(state(), path, max_bytes_per_s=max_bytes_per_s, full_speed=full_speed,
+                                     digests=digests)
+        checksums.record(tag_dir, who or checksums.who_am_i(), digests)
         for p in foreground_files:  # written by DeepSpeed or by us in the foreground
             try:
                 with open(p, "rb") as f:

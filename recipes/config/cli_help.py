@@ -6,10 +6,18 @@ so their first *line* is often half a sentence ("... as a training"). Examples f
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from typing import Sequence
 
 WIDTH = 100
+
+
+def refuse(problem) -> int:
+    """The one ending of a command the user must fix (a bad recipe, path, checkpoint, argument): `error: <problem>` on
+    stderr, one message naming the fix, no traceback; the exit code 2 that every command uses for it."""
+    print(f"error: {problem}", file=sys.stderr)
+    return 2
 
 
 def first_paragraph(doc: str) -> str:

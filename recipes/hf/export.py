@@ -24,7 +24,7 @@ from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.config import file_mode
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, refuse
 from recipes.train.local_workers import cpu_only_workers
 
 log = logging.getLogger(__name__)
@@ -219,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         file_mode.apply_recipe_mode(recipe)
         export(ns.checkpoint, ns.out, recipe, tag=ns.tag)
     except (RecipeError, CheckpointError, UnsupportedModel, FileExistsError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError, load_recipe
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, refuse
 from recipes.train.local_workers import cpu_only_workers
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe, _ = hf_recipe(ns.hf, ns.config, ns.overrides)
         import_hf(ns.hf, ns.out, recipe, quiet=ns.quiet)
     except (RecipeError, UnsupportedModel, OSError, RuntimeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

@@ -31,7 +31,6 @@ makes DeepSpeed's engine build ZeRO with megatron-core's expert groups (recipes.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -383,10 +382,3 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
     if model_cfg.moe.expert_bias:  # the same on every rank holding the layer: their sum over their number
         out["moe_expert_bias"] = [[round(float(v), 7) for v in r[E + 4:] / r[E + 3]] for r in rows]
     return out
-
-
-def expected_capacity(tokens: int, model_cfg) -> int:
-    """Tokens one expert takes from a routing call of `tokens` tokens under model.moe.capacity_factor (megatron-core's
-    get_capacity): ceil(tokens x top_k / num_experts x capacity_factor)."""
-    moe = model_cfg.moe
-    return math.ceil(tokens * moe.top_k / moe.num_experts * moe.capacity_factor)

@@ -124,8 +124,8 @@ class Layout:
                    if self.zero_stage == 2 else "ZeRO-3 would gather every stage's weights again for each micro-batch "
                    "and chunk the schedule runs, outside the engine that gathers them")
             out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
-                                     f"{pp}: {why}", "set parallel.zero_stage=1 (it shards the optimizer state over "
-                                     "DP, most of ZeRO's saving at PP > 1) or parallel.pp=1"))
+                                     f"{pp}: {why}", "set parallel.zero_stage=1 or parallel.pp=1 (ZeRO-1 shards the "
+                                     "optimizer state over DP, most of ZeRO's saving at PP > 1)"))
         if self.sequence_parallel and tp == 1:
             out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",

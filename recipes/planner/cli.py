@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from data_prep.io import parse_size as parse_bytes
+from recipes.config.cli_help import refuse
 from recipes.config.loading import RecipeError, apply_overrides, deep_merge, load_raw, recipe_from_dict
 from recipes.config.schema import Recipe
 from recipes.model.shape import count_parameters, model_flops_per_step
@@ -336,8 +337,7 @@ def calibrate_main(args) -> int:
         out = Path(args.out) if args.out else cluster_fit.default_path(rows)
         cluster_fit.save(out, fitted, rows, args.force)
     except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(f"Calibrated {len([r for r in rows if r.role == 'fit'])} runs on {rows[0].run.recipe.cluster.name}:")
     print(cluster_fit.report(base, fitted, rows))
     print(f"wrote {out}: `recipes plan` applies it to clusters named {rows[0].run.recipe.cluster.name}"
@@ -364,8 +364,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_intermixed_args(argv)
     problem = _argument_error(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return refuse(problem)
     if args.calibrate:
         return calibrate_main(args)
     try:
@@ -378,8 +377,7 @@ def main(argv=None) -> int:
             lines.append(own_layout_line(own, plan.ests, plan.rec, plan.assume))
         written = write_planned_recipe(args, plan) if args.write_recipe else None
     except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     if args.json:
         print(json.dumps(plan_document(plan, lines, own, written, args.top), indent=1))
         return 0

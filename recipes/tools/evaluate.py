@@ -29,7 +29,7 @@ from pathlib import Path
 
 from recipes.config.loading import RecipeError
 from recipes.config.logs import setup_logging
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, refuse
 from recipes.tools import eval_names
 
 log = logging.getLogger(__name__)
@@ -289,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = evaluate_model(ns.model, tasks, **kw)
     except (RecipeError, CheckpointError, UnsupportedModel, FileNotFoundError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     result["step"] = ns.step
     for k, v in result["scores"].items():
         print(f"{k:<40} {v:.6g}")

@@ -10,7 +10,7 @@ import sys
 
 from recipes.config.loading import CONFIGS_DIR, RecipeError, deep_merge, load_raw, recipe_from_dict
 from recipes.model.shape import count_parameters
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, refuse
 
 
 def model_presets() -> list[dict]:
@@ -43,8 +43,7 @@ def main(argv=None) -> int:
     try:
         models, clusters = model_presets(), cluster_presets()
     except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     if args.json:
         print(json.dumps({"models": models, "clusters": clusters}, indent=1))
         return 0

@@ -20,7 +20,7 @@ from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.config.loading import RecipeError, load_recipe
 from recipes.planner.validation import launch_refusal, validate, validate_for_launch
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, refuse
 
 
 EXAMPLES = (  # shown by --help
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
         layout = Layout.from_recipe(recipe, args.world_size)
         ds = build_ds_config(recipe, layout)
     except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ds_config.json").write_text(json.dumps(ds, indent=2) + "\n")

@@ -33,7 +33,7 @@ from pathlib import Path
 from recipes.config import file_mode
 from recipes.config.logs import setup_logging
 from recipes.config.loading import RecipeError
-from recipes.config.cli_help import command_parser
+from recipes.config.cli_help import command_parser, refuse
 from recipes.train.local_workers import cpu_only_workers
 
 log = logging.getLogger(__name__)
@@ -240,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         reshape(ns.checkpoint, ns.out, recipe, parse_target(ns.to), tag=ns.tag, quiet=ns.quiet, writer=ns.writer,
                 workers=ns.workers)
     except (RecipeError, CheckpointError, FileExistsError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

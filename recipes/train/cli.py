@@ -18,7 +18,7 @@ from recipes.config.logs import setup_logging
 from recipes.parallel.rendezvous import local_world
 from recipes.train import local_ranks, signals
 from recipes.train.evaluation import check_include_path_origin
-from recipes.config.cli_help import command_parser, count
+from recipes.config.cli_help import command_parser, count, refuse
 
 log = logging.getLogger(__name__)
 
@@ -121,26 +121,21 @@ def _before_rank_imports() -> None:
 
 
 def _checked_recipe(ns):
-    """The recipe, checked for this world before any worker or process group exists; None (the error printed) when
-    it cannot start."""
-    try:
-        recipe = load_recipe(ns.config, ns.overrides)
-        check_include_path_origin(ns.config, ns.overrides, recipe.evaluation.include_path)  # a task folder is code
-        world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
-        from recipes.planner.validation import launch_refusal, validate_for_launch
+    """The recipe, checked for this world before any worker or process group exists; RecipeError (or ValueError)
+    naming every problem when it cannot start."""
+    recipe = load_recipe(ns.config, ns.overrides)
+    check_include_path_origin(ns.config, ns.overrides, recipe.evaluation.include_path)  # a task folder is code
+    world = ns.local or int(os.environ.get("WORLD_SIZE", "1"))
+    from recipes.planner.validation import launch_refusal, validate_for_launch
 
-        problems = validate_for_launch(recipe, world)
-        if problems:
-            print(f"error: {launch_refusal(recipe, problems)}", file=sys.stderr)
-            return None
-        # Warnings once: from the --local launcher, or from rank 0 under a launcher.
-        speaks = bool(ns.local) or os.environ.get("RANK", "0") == "0" and not os.environ.get("RECIPES_LOCAL_WORKER")
-        validate_recipe(recipe, world, show_warnings=speaks)
-        if speaks:
-            _warn_if_no_gpu(recipe)
-    except (RecipeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return None
+    problems = validate_for_launch(recipe, world)
+    if problems:
+        raise RecipeError(launch_refusal(recipe, problems))
+    # Warnings once: from the --local launcher, or from rank 0 under a launcher.
+    speaks = bool(ns.local) or os.environ.get("RANK", "0") == "0" and not os.environ.get("RECIPES_LOCAL_WORKER")
+    validate_recipe(recipe, world, show_warnings=speaks)
+    if speaks:
+        _warn_if_no_gpu(recipe)
     return recipe
 
 
@@ -151,8 +146,7 @@ def _start_local(ns, recipe) -> int:
     os.environ.setdefault("RECIPES_RUN_ID", run_lease.run_id())  # the workers' run id (lease owner)
     problem = recipe.checkpoint.dir and run_lease.holder_problem(recipe.checkpoint.dir, os.environ["RECIPES_RUN_ID"])
     if problem:  # refused before any worker starts
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return refuse(problem)
     argv = ["--config", ns.config, *(["--quiet"] if ns.quiet else []), *ns.overrides]
     return launch_local(ns.local, argv)
 
@@ -173,9 +167,10 @@ def main(args: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # --local is the CPU path
     setup_logging()  # events (resume, saves, skips) show even with --quiet, which hides per-step lines
-    recipe = _checked_recipe(ns)
-    if recipe is None:
-        return 2
+    try:
+        recipe = _checked_recipe(ns)
+    except (RecipeError, ValueError) as e:
+        return refuse(e)
     apply_recipe_mode(recipe)  # checkpoint.file_mode: before anything is written, here and in every child process
     if ns.local:
         return _start_local(ns, recipe)

@@ -2,12 +2,13 @@
 its hang watchdog and the straggler report with real processes.
 
 Set only by the tests, read once at rank start (never from a recipe or a file):
-    RECIPES_TEST_FAULT="KIND rank=R step=S [host=H] [attempt=A] [seconds=X]"
+    RECIPES_TEST_FAULT="KIND rank=R step=S [host=H] [attempt=A] [seconds=X] [touch=PATH]"
 KIND: kill (SIGKILL itself) | hang (sleeps forever) | slow (from step S on, every forward pass of the model on rank R
 first sleeps X seconds, default 0.5: a rank slower than its peers).
 The fault fires on global rank R (and only on host H, if given: a failing node; only in the launcher's attempt A,
 if given: LAUNCH_ATTEMPT) when the loop is about to train step S (1-based). A run resumed past step S does not see
-kill or hang again.
+kill or hang again. `touch=PATH` creates PATH just before a kill (a test's signal that the node is now gone for good,
+e.g. to its ssh config).
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ KINDS = ("kill", "hang", "slow")
 
 class Fault:
     def __init__(self, kind: str, rank: int, step: int, host: str | None = None, attempt: str | None = None,
-                 seconds: float = 0.5):
+                 seconds: float = 0.5, touch: str | None = None):
         self.kind, self.rank, self.step, self.host, self.attempt = kind, rank, step, host, attempt
-        self.seconds = seconds
+        self.seconds, self.touch = seconds, touch
         self.slowing = False  # kind "slow": set once the step is reached
 
     @classmethod
@@ -34,10 +35,10 @@ class Fault:
         kind, *pairs = spec.split()
         fields = dict(p.split("=", 1) for p in pairs if "=" in p)
         if kind not in KINDS or not {"rank", "step"} <= fields.keys() or len(fields) != len(pairs):
-            raise ValueError(f"{ENV}={spec!r}: expected 'KIND rank=R step=S [host=H] [attempt=A] [seconds=X]' with "
-                             f"KIND one of {KINDS}")
+            raise ValueError(f"{ENV}={spec!r}: expected 'KIND rank=R step=S [host=H] [attempt=A] [seconds=X] "
+                             f"[touch=PATH]' with KIND one of {KINDS}")
         return cls(kind, int(fields["rank"]), int(fields["step"]), fields.get("host"), fields.get("attempt"),
-                   float(fields.get("seconds", 0.5)))
+                   float(fields.get("seconds", 0.5)), fields.get("touch"))
 
     def _targets(self, rank: int) -> bool:
         if rank != self.rank:
@@ -58,6 +59,8 @@ class Fault:
             return
         print(f"{ENV}: rank {rank} {self.kind} at step {step}", flush=True)
         if self.kind == "kill":
+            if self.touch:
+                open(self.touch, "a").close()
             os.kill(os.getpid(), signal.SIGKILL)
         _hang_forever()
 

@@ -7,7 +7,10 @@ another run by recipes.checkpoint.init_from.initialise."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+
+import torch
 
 from recipes.checkpoint import init_from, reshard, store
 from recipes.checkpoint.format.layout_record import saved_layout
@@ -47,15 +50,19 @@ def _resume_own(eng, recipe) -> dict | None:
     tag_dir = store.newest_agreed(recipe.checkpoint.dir)
     if tag_dir is None:
         return None
+    t0 = time.perf_counter()
     if reshard.loads_as_saved(tag_dir, recipe, eng.layout):
-        return store.load(eng.engine, tag_dir)
-    saved = saved_layout(tag_dir)
-    logger.info(f"checkpoint: {tag_dir} was saved at {saved.describe()}; resharding it on load to "
-                f"{eng.layout.describe()} (the checkpoint is only read; the next save writes this layout)")
-    state = reshard.load_resharded(eng, recipe, tag_dir, parallel_state.get_tensor_model_parallel_rank(),
-                                   parallel_state.get_expert_model_parallel_rank())
+        how, state = "as saved", store.load(eng.engine, tag_dir)
+    else:
+        saved = saved_layout(tag_dir)
+        logger.info(f"checkpoint: {tag_dir} was saved at {saved.describe()}; resharding it on load to "
+                    f"{eng.layout.describe()} (the checkpoint is only read; the next save writes this layout)")
+        how, state = "resharded", reshard.load_resharded(eng, recipe, tag_dir,
+                                                         parallel_state.get_tensor_model_parallel_rank(),
+                                                         parallel_state.get_expert_model_parallel_rank())
+    torch.distributed.barrier()  # every rank loaded: the time is the slowest rank's
     logger.info(f"checkpoint: resumed from {tag_dir} at step {state['step']}, {state['consumed_samples']} samples "
-                "consumed")
+                f"consumed; loaded {how} in {time.perf_counter() - t0:.2f} s")
     return state
 
 

@@ -98,6 +98,15 @@ class Trainer:
         self.checkpoints = RunCheckpoints(recipe, self.eng, device, self.total_steps, self.evaluation, lease, heartbeat)
         if self.state.initialised_here:  # its own step-0 checkpoint: a restart resumes it, never the source again
             self.checkpoints.save_now(0, self.state.client_state())
+        self.log.write(self.layout_record(), self.state.step)
+
+    def layout_record(self) -> dict:
+        """Where a run (or its restart) starts, and at which layout: metrics.jsonl shows a change of world (elastic
+        restarts, a relaunch at another layout) at the step it took effect."""
+        t = self.recipe.training
+        return {"step": self.state.step, "layout": self.layout.describe(), "world_size": self.world,
+                "micro_batches_per_step": self.layout.grad_accum_steps(t.global_batch),
+                "tokens_per_step": t.global_batch * self.recipe.model.seq_length}
 
     def train(self) -> int:
         try:

@@ -115,3 +115,23 @@ def test_sigkill_at_any_moment_then_rerun_is_byte_identical(tmp_path, inputs, sp
                 kills += 1
                 break
     assert kills >= 4, f"only {kills} of 5 runs were still working when killed"
+
+
+def test_a_temporary_file_whose_pid_was_reused_is_stale(tmp_path):
+    """A killed writer's temporary file names its pid; under heavy process churn the pid may be taken by a new
+    process before the rerun looks (seen in a full-suite run: a killed curation's .tmp stayed beside the rerun's
+    output). A process that started after the file was last written cannot be its writer: the file goes."""
+    import os
+    import socket
+
+    from data_prep import io
+
+    name = f"part.npy.tmp.{socket.gethostname()}.{os.getpid()}"  # our pid: alive
+    old, fresh = tmp_path / "old", tmp_path / "fresh"
+    for d in (old, fresh):
+        d.mkdir()
+        (d / name).write_bytes(b"x")
+    os.utime(old / name, (1, 1))  # written long before this process started: its writer had this pid before us
+    io.remove_stale_tmp(str(old))
+    io.remove_stale_tmp(str(fresh))
+    assert not (old / name).exists() and (fresh / name).exists()

@@ -10,7 +10,10 @@ the project is weights-only with the allow-list from the moment torch is importe
   first one it reads (the old pre-check safe-loaded only the first model and optimizer files), and it never runs.
 
 The payload is what an attacker would ship: an object whose `__reduce__` calls `open(X, "w")`, saved with torch.save
-into a real checkpoint, complete.json's sizes updated so the tag still looks complete.
+into a real checkpoint, complete.json's sizes and the checksum records updated so the tag still looks whole.
+
+The same readers refuse a file a disk damaged (16 KiB zeroed in place, the size unchanged), naming it, before they use
+it: every file a save writes has its checksum recorded as it is written (recipes.checkpoint.format.checksums).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ import torch
 
 from interop_runs import RECIPE, run_overrides
 from recipes.checkpoint import safe_load
+from recipes.checkpoint.format import checksums
+from tests.support import tamper
 from tests.support.runs import REPO, pretrain, recipes_cli
 
 pytestmark = pytest.mark.multiproc
@@ -58,14 +63,7 @@ def runs(tmp_path_factory, corpus):
 
 
 def _plant(ckpt_dir, name, marker):
-    f = ckpt_dir / TAG / name
-    state = safe_load.load(f, legacy_rng=True)
-    state["extra"] = Payload(marker)
-    torch.save(state, f)
-    complete = ckpt_dir / TAG / "complete.json"
-    meta = json.loads(complete.read_text())
-    meta["files"][name] = f.stat().st_size  # the tag still looks complete
-    complete.write_text(json.dumps(meta))
+    tamper.plant(ckpt_dir / TAG, name, Payload(marker))  # the tag still looks complete, its checksums match
 
 
 def _copy(src, tmp_path):
@@ -115,29 +113,59 @@ READERS = {  # reader: (kind, the file planted: never the first one the reader o
 }
 
 
+def _read(reader, runs, ckpt, tmp_path):
+    """Run `reader` (READERS) on the checkpoint directory `ckpt` (a copy of a run of its kind)."""
+    src, overrides, n = runs[READERS[reader][0]]
+    ov = [o for o in overrides if not o.startswith("checkpoint.dir=")]
+    if reader.startswith("resume"):
+        return recipes_cli(["train", "--config", RECIPE, "--local", str(n), "--quiet", *ov,
+                            f"checkpoint.dir={ckpt}", "training.train_steps=3"], timeout=600)
+    if reader.startswith("export-hf"):
+        return recipes_cli(["export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--quiet"],
+                           timeout=600)
+    if reader.startswith("reshape"):
+        return recipes_cli(["reshape", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--to",
+                            "tp=1,pp=1,dp=1,ep=1", "--quiet"], timeout=600)
+    if reader == "evaluate-checkpoint":
+        return subprocess.run([sys.executable, "-m", "recipes", "evaluate", "--checkpoint", str(ckpt), "--tasks",
+                               "recipes_ppl", "--limit", "2", "--quiet"], cwd=REPO, capture_output=True, text=True,
+                              timeout=900)
+    # init_from: a new run starting from the checkpoint, at another layout
+    return recipes_cli(["train", "--config", RECIPE, "--local", "2", "--quiet", *ov, "parallel.vpp=1",
+                        f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.init_from.dir={ckpt}",
+                        "checkpoint.init_from.optimizer=true", "training.train_steps=1"], timeout=600)
+
+
 @pytest.mark.parametrize("reader", list(READERS))
 def test_every_reader_refuses_a_payload_in_a_later_file(runs, tmp_path, reader):
     kind, name = READERS[reader]
-    src, overrides, n = runs[kind]
-    ckpt = _copy(src, tmp_path)
+    ckpt = _copy(runs[kind][0], tmp_path)
     marker = tmp_path / "pwned"
     _plant(ckpt, name, marker)
-    ov = [o for o in overrides if not o.startswith("checkpoint.dir=")]
-    if reader.startswith("resume"):
-        proc = recipes_cli(["train", "--config", RECIPE, "--local", str(n), "--quiet", *ov,
-                            f"checkpoint.dir={ckpt}", "training.train_steps=3"], timeout=600)
-    elif reader.startswith("export-hf"):
-        proc = recipes_cli(["export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--quiet"],
-                           timeout=600)
-    elif reader.startswith("reshape"):
-        proc = recipes_cli(["reshape", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--to",
-                            "tp=1,pp=1,dp=1,ep=1", "--quiet"], timeout=600)
-    elif reader == "evaluate-checkpoint":
-        proc = subprocess.run([sys.executable, "-m", "recipes", "evaluate", "--checkpoint", str(ckpt), "--tasks",
-                               "recipes_ppl", "--limit", "2", "--quiet"], cwd=REPO, capture_output=True, text=True,
-                              timeout=900)
-    else:  # init_from: a new run starting from the planted checkpoint, at another layout
-        proc = recipes_cli(["train", "--config", RECIPE, "--local", "2", "--quiet", *ov, "parallel.vpp=1",
-                            f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.init_from.dir={ckpt}",
-                            "checkpoint.init_from.optimizer=true", "training.train_steps=1"], timeout=600)
-    _refused(proc, name, marker)
+    _refused(_read(reader, runs, ckpt, tmp_path), name, marker)
+
+
+def test_every_file_of_a_save_has_its_checksum_recorded(runs):
+    for kind, (run_dir, _, _) in runs.items():
+        tag = run_dir / TAG
+        recorded = {}
+        for record in tag.glob(f"{checksums.PREFIX}*{checksums.SUFFIX}"):
+            recorded.update(json.loads(record.read_text()))
+        files = {f.name for f in tag.glob("*.pt")}
+        assert files and set(recorded) == files, (kind, files ^ set(recorded))
+        for name, want in recorded.items():
+            assert checksums.digest(tag / name) == want, (kind, name)
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_every_reader_refuses_a_damaged_file_naming_it(runs, tmp_path, reader):
+    """16 KiB zeroed in place (same size: complete.json still vouches for it), in a file the reader opens after
+    others: refused before a byte of it is used, naming it, and nothing written from it."""
+    kind, name = READERS[reader]
+    ckpt = _copy(runs[kind][0], tmp_path)
+    tamper.damage(ckpt / TAG / name)
+    proc = _read(reader, runs, ckpt, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"{name}: its content is not what was written" in out, out[-3000:]
+    assert not (tmp_path / "out" / "model.safetensors").exists() and not (tmp_path / "new" / "latest").exists()

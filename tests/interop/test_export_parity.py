@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recipes.checkpoint.plain_model import build_plain_model, greedy, logits
+from tests.support.plain_model import build_plain_model, greedy, logits
 from recipes.checkpoint.format.read import read_full_state
 from recipes.hf.export import export, main as export_main
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from interop_runs import RECIPE, VOCAB
-from recipes.checkpoint.plain_model import build_plain_model, logits
+from tests.support.plain_model import build_plain_model, logits
 from recipes.checkpoint.format.read import read_full_state
 from recipes.checkpoint.recipe_file import load_checkpoint_recipe
 from recipes.hf.export import main as export_main

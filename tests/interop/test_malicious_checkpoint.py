@@ -7,13 +7,12 @@ tag still looks complete. With `torch.load(weights_only=False)` each of these co
 """
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
-import torch
 
 from interop_runs import RECIPE, run_overrides
+from tests.support import tamper
 from tests.support.runs import pretrain, recipes_cli
 from recipes.checkpoint import safe_load
 
@@ -40,14 +39,7 @@ def clean_run(tmp_path_factory, corpus):
 
 
 def _plant(ckpt_dir, name, marker):
-    f = ckpt_dir / TAG / name
-    state = safe_load.load(f, legacy_rng=True)
-    state["extra"] = Payload(marker)
-    torch.save(state, f)
-    complete = ckpt_dir / TAG / "complete.json"
-    meta = json.loads(complete.read_text())
-    meta["files"][name] = f.stat().st_size  # the tag still looks complete
-    complete.write_text(json.dumps(meta))
+    tamper.plant(ckpt_dir / TAG, name, Payload(marker))  # the tag still looks complete, its checksums match
 
 
 def _refused(proc, name, marker):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from interop_runs import RECIPE
-from recipes.checkpoint.plain_model import build_plain_model, logits
+from tests.support.plain_model import build_plain_model, logits
 from recipes.hf.convert import UnsupportedModel, family, from_llama, to_hf
 from recipes.hf.importer import hf_recipe
 

@@ -141,12 +141,24 @@ def test_init_from_an_ep1_tp2_source_into_an_ep2_run(moe_ep2, ep1, tmp_path):
     assert got.meta["optimizer_step"] == ref.meta["optimizer_step"] == 3
 
 
-def test_init_from_an_ep2_source_refused_with_the_reshape_to_run(moe_ep2, tmp_path):
+def test_init_from_an_ep2_source_into_an_ep1_run(moe_ep2, ep1, tmp_path):
+    """checkpoint.init_from of a source saved at EP=2 (each rank reads its experts from the source's expert-data-
+    parallel partitions) into a run at EP=1 x DP=2: nothing refused before launch, and the new run's step-0 checkpoint
+    holds the source's weights and moments bit for bit (compared with the offline reshape of the source to EP=1)."""
     from recipes.checkpoint.init_from import init_from_refusals
     from recipes.config.loading import load_recipe
 
-    recipe = load_recipe(RECIPE, [*moe_ep2.overrides, f"checkpoint.dir={tmp_path / 'new'}",
-                                  f"checkpoint.init_from.dir={moe_ep2.path}"])
-    refusals = [r for r in init_from_refusals(recipe) if r.field == "checkpoint.init_from"]
-    assert len(refusals) == 1 and "parallel.ep=2" in refusals[0].message
-    assert f"--checkpoint {moe_ep2.path} --tag global_step5" in refusals[0].fix and ",ep=1" in refusals[0].fix
+    stage = tmp_path / "stage_ep1"
+    overrides = [o for o in moe_ep2.overrides if o != "parallel.ep=2"] + [
+        "parallel.ep=1", f"checkpoint.dir={stage}", f"checkpoint.init_from.dir={moe_ep2.path}",
+        f"checkpoint.init_from.tag={SAVED}", "checkpoint.init_from.optimizer=true", "training.train_steps=1"]
+    assert not [r for r in init_from_refusals(load_recipe(RECIPE, overrides)) if r.field == "checkpoint.init_from"]
+    pretrain(2, *overrides, timeout=400)
+    assert sorted(losses(stage)) == [1] and saved_layout(stage / "global_step0").ep == 1
+    model = moe_ep2.recipe().model
+    ref = read_full_state(ep1, model, with_moments=True)
+    got = read_full_state(stage, model, tag="global_step0", with_moments=True)
+    for part in ("weights", "exp_avg", "exp_avg_sq"):
+        a, b = getattr(ref, part), getattr(got, part)
+        bad = [n for n in a if not torch.equal(a[n], b[n])]
+        assert list(b) == list(a) and not bad, f"{part} differ: {bad[:4]}"

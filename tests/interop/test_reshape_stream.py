@@ -12,10 +12,13 @@ References computed another way:
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from recipes.checkpoint import safe_load
+from recipes.checkpoint.format import checksums
 from recipes.checkpoint.format.read import read_full_state
 from recipes.tools.reshape import parse_target, reshape
 from tests.support.runs import losses, pretrain, recipes_cli
@@ -146,3 +149,13 @@ def test_tied_8_to_4_ranks_losses_continue(llama_222_tied, tied_to_4):
 
 def test_tied_8_to_16_ranks_losses_continue(llama_222_tied, tied_to_16):
     _continue(llama_222_tied, tied_to_16, 16, "parallel.tp=2", "parallel.pp=2")
+
+
+def test_every_file_written_has_its_checksum_recorded(tied_to_16):
+    tag = tied_to_16 / "global_step3"
+    recorded = {}
+    for record in tag.glob("checksums_*.json"):
+        recorded.update(json.loads(record.read_text()))
+    written = {p.name for p in tag.glob("*.pt")}  # 4 model-states and 16 optimizer files
+    assert len(written) == 20 and set(recorded) == written, set(recorded) ^ written
+    assert all(checksums.digest(tag / n) == d for n, d in recorded.items())

@@ -5,8 +5,6 @@ the real `recipes reshape` parser here), checkpoint.dir holding another model, a
 missing or does not fit the model. The tags are complete.json records as the trainer
 writes them (tests/support/checkpoints.py). Proof that no rank exists when these fire:
 tests/recipes/test_validation_prespawn.py and tests/launch/test_launch_refusals.py."""
-import shlex
-
 import pytest
 
 from recipes.config.loading import load_recipe
@@ -53,26 +51,16 @@ def test_a_relaunch_at_another_layout_is_resharded_on_load(tmp_path):
 MOE = ["model.moe.num_experts=4", "model.moe.top_k=2"]
 
 
-def test_experts_split_over_ep_ranks_are_refused_with_the_reshape_command(tmp_path):
+def test_experts_split_over_ep_ranks_are_resharded_on_load_and_zero0_sources_refused_with_the_fix(tmp_path):
     ck = tmp_path / "ck"
     recorded_tag(ck, TINY, *MOE, "parallel.ep=2", world=2)
-    [p] = found(tmp_path, ck, *MOE, "parallel.tp=2", world=2)  # TP=2 x DP=1 x EP=1 over an EP=2 x DP=2 one
-    assert p.field == "parallel"
-    assert str(p) == (
-        f"checkpoint.dir = {ck} holds global_step4, saved at TP=1 x CP=1 x PP=1 x DP=2 x EP=2, ZeRO-1, padded "
-        "vocabulary 384, seq_length 64; this launch is TP=2 x CP=1 x PP=1 x DP=1, ZeRO-1, padded vocabulary 512, "
-        "seq_length 64 (TP=2 (saved TP=1), EP=1 (saved EP=2), DP x CP=1 (saved 2; ZeRO partitions the optimizer over "
-        "it)), and its experts are split over EP=2 ranks, which only engines read (resharding on load reads files); "
-        f"reshape it first: `python -m recipes reshape --checkpoint {ck} --tag global_step4 --out "
-        f"{ck}-tp2-cp1-pp1-dp1-zero1 --to tp=2,pp=1,dp=1,cp=1,ep=1,zero=1`, then resume there: launch again with "
-        f"checkpoint.dir={ck}-tp2-cp1-pp1-dp1-zero1 (the original stays as it is)")
-    # the command is one the real `recipes reshape` parser takes, and the target it names is this launch's layout
-    from recipes.tools.reshape import parse_target
-
-    argv = shlex.split(str(p).split("`")[1])
-    assert argv[:4] == ["python", "-m", "recipes", "reshape"]
-    args = dict(zip(argv[4::2], argv[5::2]))
-    assert parse_target(args["--to"]) == {"tp": 2, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "zero_stage": 1}
+    assert found(tmp_path, ck, *MOE, "parallel.tp=2", world=2) == []  # TP=2 x EP=1 over an EP=2 x DP=2 one
+    z0 = tmp_path / "z0"
+    recorded_tag(z0, TINY, "parallel.zero_stage=0", world=2)
+    [p] = found(tmp_path, z0, "parallel.tp=2", world=2)
+    assert p.field == "parallel" and "a ZeRO-0 checkpoint's optimizer state cannot be resharded" in p.message
+    assert p.fix.startswith("a ZeRO-0 checkpoint's optimizer state cannot be re-laid") and \
+        f"checkpoint.init_from={z0}" in p.fix
 
 
 def test_a_relaunch_of_another_model_is_refused_naming_both(tmp_path):

@@ -4,6 +4,7 @@ not outlive its rank."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -15,9 +16,12 @@ from collections import OrderedDict
 import pytest
 import torch
 
+from recipes.checkpoint import safe_load
+from recipes.checkpoint.format import checksums
 from recipes.checkpoint.shm_writer import Arena, BackgroundWriter, unpack
 from recipes.checkpoint.writer import FileEngine, TagWrite, write_durably
 from tests.support.runs import REPO, worker_env
+from tests.support.tamper import damage
 
 
 
@@ -269,3 +273,22 @@ def test_a_rank_that_exits_during_start_up_is_not_held_by_its_preforked_writer(t
     assert r.returncode == 3, r.stderr[-3000:]
     writer = int(r.stdout.split()[1])
     assert _ended(writer)
+
+
+@pytest.mark.unit
+def test_a_sync_save_records_each_files_checksum_and_a_damaged_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    files = FileEngine()
+    files.save(_state(), str(tmp_path / "a.pt"))  # sync: written now
+    _, written = files.take()
+    write = TagWrite([(str(tmp_path / "b.pt"), _state())], written, tmp_path, digests=files.take_digests())
+    assert write.error is None
+    recorded = json.loads((tmp_path / "checksums_rank3.json").read_text())
+    assert recorded == {n: checksums.digest(tmp_path / n) for n in ("a.pt", "b.pt")}
+    torch.save({"t": torch.ones(3)}, tmp_path / "unrecorded.pt")  # a file no save of ours wrote: read as before
+    assert torch.equal(safe_load.load(tmp_path / "unrecorded.pt")["t"], torch.ones(3))
+    b_size = (tmp_path / "b.pt").stat().st_size
+    damage(tmp_path / "b.pt", offset=b_size // 2, length=1)  # one byte, in a tensor's data
+    with pytest.raises(checksums.ChecksumError, match="b.pt: its content is not what was written"):
+        safe_load.load(tmp_path / "b.pt")
+    assert safe_load.load(tmp_path / "a.pt")["flat"].numel() > 0

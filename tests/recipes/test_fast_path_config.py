@@ -176,7 +176,7 @@ def test_fusion_kwargs_follow_the_model_shape():
 def tp1_group():
     """A world of one and TP=1 megatron state (the layer's TP linears ask for their group); reused when another
     in-process test already made one (a second init_process_group would fail)."""
-    from recipes.checkpoint.plain_model import init_single_process
+    from tests.support.plain_model import init_single_process
 
     init_single_process()
     yield

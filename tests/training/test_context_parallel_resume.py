@@ -100,6 +100,19 @@ def test_cp2_checkpoint_resumes_at_cp1_and_holds_no_cp_state(uninterrupted, corp
     assert a.meta["optimizer_step"] == b.meta["optimizer_step"] == STEPS
 
 
+def test_cp2_checkpoint_resumes_at_cp1_dp1_by_resharding_on_load(uninterrupted, corpus, short_doc_corpus, tmp_path):
+    """CP=2 x PP=2 (data axis 2) resumed on 2 ranks at CP=1 x PP=2 (data axis 1): ZeRO's partitions do not load as
+    they are, so `recipes train` reshards them on load; the following losses are the uninterrupted run's."""
+    run_dir = tmp_path / "cp1_dp1"
+    _from_step4(uninterrupted, run_dir)
+    out = pretrain(2, *_run(corpus, short_doc_corpus), "parallel.cp=1", "parallel.pp=2", "parallel.zero_stage=1",
+                   f"checkpoint.dir={run_dir}", timeout=600)
+    assert "resharding it on load" in out.stdout + out.stderr
+    got = losses(run_dir)
+    assert sorted(got) == [5, 6, 7, 8]
+    assert _worst(losses(uninterrupted), got) <= REL_TOL, (got, losses(uninterrupted))
+
+
 def test_cp2_checkpoint_reshaped_to_tp2_continues(uninterrupted, corpus, short_doc_corpus, tmp_path):
     overrides = [*_run(corpus, short_doc_corpus), *CP_LAYOUT]
     out = tmp_path / "tp2"

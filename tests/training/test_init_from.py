@@ -44,7 +44,7 @@ def source(corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def direct_first_loss(source, corpus, tmp_path_factory, single_process_group) -> float:
     """The source model's loss on the stage's first global batch, in one process."""
-    from recipes.checkpoint.plain_model import build_plain_model, logits
+    from tests.support.plain_model import build_plain_model, logits
     from recipes.train.data import build_datasets, collate
 
     recipe = load_recipe(RECIPE, [f"data.manifests=[{corpus}]", *STAGE, "training.train_steps=2"])

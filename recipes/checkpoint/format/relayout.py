@@ -42,9 +42,9 @@ import torch
 
 from data_prep.io import fsync_dir
 from recipes.checkpoint import safe_load
-from recipes.checkpoint.format import deepspeed_private, layout_record
+from recipes.checkpoint.format import checksums, deepspeed_private, layout_record
 from recipes.checkpoint.format.errors import CheckpointError
-from recipes.checkpoint.format.expert_shards import is_moe_split, tp_dim as expert_tp_dim
+from recipes.checkpoint.format.expert_shards import is_moe_split, merge_moe, tp_dim as expert_tp_dim
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, model_states_name,
                                               optim_file_name, optim_name)
 from recipes.checkpoint.format.shards import (canonical_name, is_state_buffer, is_vocab, merge_tp, pad_vocab,
@@ -76,9 +76,11 @@ class Source:
     """Full canonical tensors of a ZeRO-1/2 checkpoint, read slice by slice from memory-mapped files."""
 
     def __init__(self, tag_dir: Path, model_cfg):
-        layout_record.check_offline_readable(tag_dir)
         self.dir, self.cfg = tag_dir, model_cfg
         self.lay = detect_layout(tag_dir)
+        # expert parallelism: the routed experts' param groups are partitioned over the expert-data-parallel group
+        # (DP x CP / ep ranks holding the same expert shard): shard x's partition k is in DP rank x + ep k's file
+        self.ep = layout_record.saved_layout(tag_dir).ep
         self.swiglu = model_cfg.activation == "swiglu"
         self._files: dict[str, dict] = {}
         self.buffers: dict[str, torch.Tensor] = {}  # shards.STATE_BUFFERS, whole (filled with the module keys)
@@ -92,6 +94,9 @@ class Source:
         first = self.load(model_states_name(0))
         self.model_states = {k: v for k, v in first.items() if k not in ("module", "param_shapes")}
         self.module_keys = self._module_keys(first)
+        optim = self.load(optim_name(tag_dir, 0, 0))["optimizer_state_dict"]
+        self.moe_groups = {g for g, pg in enumerate(optim["base_optimizer_state"]["param_groups"]) if pg.get("moe")}
+        counts = optim.get("partition_count") or []  # each group's process group size (EDP for the experts')
         for stage in range(lay.pp):
             shapes = self.load(model_states_name(stage * lay.tp))["param_shapes"]
             stage_names = []
@@ -103,10 +108,10 @@ class Source:
                         self.index[name] = (stage, g, off, tuple(shape))
                         stage_names.append(name)
                     off += math.prod(shape)
-                align = 2 * lay.dp  # DeepSpeed's nccl_start_alignment_factor x DP
-                self.part[(stage, g)] = math.ceil(off / align) * align // lay.dp
+                n = int(counts[g]) if g < len(counts) else lay.dp
+                align = 2 * n  # DeepSpeed's nccl_start_alignment_factor x the group's DP size
+                self.part[(stage, g)] = math.ceil(off / align) * align // n
             self.order += sorted(stage_names, key=_layer_rank(self.module_keys))
-        optim = self.load(optim_name(tag_dir, 0, 0))["optimizer_state_dict"]
         if any(any(p) for p in optim.get("param_alignment_paddings", [])):
             raise CheckpointError(f"{tag_dir}: saved with zero_optimization.parameter_alignment; the streaming "
                                   "re-layout expects DeepSpeed's default (no per-parameter alignment)")
@@ -157,22 +162,28 @@ class Source:
             return torch.zeros(self.part[(mp // self.lay.tp, g)])
         return state[g][kind]
 
-    def _local(self, mp: int, name: str, kind: str) -> torch.Tensor:
+    def _local(self, mp: int, name: str, kind: str, shard: int = 0) -> torch.Tensor:
+        """This model-parallel rank's tensor `name` (of expert shard `shard` for the routed experts)."""
         stage, g, off, shape = self.index[name]
         P, end, pieces = self.part[(stage, g)], off + math.prod(shape), []
+        experts = g in self.moe_groups
         pos = off
         while pos < end:
-            d = pos // P
-            hi = min(end, (d + 1) * P)
-            pieces.append(self._partition(d, mp, g, kind)[pos - d * P:hi - d * P])
+            k = pos // P  # the partition: the DP rank (the EDP rank for the experts) that holds it
+            hi = min(end, (k + 1) * P)
+            d = shard + self.ep * k if experts else k
+            pieces.append(self._partition(d, mp, g, kind)[pos - k * P:hi - k * P])
             pos = hi
         return torch.cat(pieces).view(shape)
 
     def full(self, name: str, kind: str) -> torch.Tensor:
-        """Canonical full tensor (all source TP shards merged, vocabulary padding removed), fp32."""
-        if name in self.buffers:
+        """Canonical full tensor (all source TP and EP shards merged, vocabulary padding removed), fp32."""
+        if name in self.buffers:  # shards.STATE_BUFFERS: whole in the module states
             return self.buffers[name].clone()
-        stage, tp = self.index[name][0], self.lay.tp
+        stage, g, tp = self.index[name][0], self.index[name][1], self.lay.tp
+        if g in self.moe_groups:  # routed experts: [ep shard][tp rank]
+            parts = [[self._local(stage * tp + t, name, kind, x) for t in range(tp)] for x in range(self.ep)]
+            return merge_moe(name, parts, self.swiglu).float().clone()
         shards = [self._local(stage * tp + t, name, kind) for t in range(tp)]
         return strip_vocab(name, merge_tp(name, shards, self.swiglu).float(), self.cfg.vocab_size).clone()
 
@@ -181,6 +192,8 @@ class Source:
         dim = expert_tp_dim(name) if is_moe_split(name) else split_dim(name)
         if dim is not None:
             shape[dim] *= self.lay.tp
+        if self.index[name][1] in self.moe_groups:
+            shape[0] *= self.ep  # the routed experts' EP split
         if is_vocab(name):
             shape[0] = self.cfg.vocab_size
         return shape
@@ -405,9 +418,10 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
     optimizer file per DP rank."""
     cache = _OneTensorCache(src)
     figures = {"bytes": 0, "files": 0}
+    digests: dict[str, str] = {}
 
     def save(obj, name):
-        figures["bytes"] += write_durably(obj, plan.out_tag / name)  # fsynced: complete.json follows
+        figures["bytes"] += write_durably(obj, plan.out_tag / name, digests=digests)  # fsynced: complete.json follows
         figures["files"] += 1
 
     module = _write_weights(plan, src, cache, stage, t, save)
@@ -416,6 +430,7 @@ def _write_item(plan: Plan, src: Source, stage: int, t: int) -> dict:
     del module
     for d in range(plan.dp):
         save(_optim_file(plan, src, cache, plan.stage_groups[stage], t, d), optim_file_name(d, mp))
+    checksums.record(plan.out_tag, f"mp{mp}", digests)
     cache.clear()  # release the last tensor before the next item
     figures["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return figures

@@ -1,4 +1,4 @@
-"""Our model in one process (TP = PP = DP = 1) from a canonical full state: for logits checks, greedy generation and
+"""Test support: our model in one process (TP = PP = DP = 1) from a canonical full state: for logits checks, greedy generation and
 inspection without a launcher. megatron-core's layers need its process groups, so a one-rank gloo group is made.
 """
 from __future__ import annotations
