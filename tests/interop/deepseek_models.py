@@ -36,7 +36,7 @@ def add_released_style_depths(hf_dir: Path, recipe, main_state: dict, seed: int 
     from `main_state`) and set num_nextn_predict_layers; returns them."""
     import json
 
-    from recipes.checkpoint.plain_model import init_single_process
+    from tests.support.plain_model import init_single_process
     from recipes.hf.deepseek import to_deepseek, write_depths
     from recipes.model.layers import PlainDecoder
     from recipes.parallel.layout import Layout

@@ -46,7 +46,7 @@ def _recipe_of(hf_cfg, depths: int = 0):
 
 @pytest.mark.unit
 def test_our_model_with_transformers_weights_gives_its_logits():
-    from recipes.checkpoint.plain_model import build_plain_model, logits
+    from tests.support.plain_model import build_plain_model, logits
     from recipes.hf.deepseek import from_deepseek
 
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
@@ -139,7 +139,7 @@ def test_import_then_export_gives_transformers_logits_and_the_mtp_depth(name, re
 
 def _assert_depth_predicts_as_transformers_mtp(back, out, recipe):
     """Depth 1's logits at every position: ours (the exported weights in our model) vs transformers' MtpModel."""
-    from recipes.checkpoint.plain_model import build_plain_model
+    from tests.support.plain_model import build_plain_model
     from recipes.hf.deepseek import depth_tensors, from_deepseek
 
     state = {**back.state_dict(), **depth_tensors(str(out), recipe.model.num_layers, 1)}
