@@ -6,15 +6,15 @@ What makes a recipe DeepSeek-V3: MLA, RMSNorm, SwiGLU, RoPE; model.moe with sigm
 n x the routed expert size, the first first_dense_layers layers dense and every other layer MoE, no shared-expert gate
 and no biases. Our names (layer i, HF model.layers.{i-1}) <-> transformers':
 
-  | ours                                        | transformers (DeepseekV3)                  |
-  |---------------------------------------------|--------------------------------------------|
-  | self_attention.linear_q_down_proj / q_layernorm / linear_q_up_proj | self_attn.q_a_proj / q_a_layernorm / q_b_proj |
-  | self_attention.linear_q_proj (q_lora_rank None) | self_attn.q_proj                       |
-  | self_attention.linear_kv_down_proj / kv_layernorm / linear_kv_up_proj | self_attn.kv_a_proj_with_mqa / kv_a_layernorm / kv_b_proj |
-  | self_attention.linear_proj                  | self_attn.o_proj                           |
-  | mlp.router.weight / mlp.router.expert_bias  | mlp.gate.weight / mlp.gate.e_score_correction_bias |
-  | mlp.experts.linear_fc1 / linear_fc2         | mlp.experts.gate_up_proj / down_proj (stacked [E, ...]) |
-  | mlp.shared_experts.linear_fc1 / fc2         | mlp.shared_experts.[gate_proj; up_proj] / down_proj |
+  | ours (self_attention. / mlp.)                       | transformers (self_attn. / mlp.)                       |
+  |-----------------------------------------------------|--------------------------------------------------------|
+  | linear_q_down_proj / q_layernorm / linear_q_up_proj | q_a_proj / q_a_layernorm / q_b_proj                    |
+  | linear_q_proj (q_lora_rank None)                    | q_proj                                                 |
+  | linear_kv_down_proj / kv_layernorm / linear_kv_up_proj | kv_a_proj_with_mqa / kv_a_layernorm / kv_b_proj     |
+  | linear_proj                                         | o_proj                                                 |
+  | router.weight / router.expert_bias                  | gate.weight / gate.e_score_correction_bias             |
+  | experts.linear_fc1 / linear_fc2                     | experts.gate_up_proj / down_proj (stacked [E, ...])    |
+  | shared_experts.linear_fc1 / fc2                     | shared_experts.[gate_proj; up_proj] / down_proj        |
 
 MTP depth k (ours: pipeline index L+2+k) is DeepSeek's layer L+k-1 (model.layers.61 of DeepSeek-V3): the decoder
 layer's names above plus enorm, hnorm, eh_proj, shared_head.norm (our final_layernorm) and copies of the embedding

@@ -90,9 +90,9 @@ def update_expert_biases(routers: list, group, rate: float) -> None:
     Collective: every rank of `group` calls it with the same layers."""
     if not routers:
         return
-    counts = torch.stack([r.local_tokens_per_expert for r in routers])
+    counts = torch.stack([r.local_tokens_per_expert for r in routers]).double()  # exact beyond 2^24 tokens
     torch.distributed.all_reduce(counts, group=group)
     step = rate * torch.sign(counts.mean(dim=-1, keepdim=True) - counts)
     for router, delta in zip(routers, step):
-        router.expert_bias.data = router.expert_bias.data.float() + delta.to(router.expert_bias.device)
+        router.expert_bias.data = router.expert_bias.data.float() + delta.float().to(router.expert_bias.device)
         router.local_tokens_per_expert.zero_()

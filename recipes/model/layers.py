@@ -331,7 +331,8 @@ def layer_spec(config: TransformerConfig):
     if getattr(config, "multi_latent_attention", False):
         from recipes.model.mla import LatentAttention
 
-        spec.submodules.self_attention = ModuleSpec(module=LatentAttention, params=spec.submodules.self_attention.params)
+        params = spec.submodules.self_attention.params
+        spec.submodules.self_attention = ModuleSpec(module=LatentAttention, params=params)
     if config.qk_layernorm:
         spec.submodules.self_attention.submodules.q_layernorm = HeadNorm
         spec.submodules.self_attention.submodules.k_layernorm = HeadNorm

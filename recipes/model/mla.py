@@ -24,7 +24,8 @@ Parameters (inside the decoder layer; TP dim "-" = every TP rank holds the whole
   | self_attention.linear_q_down_proj.weight    | [q_lora_rank, h]           | -      |
   | self_attention.q_layernorm.weight           | [q_lora_rank]              | -      |
   | self_attention.linear_q_up_proj.weight      | [n (dn + dr), q_lora_rank] | 0      |
-  | self_attention.linear_q_proj.weight         | [n (dn + dr), h]  (instead of the three above when q_lora_rank is None) | 0 |
+  | self_attention.linear_q_proj.weight         | [n (dn + dr), h]           | 0      |  (q_lora_rank None: instead
+                                                                                         of the three above)
   | self_attention.linear_kv_down_proj.weight   | [kv_lora_rank + dr, h]     | -      |
   | self_attention.kv_layernorm.weight          | [kv_lora_rank]             | -      |
   | self_attention.linear_kv_up_proj.weight     | [n (dn + dv), kv_lora_rank]| 0      |

@@ -128,6 +128,8 @@ class Router(TopKRouter):
         """The tokens each expert got, for aux-loss-free balancing: training forwards only, and once (a recomputed
         forward routes the same tokens again). megatron-core's own is torch.compile'd: minutes on a CPU rank."""
         if self.enable_expert_bias and torch.is_grad_enabled() and not _inside_backward():
+            if self.local_tokens_per_expert.dtype != torch.float32:  # DeepSpeed casts buffers to bf16 / fp16
+                self.local_tokens_per_expert.data = self.local_tokens_per_expert.data.float()
             with torch.no_grad():
                 self.local_tokens_per_expert += routing_map.sum(dim=0)
 
@@ -346,10 +348,10 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
     """Collective (every rank, same steps): routing statistics since the last call, for metrics.jsonl.
 
     Per step (the global batch), summed over the MoE layers unless per layer: `moe_tokens_per_expert` (one list per
-    MoE layer, model.mtp's depths last), `moe_dropped_tokens` (token-expert assignments over capacity, 0 when dropless), `moe_dropped_frac`,
-    `moe_load_imbalance` (busiest expert / mean, worst layer), `moe_aux_loss` and `moe_z_loss` (without their
-    coefficients, mean over MoE layers and micro-batches, as megatron-core logs them); with model.moe.expert_bias
-    `moe_expert_bias` (one list per MoE layer, after this step's update). TP ranks route disjoint slices and DP ranks
+    MoE layer, model.mtp's depths last), `moe_dropped_tokens` (token-expert assignments over capacity, 0 when
+    dropless), `moe_dropped_frac`, `moe_load_imbalance` (busiest expert / mean, worst layer), `moe_aux_loss` and
+    `moe_z_loss` (without their coefficients, mean over MoE layers and micro-batches, as megatron-core logs them); with
+    model.moe.expert_bias `moe_expert_bias` (one list per MoE layer, after this step's update). TP ranks route disjoint slices and DP ranks
     disjoint samples (their counts add up); each layer lives on one pipeline stage.
     """
     E, L = model_cfg.moe.num_experts, model_cfg.num_layers + 2 + model_cfg.mtp_depths  # rows: layer number - 1

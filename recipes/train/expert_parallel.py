@@ -53,7 +53,9 @@ def after_initialize(engine, layout) -> None:
     rebuilt from the masters after every load, and the aux-loss gradient scaled like the main loss."""
     from recipes.model.moe import set_aux_loss_scale
 
-    set_aux_loss_scale(lambda: _main_loss_scale(engine) / engine.gradient_accumulation_steps())
+    # x cp: the CP ranks' aux and z-loss shares add up to the micro-batch's loss, and DeepSpeed averages gradients
+    # over DP x CP (the main loss is scaled the same way: recipes.model.context.mean_over_context)
+    set_aux_loss_scale(lambda: _main_loss_scale(engine) / engine.gradient_accumulation_steps() * layout.cp)
     if layout.ep == 1:
         return
     engine.has_moe_layers = False
