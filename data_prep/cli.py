@@ -183,16 +183,12 @@ def parse_slice(text: str):
 
 
 def cmd_tokenize(a) -> int:
-    from data_prep.pipeline import RunFailed, run
+    from data_prep.executors.base import UnitsFailed
+    from data_prep.pipeline import run
 
-    failures: tuple = (RunFailed,)
-    if getattr(a, "steps", None):  # the curation driver is imported only by runs that curate (~0.15 s of start-up)
-        from data_prep.curate import CurationFailed
-
-        failures += (CurationFailed,)
     try:
         m = run(_settings_from(a), max_reject_fraction=a.max_reject_fraction)
-    except failures as e:
+    except UnitsFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if m is None:
@@ -505,11 +501,12 @@ def _curate_settings_from(a):
 
 
 def cmd_curate(a) -> int:
-    from data_prep.curate import CurationFailed, run
+    from data_prep.curate import run
+    from data_prep.executors.base import UnitsFailed
 
     try:
         m = run(_curate_settings_from(a))
-    except CurationFailed as e:
+    except UnitsFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if m is None:

@@ -34,7 +34,8 @@ import orjson
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import WorkerDied, make_executor, select_slice, session as executor_session
+from data_prep.executors.base import UnitsFailed, WorkerDied, select_slice
+from data_prep.executors.choose import make_executor, session as executor_session
 from data_prep.progress import Progress
 from data_prep.read.units import Unit, list_inputs, plan_units
 from data_prep.settings import DEFAULT_MAX_RECORD, STAGES, check_locations
@@ -46,12 +47,6 @@ from data_prep.write.removals import REMOVED, add_removed, merge_removal_logs, r
 log = logging.getLogger(__name__)
 
 CURATION_MANIFEST = "curation.json"
-
-
-class CurationFailed(Exception):
-    def __init__(self, message: str, failed: List[dict]):
-        super().__init__(message)
-        self.failed = failed
 
 
 @dataclass
@@ -145,7 +140,7 @@ def _run_tasks(kind: str, workers: int, ray_address, task: Callable, items: list
 
 def _raise_failed(failed: List[dict], what: str) -> None:
     lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed[:50])
-    raise CurationFailed(f"{len(failed)} {what} failed; the others are complete; rerun the same command to retry "
+    raise UnitsFailed(f"{len(failed)} {what} failed; the others are complete; rerun the same command to retry "
                          f"them:\n{lines}", failed)
 
 
@@ -191,12 +186,12 @@ def _waiting(settings, stage: str, missing_stage: str, what: str) -> None:
     the same stage; an error when nothing will come to do it: a whole run, --merge-only, or a --stage that was
     started before every slice finished the earlier stage (a Slurm chain or prep.sh never does that)."""
     if settings.merge_only:
-        raise CurationFailed(f"dedup: {what}; run the --stage {missing_stage} of every slice first (or the whole "
+        raise UnitsFailed(f"dedup: {what}; run the --stage {missing_stage} of every slice first (or the whole "
                              "command without --merge-only)", [])
     if stage == "all" and settings.slice_count == 1:
-        raise CurationFailed(f"dedup: {what}; rerun the same command", [])
+        raise UnitsFailed(f"dedup: {what}; rerun the same command", [])
     if stage != "all" and STAGES.index(missing_stage) < STAGES.index(stage):
-        raise CurationFailed(f"dedup: {what}: --stage {stage} needs --stage {missing_stage} of every slice "
+        raise UnitsFailed(f"dedup: {what}: --stage {stage} needs --stage {missing_stage} of every slice "
                              "complete first", [])
     if not settings.quiet:
         log.info(f"data_prep curate: {what}; other slices (or the earlier --stage) must finish first")
@@ -253,7 +248,7 @@ def _run(settings: CurateSettings) -> Optional[dict]:
                 done[u.name] = st
     if missing:
         if settings.merge_only or settings.slice_count == 1:
-            raise CurationFailed(f"{len(missing)} unit(s) are not complete (first: {missing[0]}); rerun curate "
+            raise UnitsFailed(f"{len(missing)} unit(s) are not complete (first: {missing[0]}); rerun curate "
                                  "(same arguments) to do them", [])
         return None
     manifest = build_manifest(ctx, [done[u.name] for u in units])

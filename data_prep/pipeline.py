@@ -21,7 +21,8 @@ import numpy as np
 
 import data_prep.write.manifest as mf
 from data_prep import io
-from data_prep.executors.base import WorkerDied, make_executor, select_slice
+from data_prep.executors.base import UnitsFailed, WorkerDied, select_slice
+from data_prep.executors.choose import make_executor
 from data_prep.progress import Progress
 from data_prep.read.probe import probe_inputs
 from data_prep.read.units import Unit, list_inputs, plan_units
@@ -43,12 +44,6 @@ def _curate():
     from data_prep import curate
 
     return curate
-
-
-class RunFailed(Exception):
-    def __init__(self, message: str, failed: List[dict]):
-        super().__init__(message)
-        self.failed = failed
 
 
 def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
@@ -73,7 +68,7 @@ def unit_is_complete(out_dir: str, unit: Unit, fp: str) -> Optional[dict]:
 
 def run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]:
     """Tokenize (this slice of) the units; returns the manifest once all units are complete, else None (a slice
-    whose peers are still running). Raises RunFailed (after finishing the rest) if inputs failed, ProbeError before
+    whose peers are still running). Raises UnitsFailed (after finishing the rest) if inputs failed, ProbeError before
     any work if the first inputs cannot give documents, NoUsableOutput (write/yield_check.py) instead of writing a
     manifest with no document or with more than ``max_reject_fraction`` of the records rejected."""
     settings.check_locations()  # before the tokenizer is loaded or the output probed
@@ -172,7 +167,7 @@ def _run(settings: Settings, max_reject_fraction: float = 1.0) -> Optional[dict]
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed)
         if settings.slice_count == 1:
             io.atomic_write(io.join(settings.output_dir, mf.FAILED), mf.dumps(failed), shared=True)
-        raise RunFailed(f"{len(failed)} unit(s) failed; the other units are complete and a rerun keeps them. Fix "
+        raise UnitsFailed(f"{len(failed)} unit(s) failed; the other units are complete and a rerun keeps them. Fix "
                         "what a line says (a damaged input fails again as it is), then rerun the same command to "
                         f"redo these:\n{lines}", failed)
     return finish(settings.output_dir, units, fp, info, dtype, out_settings, done,
@@ -231,7 +226,7 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
            work_dir="", max_reject_fraction: float = 1.0) -> Optional[dict]:
     """Write manifest.json when every unit is complete (whichever slice or node gets here last does it).
 
-    With ``require_all``, missing units raise RunFailed naming them and the error each recorded (if any). With every
+    With ``require_all``, missing units raise UnitsFailed naming them and the error each recorded (if any). With every
     unit complete, a run with no document (or too many rejects) raises NoUsableOutput instead of writing it: this is
     the first place that sees the whole run's totals (write/yield_check.py says why not per unit or slice)."""
     _list_outputs(out_dir)  # workers (other processes, other nodes) wrote since: see their markers and logs
@@ -257,7 +252,7 @@ def finish(out_dir, units, fp, info, dtype, out_settings, done, require_all=True
                            "error": err.get("error", "not run yet (or killed)")})
         io.atomic_write(failed_path, mf.dumps(failed), shared=True)
         lines = "\n".join(f"  {f['unit']}: {f['path']}: {f['error']}" for f in failed[:50])
-        raise RunFailed(f"{len(missing)} unit(s) are not complete; rerun tokenize (same arguments) to do them:\n"
+        raise UnitsFailed(f"{len(missing)} unit(s) are not complete; rerun tokenize (same arguments) to do them:\n"
                         f"{lines}", failed)
     io.remove(failed_path)
     stats = [done[u.name] for u in units]

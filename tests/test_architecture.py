@@ -98,3 +98,26 @@ def test_every_data_prep_module_is_either_shared_with_recipes_or_forbidden_to_it
     unplaced = sorted(m for m in modules if m not in SHARED_WITH_RECIPES
                       and not any(m == f or m.startswith(f + ".") for f in forbidden))
     assert unplaced == [], f"place these in pyproject.toml's shared-layer contract or SHARED_WITH_RECIPES: {unplaced}"
+
+
+def long_functions(root: Path, limit: int = 60) -> list[str]:
+    import ast
+
+    found = []
+    for pkg in ("recipes", "launch"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > limit:
+                        found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_in_recipes_or_launch_is_over_60_lines(tmp_path):
+    assert long_functions(REPO) == []
+    planted = tmp_path / "launch" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("def f():\n" + "    x = 1\n" * 60)
+    (tmp_path / "recipes").mkdir()
+    assert long_functions(tmp_path) == ["launch/planted.py:1 f (61 lines)"]

@@ -12,12 +12,10 @@ the manifest.
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, Sequence, TypeVar
 
 U = TypeVar("U")  # a work unit: anything with an ``index`` (read.units.Unit)
-KINDS = ("local", "ray")
 
 
 class WorkerDied:
@@ -29,6 +27,15 @@ class WorkerDied:
 
     def __repr__(self) -> str:
         return f"WorkerDied({self.why!r})"
+
+
+class UnitsFailed(Exception):
+    """A command (tokenize, curate) whose units did not all complete: `failed` lists them (unit, error), the message
+    says what to rerun. The others are complete and a rerun keeps them."""
+
+    def __init__(self, message: str, failed: List[dict]):
+        super().__init__(message)
+        self.failed = failed
 
 
 class Executor(ABC):
@@ -45,43 +52,3 @@ class Executor(ABC):
 def select_slice(units: Sequence[U], index: int, count: int) -> List[U]:
     """The units of slice ``index`` of ``count``: a deterministic share that needs no coordination between nodes."""
     return [u for u in units if u.index % count == index]
-
-
-_SHARED: Optional[Dict[Tuple[str, int, Optional[str]], Executor]] = None
-
-
-@contextlib.contextmanager
-def session() -> Iterator[None]:
-    """Within it, ``make_executor`` gives one executor per (kind, workers, address), kept between runs and closed at
-    the end: a command of several passes (curate: hash, buckets, filter) starts one private Ray instance, not one
-    per pass (~5 s of start and stop each)."""
-    global _SHARED
-    if _SHARED is not None:  # nested: the outer session owns them
-        yield
-        return
-    _SHARED = {}
-    try:
-        yield
-    finally:
-        shared, _SHARED = _SHARED, None
-        for executor in shared.values():
-            executor.close()
-
-
-def make_executor(kind: str, workers: int, ray_address: Optional[str] = None) -> Executor:
-    key = (kind, workers, ray_address)
-    if _SHARED is not None and key in _SHARED:
-        return _SHARED[key]
-    if kind == "local":
-        from data_prep.executors.local import LocalExecutor
-
-        executor: Executor = LocalExecutor(workers)
-    elif kind == "ray":
-        from data_prep.executors.ray import RayExecutor
-
-        executor = RayExecutor(workers, ray_address, keep=_SHARED is not None)
-    else:
-        raise ValueError(f"unknown executor {kind!r}: choose one of {', '.join(KINDS)}")
-    if _SHARED is not None:
-        _SHARED[key] = executor
-    return executor

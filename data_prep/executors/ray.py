@@ -1,7 +1,7 @@
 """The Ray executor: each unit is one Ray task (1 CPU, retried twice if its worker dies).
 
 Joins the cluster named by ``address`` (``--ray-address``: e.g. auto, ray://head:10001) or starts a private local
-instance of ``workers`` CPUs (and stops it after the run, or after the command's last run: ``base.session``).
+instance of ``workers`` CPUs (and stops it after the run, or after the command's last run: ``choose.session``).
 Every Ray node must import data_prep from the same environment (the package installed in the venv, on a shared file
 system) and see the inputs and the output directory at the same paths.
 
@@ -121,7 +121,7 @@ def _join(ray, address: str) -> None:
 
 class RayExecutor(Executor):
     """``keep``: the private instance (and the environment it needs) stays up between runs until ``close``
-    (``base.session``); otherwise each run starts and stops its own."""
+    (``choose.session``); otherwise each run starts and stops its own."""
 
     def __init__(self, workers: int, address: Optional[str] = None, keep: bool = False):
         refuse_implicit_address(address)

@@ -28,7 +28,7 @@ from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.layout_record import SHAPE_FIELDS, marker, model_shape, saved_layout
 from recipes.checkpoint.format.tags import client_state, newest_complete, resolve_tag, step_of, tag_for
 from recipes.checkpoint.recipe_file import RECIPE_FILE
-from recipes.checkpoint.relaunch import Refusal
+from recipes.config.problem import Problem
 
 log = logging.getLogger(__name__)
 
@@ -45,30 +45,30 @@ def applies(recipe) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ before launch
-def init_from_refusals(recipe) -> list[Refusal]:
+def init_from_refusals(recipe) -> list[Problem]:
     """Why `recipe` cannot start from its checkpoint.init_from ([] if it can, or if it resumes its own checkpoint)."""
     if not applies(recipe):
         return []
     src, c = recipe.checkpoint.init_from, recipe.checkpoint
     if c.dir and _same_dir(src.dir, c.dir):
-        return [Refusal("checkpoint.init_from.dir", f"checkpoint.init_from.dir = {src.dir} is this run's own "
+        return [Problem("checkpoint.init_from.dir", f"checkpoint.init_from.dir = {src.dir} is this run's own "
                         "checkpoint.dir", "a run continues its own checkpoints by itself (auto_resume); for a new "
                         "stage give it a new checkpoint.dir")]
     try:
         tag_dir = resolve_tag(src.dir, src.tag)
         saved = saved_layout(tag_dir)
     except CheckpointError as e:
-        return [Refusal("checkpoint.init_from.dir", f"checkpoint.init_from = {src.dir}: {e}",
+        return [Problem("checkpoint.init_from.dir", f"checkpoint.init_from = {src.dir}: {e}",
                         "point checkpoint.init_from.dir at the source run's checkpoint.dir and "
                         "checkpoint.init_from.tag at one of its complete tags (default: its `latest`)")]
     out = _shape_refusals(tag_dir, recipe.model)
     if recipe.parallel.zero_stage == 3:
-        out.append(Refusal("parallel.zero_stage", "checkpoint.init_from puts the source's tensors into a ZeRO-0/1/2 "
+        out.append(Problem("parallel.zero_stage", "checkpoint.init_from puts the source's tensors into a ZeRO-0/1/2 "
                            "engine; parallel.zero_stage=3 partitions each parameter where that cannot reach it yet",
                            "start this run at parallel.zero_stage=1 or 2 (or reshape the source with `python -m "
                            "recipes reshape` and resume it as ZeRO-1/2)"))
     if src.optimizer and saved.zero_stage == 0:
-        out.append(Refusal("checkpoint.init_from.optimizer", f"checkpoint.init_from.optimizer = true but {tag_dir} "
+        out.append(Problem("checkpoint.init_from.optimizer", f"checkpoint.init_from.optimizer = true but {tag_dir} "
                            "is a ZeRO-0 checkpoint, whose optimizer state torch keeps without parameter names",
                            "carry the weights only (checkpoint.init_from.optimizer=false)"))
     return out
@@ -94,7 +94,7 @@ def source_model(tag_dir: Path) -> dict | None:
         return None
 
 
-def _shape_refusals(tag_dir: Path, model_cfg) -> list[Refusal]:
+def _shape_refusals(tag_dir: Path, model_cfg) -> list[Problem]:
     theirs = source_model(tag_dir)
     if theirs is None:
         log.warning(f"checkpoint.init_from: {tag_dir} records no model shape and {tag_dir.parent / RECIPE_FILE} is "
@@ -105,12 +105,12 @@ def _shape_refusals(tag_dir: Path, model_cfg) -> list[Refusal]:
     for f in SHAPE_FIELDS:
         if f in theirs and theirs[f] != ours[f]:
             key = f"model.{_RECIPE_KEY.get(f, f)}"
-            out.append(Refusal(key, f"checkpoint.init_from: {tag_dir} holds a model with {key}={theirs[f]}; this "
+            out.append(Problem(key, f"checkpoint.init_from: {tag_dir} holds a model with {key}={theirs[f]}; this "
                                f"recipe has {key}={ours[f]}: its weights do not fit this model",
                                f"set {key}={theirs[f]} (the source's), or start from a checkpoint of this model"))
     seq = saved_layout(tag_dir).seq_length
     if model_cfg.position_embedding == "learned" and seq is not None and seq != model_cfg.seq_length:
-        out.append(Refusal("model.seq_length", f"checkpoint.init_from: {tag_dir} holds a learned position table of "
+        out.append(Problem("model.seq_length", f"checkpoint.init_from: {tag_dir} holds a learned position table of "
                            f"{seq} positions; this recipe has model.seq_length={model_cfg.seq_length}",
                            f"set model.seq_length={seq}; a longer context needs RoPE (model.position_embedding=rope)"))
     return out

@@ -18,23 +18,15 @@ one, checkpoint.init_from).
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.layout_record import SavedLayout, layout_of, saved_layout
 from recipes.checkpoint.format.tags import newest_complete
+from recipes.config.problem import Problem
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why a launch cannot start (the field to change, what is wrong, the fix): the planner formats it."""
-    field: str
-    message: str
-    fix: str = ""
-
-
-def relaunch_refusals(recipe, layout) -> list[Refusal]:
+def relaunch_refusals(recipe, layout) -> list[Problem]:
     """Why `recipe` at `layout` (recipes.parallel.layout.Layout) cannot resume its checkpoint.dir ([] if it can, or
     if there is nothing to resume)."""
     c = recipe.checkpoint
@@ -47,7 +39,7 @@ def relaunch_refusals(recipe, layout) -> list[Refusal]:
     try:
         saved = saved_layout(tag_dir)
     except CheckpointError as e:
-        return [Refusal("checkpoint.dir", f"checkpoint.dir = {c.dir}: the layout of {tag} cannot be read: {e}",
+        return [Problem("checkpoint.dir", f"checkpoint.dir = {c.dir}: the layout of {tag} cannot be read: {e}",
                         "move the damaged tag aside, or set checkpoint.dir to another directory")]
     wanted = layout_of(recipe, layout)
     out = []
@@ -55,11 +47,11 @@ def relaunch_refusals(recipe, layout) -> list[Refusal]:
     if changes:
         why = _why_not_resharded(saved, wanted)
         if why:
-            out.append(Refusal("parallel", f"checkpoint.dir = {c.dir} holds {tag}, saved at {saved.describe()}; this "
+            out.append(Problem("parallel", f"checkpoint.dir = {c.dir} holds {tag}, saved at {saved.describe()}; this "
                                f"launch is {wanted.describe()} ({', '.join(changes)}), and {why}",
                                _reshape_fix(c.dir, tag, saved, wanted, recipe.model)))
     if saved.seq_length is not None and saved.seq_length != wanted.seq_length:
-        out.append(Refusal("model.seq_length", f"checkpoint.dir = {c.dir} holds {tag} of a run at model.seq_length="
+        out.append(Problem("model.seq_length", f"checkpoint.dir = {c.dir} holds {tag} of a run at model.seq_length="
                            f"{saved.seq_length}; this launch has model.seq_length={wanted.seq_length}: a resumed run "
                            "keeps its sequence length (its consumed samples and data index count sequences of that "
                            "length)", f"resume with model.seq_length={saved.seq_length}; for a stage at "

@@ -18,16 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class LayoutProblem:
-    """Why a layout cannot run: the recipe field to change, what is wrong (with the values) and how to fix it."""
-    field: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.message}; {self.fix}"
+from recipes.config.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -67,170 +58,188 @@ class Layout:
         return global_batch // per_step
 
     def problems(self, model_cfg, global_batch: int | None = None, partition: str | None = None,
-                 max_tp: int | None = None) -> list[LayoutProblem]:
+                 max_tp: int | None = None) -> list[Problem]:
         """Every reason this layout cannot train `model_cfg` (empty = it can). `partition` (the recipe's
         parallel.pipeline_partition) adds the pipeline-split check; `max_tp` bounds the TP degrees suggested."""
-        out: list[LayoutProblem] = []
-        tp, pp, heads, groups = self.tp, self.pp, model_cfg.num_attention_heads, model_cfg.query_groups
-        limit = max_tp or heads
-        if heads % tp:
-            out.append(LayoutProblem("parallel.tp", f"model.num_attention_heads={heads} is not divisible by "
-                                     f"parallel.tp={tp}", f"use tp in {_divisors_upto(heads, limit)}"))
-        if groups % tp and groups != heads:
-            out.append(LayoutProblem("parallel.tp", f"model.num_query_groups={groups} is not divisible by "
-                                     f"parallel.tp={tp}", f"use tp in {_divisors_upto(groups, limit)} (each TP rank "
-                                     f"needs whole KV groups)"))
-        ffn = model_cfg.ffn_size  # the dense MLP's, where a layer has one
-        if ffn % tp and any(not model_cfg.is_moe_layer(i) for i in range(model_cfg.num_layers)):
-            out.append(LayoutProblem("parallel.tp", f"model.ffn_hidden_size={ffn} is not divisible by parallel.tp="
-                                     f"{tp}: the MLP is split over TP ranks (megatron-core's parallel linears)",
-                                     f"use a multiple of {tp}, or tp in {_divisors_upto(ffn, limit)}"))
-        if pp > model_cfg.num_layers:
-            out.append(LayoutProblem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
-                                     f"{model_cfg.num_layers}: every stage needs at least one layer",
-                                     f"use pp <= {model_cfg.num_layers}"))
-        elif pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1):
-            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong; with
-            # expert parallelism a stage without MoE layers also lacks the experts' param group)
-            from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
-            problem = uneven_group_problem(layer_names(model_cfg), rank_layers(
-                model_cfg, tp, pp, self.vpp, partition or "uniform", self.ep), self.ep)
-            if problem and "MoE" in problem:
-                out.append(LayoutProblem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: "
-                                         f"stages get different optimizer param groups ({problem})",
-                                         "DeepSpeed's ZeRO-1 would hang in the first optimizer step; give every "
-                                         "pipeline stage at least one MoE layer (model.moe.layer_pattern, "
-                                         "first_dense_layers or another parallel.pp), or use parallel.ep=1"))
-            elif problem:
-                out.append(LayoutProblem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
-                                         f"parallel.pp={pp} gives stages different optimizer param groups "
-                                         f"({problem})", UNEVEN_GROUPS_FIX))
+        out = self._tensor_split_problems(model_cfg, max_tp)
+        out += self._pipeline_split_problems(model_cfg, partition)
         out += self._pipeline_schedule_problems(model_cfg)
-        if global_batch is not None and pp > 1 and self.schedule != "1f1b" and \
-                global_batch % (self.micro_batch * self.dp) == 0:
-            m = global_batch // (self.micro_batch * self.dp)
-            rounds = max(1, m // pp)
-            if m % rounds:
-                good = [k * pp for k in range(1, 5)]
-                out.append(LayoutProblem("training.global_batch", f"parallel.pipeline_schedule={self.schedule} runs "
-                                         f"the micro-batches in rounds of parallel.pp={pp}: {m} micro-batches per "
-                                         f"step (global_batch / (micro_batch x dp)) do not make whole rounds",
-                                         f"use a multiple of pp micro-batches, e.g. global_batch = "
-                                         f"{good[0] * self.micro_batch * self.dp} or "
-                                         f"{good[1] * self.micro_batch * self.dp}, or pipeline_schedule=1f1b"))
-        if self.zero_stage >= 2 and pp > 1:
+        out += self._micro_batch_round_problems(global_batch)
+        if self.zero_stage >= 2 and self.pp > 1:
             why = ("ZeRO-2 reduces each gradient while the engine runs the backward, and the pipeline schedule runs "
                    "it outside the engine (DeepSpeed 0.19's ZeRO-2 fails at the first step under it)"
                    if self.zero_stage == 2 else "ZeRO-3 would gather every stage's weights again for each micro-batch "
                    "and chunk the schedule runs, outside the engine that gathers them")
-            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
-                                     f"{pp}: {why}", "set parallel.zero_stage=1 or parallel.pp=1 (ZeRO-1 shards the "
-                                     "optimizer state over DP, most of ZeRO's saving at PP > 1)"))
-        if self.sequence_parallel and tp == 1:
-            out.append(LayoutProblem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
+            out.append(Problem("parallel.zero_stage", f"parallel.zero_stage={self.zero_stage} with parallel.pp="
+                                     f"{self.pp}: {why}", "set parallel.zero_stage=1 or parallel.pp=1 (ZeRO-1 shards "
+                                     "the optimizer state over DP, most of ZeRO's saving at PP > 1)"))
+        if self.sequence_parallel and self.tp == 1:
+            out.append(Problem("parallel.sequence_parallel", "parallel.sequence_parallel=true needs parallel.tp "
                                      "> 1 (it splits the TP all-reduce regions along the sequence)",
                                      "set parallel.sequence_parallel=false or tp >= 2"))
         out += self._sequence_split_problems(model_cfg)
         out += self._expert_problems(model_cfg)
         if global_batch is not None and global_batch % (self.micro_batch * self.dp):
             per = self.micro_batch * self.dp
-            out.append(LayoutProblem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
+            out.append(Problem("training.global_batch", f"training.global_batch={global_batch} is not a multiple "
                                      f"of parallel.micro_batch x dp = {self.micro_batch} x {self.dp} = {per}",
                                      f"use global_batch={_round_to(global_batch, per)} (a multiple of {per}) or a "
                                      f"parallel.micro_batch dividing {max(1, global_batch // self.dp)}"))
         return out
 
-    def _pipeline_schedule_problems(self, model_cfg) -> list[LayoutProblem]:
+    def _tensor_split_problems(self, model_cfg, max_tp: int | None) -> list[Problem]:
+        """Heads, KV groups and the dense MLP split over TP ranks (megatron-core's parallel linears)."""
+        out: list[Problem] = []
+        tp, heads, groups = self.tp, model_cfg.num_attention_heads, model_cfg.query_groups
+        limit = max_tp or heads
+        if heads % tp:
+            out.append(Problem("parallel.tp", f"model.num_attention_heads={heads} is not divisible by "
+                                     f"parallel.tp={tp}", f"use tp in {_divisors_upto(heads, limit)}"))
+        if groups % tp and groups != heads:
+            out.append(Problem("parallel.tp", f"model.num_query_groups={groups} is not divisible by "
+                                     f"parallel.tp={tp}", f"use tp in {_divisors_upto(groups, limit)} (each TP rank "
+                                     f"needs whole KV groups)"))
+        ffn = model_cfg.ffn_size  # the dense MLP's, where a layer has one
+        if ffn % tp and any(not model_cfg.is_moe_layer(i) for i in range(model_cfg.num_layers)):
+            out.append(Problem("parallel.tp", f"model.ffn_hidden_size={ffn} is not divisible by parallel.tp="
+                                     f"{tp}: the MLP is split over TP ranks (megatron-core's parallel linears)",
+                                     f"use a multiple of {tp}, or tp in {_divisors_upto(ffn, limit)}"))
+        return out
+
+    def _pipeline_split_problems(self, model_cfg, partition: str | None) -> list[Problem]:
+        """Every stage needs a layer; under ZeRO-1 every stage needs the same optimizer param groups."""
+        pp = self.pp
+        if pp > model_cfg.num_layers:
+            return [Problem("parallel.pp", f"parallel.pp={pp} is larger than model.num_layers="
+                                  f"{model_cfg.num_layers}: every stage needs at least one layer",
+                                  f"use pp <= {model_cfg.num_layers}")]
+        if not (pp > 1 and self.zero_stage == 1 and (partition == "parameters" or self.ep > 1)):
+            # (the uniform split gives every stage decoder layers, so only the parameter split can go wrong; with
+            # expert parallelism a stage without MoE layers also lacks the experts' param group)
+            return []
+        from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
+        problem = uneven_group_problem(layer_names(model_cfg), rank_layers(
+            model_cfg, self.tp, pp, self.vpp, partition or "uniform", self.ep), self.ep)
+        if problem and "MoE" in problem:
+            return [Problem("model.moe.layer_pattern", f"parallel.ep={self.ep} at parallel.pp={pp}: stages get "
+                                  f"different optimizer param groups ({problem})",
+                                  "DeepSpeed's ZeRO-1 would hang in the first optimizer step; give every pipeline "
+                                  "stage at least one MoE layer (model.moe.layer_pattern, first_dense_layers or "
+                                  "another parallel.pp), or use parallel.ep=1")]
+        if problem:
+            return [Problem("parallel.pipeline_partition", f"parallel.pipeline_partition=parameters at "
+                                  f"parallel.pp={pp} gives stages different optimizer param groups ({problem})",
+                                  UNEVEN_GROUPS_FIX)]
+        return []
+
+    def _micro_batch_round_problems(self, global_batch: int | None) -> list[Problem]:
+        """Interleaved and zero-bubble schedules run the micro-batches in rounds of pp."""
+        pp = self.pp
+        if global_batch is None or pp == 1 or self.schedule == "1f1b" or global_batch % (self.micro_batch * self.dp):
+            return []
+        m = global_batch // (self.micro_batch * self.dp)
+        rounds = max(1, m // pp)
+        if m % rounds == 0:
+            return []
+        good = [k * pp for k in range(1, 5)]
+        return [Problem("training.global_batch", f"parallel.pipeline_schedule={self.schedule} runs the "
+                              f"micro-batches in rounds of parallel.pp={pp}: {m} micro-batches per step "
+                              f"(global_batch / (micro_batch x dp)) do not make whole rounds",
+                              f"use a multiple of pp micro-batches, e.g. global_batch = "
+                              f"{good[0] * self.micro_batch * self.dp} or {good[1] * self.micro_batch * self.dp}, or "
+                              f"pipeline_schedule=1f1b")]
+
+    def _pipeline_schedule_problems(self, model_cfg) -> list[Problem]:
         """Virtual stages and the schedule: each of the pp x vpp chunks needs a decoder layer; 1F1B runs one chunk
         per rank, interleaved 1F1B several."""
-        out: list[LayoutProblem] = []
+        out: list[Problem] = []
         pp, vpp, layers = self.pp, self.vpp, model_cfg.num_layers
         if vpp > 1 and pp == 1:
-            out.append(LayoutProblem("parallel.vpp", f"parallel.vpp={vpp} with parallel.pp=1: virtual stages split a "
+            out.append(Problem("parallel.vpp", f"parallel.vpp={vpp} with parallel.pp=1: virtual stages split a "
                                      "pipeline rank's layers, and there is no pipeline", "set parallel.vpp=1 or "
                                      "parallel.pp >= 2"))
         elif pp * vpp > layers and pp <= layers:
             fits = [v for v in range(1, layers // pp + 1)]
-            out.append(LayoutProblem("parallel.vpp", f"parallel.pp x vpp = {pp} x {vpp} = {pp * vpp} model chunks for "
+            out.append(Problem("parallel.vpp", f"parallel.pp x vpp = {pp} x {vpp} = {pp * vpp} model chunks for "
                                      f"model.num_layers={layers}: every chunk needs at least one decoder layer",
                                      f"use vpp in {fits}"))
         if self.schedule == "1f1b" and vpp > 1:
-            out.append(LayoutProblem("parallel.pipeline_schedule", f"parallel.pipeline_schedule=1f1b runs one model "
+            out.append(Problem("parallel.pipeline_schedule", f"parallel.pipeline_schedule=1f1b runs one model "
                                      f"chunk per pipeline rank, but parallel.vpp={vpp}", "use pipeline_schedule="
                                      "interleaved_1f1b (or auto, or zero_bubble), or set parallel.vpp=1"))
         elif self.schedule == "interleaved_1f1b" and vpp == 1 and pp > 1:
-            out.append(LayoutProblem("parallel.pipeline_schedule", "parallel.pipeline_schedule=interleaved_1f1b needs "
+            out.append(Problem("parallel.pipeline_schedule", "parallel.pipeline_schedule=interleaved_1f1b needs "
                                      "several model chunks per pipeline rank, but parallel.vpp=1",
                                      "set parallel.vpp >= 2 (e.g. 2), or use pipeline_schedule=1f1b"))
         return out
 
-    def _sequence_split_problems(self, model_cfg) -> list[LayoutProblem]:
+    def _sequence_split_problems(self, model_cfg) -> list[Problem]:
         """CP cuts each sequence into 2 x cp equal chunks (rank i holds chunks i and 2cp-1-i); SP then splits a CP
         rank's s / cp tokens over the TP ranks."""
-        out: list[LayoutProblem] = []
+        out: list[Problem] = []
         s, cp, tp = model_cfg.seq_length, self.cp, self.tp
         if cp > 1 and s % (2 * cp):
             fits = [c for c in range(1, min(s // 2, 2 * cp) + 1) if s % (2 * c) == 0]
-            out.append(LayoutProblem("parallel.cp", f"model.seq_length={s} is not divisible by 2 x parallel.cp = "
+            out.append(Problem("parallel.cp", f"model.seq_length={s} is not divisible by 2 x parallel.cp = "
                                      f"{2 * cp} (each CP rank holds two equal chunks of the sequence)",
                                      f"use cp in {fits} or a model.seq_length divisible by {2 * cp}"))
         elif self.sequence_parallel and tp > 1 and (s // cp) % tp:
-            out.append(LayoutProblem("parallel.sequence_parallel", f"parallel.sequence_parallel=true splits each "
+            out.append(Problem("parallel.sequence_parallel", f"parallel.sequence_parallel=true splits each "
                                      f"rank's model.seq_length / cp = {s // cp} tokens over parallel.tp={tp}, which "
                                      f"does not divide them", f"use a model.seq_length divisible by {tp * cp} or "
                                      "set parallel.sequence_parallel=false"))
         return out
 
-    def _expert_problems(self, model_cfg) -> list[LayoutProblem]:
+    def _expert_problems(self, model_cfg) -> list[Problem]:
         """The MoE / expert-parallel rules (model.moe and parallel.ep)."""
-        out: list[LayoutProblem] = []
+        out: list[Problem] = []
         moe, ep, data = model_cfg.moe, self.ep, self.data_axis
         if moe is None:
             if ep > 1:
-                out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} but the model has no experts (no model.moe)",
+                out.append(Problem("parallel.ep", f"parallel.ep={ep} but the model has no experts (no model.moe)",
                                          "set parallel.ep=1, or add a model.moe section"))
             return out
         if self.zero_stage == 3:
-            out.append(LayoutProblem("parallel.zero_stage", "parallel.zero_stage=3 with model.moe: DeepSpeed's ZeRO-3 "
+            out.append(Problem("parallel.zero_stage", "parallel.zero_stage=3 with model.moe: DeepSpeed's ZeRO-3 "
                                      "does not support mixture-of-experts parameters",
                                      "use parallel.zero_stage=1 or 2"))
         if ep > 1 and self.zero_stage == 0:
-            out.append(LayoutProblem("parallel.zero_stage", f"parallel.zero_stage=0 with parallel.ep={ep}: expert "
+            out.append(Problem("parallel.zero_stage", f"parallel.zero_stage=0 with parallel.ep={ep}: expert "
                                      "gradients are reduced over the expert-data-parallel group by DeepSpeed's ZeRO "
                                      "optimizer only", "use parallel.zero_stage=1 (or 2 with pp=1)"))
         axis = "dp" if self.cp == 1 else f"dp x cp = {self.dp} x {self.cp}"
         fits = [d for d in _divisors_upto(moe.num_experts, data) if data % d == 0]
         if moe.num_experts % ep:
-            out.append(LayoutProblem("parallel.ep", f"model.moe.num_experts={moe.num_experts} is not divisible by "
+            out.append(Problem("parallel.ep", f"model.moe.num_experts={moe.num_experts} is not divisible by "
                                      f"parallel.ep={ep} (each EP rank holds num_experts / ep whole experts)",
                                      f"use ep in {fits} (divisors of num_experts and of {axis}={data})"))
         elif data % ep:
             what = "the data-parallel degree dp" if self.cp == 1 else f"the data axis {axis}"
-            out.append(LayoutProblem("parallel.ep", f"parallel.ep={ep} does not divide {what}={data}: experts are "
+            out.append(Problem("parallel.ep", f"parallel.ep={ep} does not divide {what}={data}: experts are "
                                      f"split over ranks inside it", f"use ep in {fits} (divisors of num_experts and "
                                      f"of {data}), or change dp"))
         if self.tp > 1:
             out += self._expert_tp_problems(model_cfg)
         return out
 
-    def _expert_tp_problems(self, model_cfg) -> list[LayoutProblem]:
+    def _expert_tp_problems(self, model_cfg) -> list[Problem]:
         """Experts are split over TP like the dense MLP (megatron-core expert TP = TP); without sequence parallelism
         each TP rank routes 1/tp of its (CP rank's) sequence (the MoE layer is sequence-parallel inside)."""
-        out: list[LayoutProblem] = []
+        out: list[Problem] = []
         tp, cp, moe = self.tp, self.cp, model_cfg.moe
         sizes = [("model.moe.ffn_hidden_size", model_cfg.expert_ffn_size)]
         if moe.shared_expert_ffn_size:
             sizes.append(("model.moe.shared_expert_ffn_size", moe.shared_expert_ffn_size))
         for field, size in sizes:
             if size % tp:
-                out.append(LayoutProblem(field, f"{field}={size} is not divisible by parallel.tp={tp} (experts are "
+                out.append(Problem(field, f"{field}={size} is not divisible by parallel.tp={tp} (experts are "
                                          "split over TP ranks)", f"use a multiple of {tp}, or tp in "
                                          f"{_divisors_upto(size, tp)}"))
         s = model_cfg.seq_length
         local = s // cp  # a CP rank's tokens (when cp does not cut the sequence evenly, parallel.cp is refused)
         if (cp == 1 or s % (2 * cp) == 0) and local % tp and not self.sequence_parallel:  # SP: said above
             where = f"model.seq_length={s}" if cp == 1 else f"model.seq_length / cp = {s} / {cp} = {local}"
-            out.append(LayoutProblem("model.seq_length", f"{where} is not divisible by parallel.tp={tp}: each TP rank "
+            out.append(Problem("model.seq_length", f"{where} is not divisible by parallel.tp={tp}: each TP rank "
                                      "routes an equal slice of the sequence to the experts",
                                      f"use a model.seq_length divisible by {tp * cp}"))
         return out
@@ -297,7 +306,7 @@ class Layout:
 
 
 def resolve_layout(recipe, world_size: int | None = None, world_source: str | None = None,
-                   max_tp: int | None = None) -> tuple[Layout | None, list[LayoutProblem]]:
+                   max_tp: int | None = None) -> tuple[Layout | None, list[Problem]]:
     """The recipe's layout at `world_size` ranks (default: the cluster's) and every problem with it. The layout is
     None when the degrees do not fit the world size (then the problems say why). `world_source` says where the
     world size comes from, for the messages (e.g. "the hostfile selection")."""
@@ -305,18 +314,18 @@ def resolve_layout(recipe, world_size: int | None = None, world_source: str | No
     world = world_size if world_size is not None else cl.world_size
     source = world_source or f"{cl.nodes} nodes x {cl.gpus_per_node} GPUs"
     names, values, mp = _replica(p)
-    problems: list[LayoutProblem] = []
+    problems: list[Problem] = []
     dp = None
     if p.dp is not None:
         if mp * p.dp != world:
             fix = (f"set parallel.dp={world // mp} or remove parallel.dp to derive it" if world % mp == 0
                    else "remove parallel.dp to derive it") + f", or launch {mp * p.dp} ranks"
-            problems.append(LayoutProblem("parallel.dp", f"parallel.{names} x dp = {values} x {p.dp} = "
+            problems.append(Problem("parallel.dp", f"parallel.{names} x dp = {values} x {p.dp} = "
                                           f"{mp * p.dp} but the world size is {world} ({source})", fix))
         else:
             dp = p.dp
     elif world % mp:
-        problems.append(LayoutProblem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel."
+        problems.append(Problem("parallel.tp", f"world size {world} ({source}) is not divisible by parallel."
                                       f"{names} = {values}", f"launch a multiple of {names} = {mp} ranks, or choose "
                                       f"{names} among the divisors of {world}: {_divisors_upto(world, world)}"))
     else:

@@ -13,21 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from recipes.config.problem import Problem
 from recipes.planner.split_checks import empty_split_message, manifest_documents
 
 MANIFEST = "manifest.json"
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why a recipe cannot start: the field (or file) to change, what is wrong with the values, and the fix."""
-    field: str
-    message: str
-    fix: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.message}; {self.fix}" if self.fix else self.message
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.planner.data_checks import Problem
+from recipes.config.problem import Problem
 
 
 def path_problems(recipe) -> list[Problem]:

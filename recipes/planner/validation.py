@@ -29,7 +29,8 @@ from recipes.planner.assumptions import Assumptions
 from recipes.planner.calibration import assumptions_for
 from recipes.planner.cost import device_memory, estimate, format_memory
 from recipes.planner.search import CP_SEARCH_FROM
-from recipes.planner.data_checks import Problem, data_problems
+from recipes.config.problem import Problem
+from recipes.planner.data_checks import data_problems
 from recipes.planner.path_checks import path_problems
 from recipes.planner.units import format_duration
 

@@ -8,7 +8,8 @@ import orjson
 import pytest
 from tests.support.data_prep import read_all_docs, run_cli, tree_bytes, write_duplicated_corpus, write_jsonl
 
-from data_prep.curate import CurateSettings, CurationFailed, run
+from data_prep.curate import CurateSettings, run
+from data_prep.executors.base import UnitsFailed
 from data_prep.steps.filters import QualityConfig, QualityFilter
 from data_prep.steps.step_list import StepListError, parse_steps
 
@@ -257,7 +258,7 @@ def test_two_slices_by_stage_by_hand_equal_one_run_and_resubmit_per_stage(tmp_pa
     ref = _curate(inp, tmp_path / "ref", steps)
     assert ref["totals"]["removed"] == {"exact_dedup": {"duplicate": 3}, "minhash_dedup": {"near_duplicate": 3}}
     out = tmp_path / "out"
-    with pytest.raises(CurationFailed, match="--stage buckets needs --stage hash of every slice"):
+    with pytest.raises(UnitsFailed, match="--stage buckets needs --stage hash of every slice"):
         _curate(inp, out, steps, slice_index=0, slice_count=2, stage="buckets")
     cargs = ["curate", inp, "-o", out, "--steps", steps, "--shard-size", "20000"]
     for stage in ("hash", "buckets", "filter"):

@@ -9,7 +9,8 @@ import os
 import pytest
 from tests.support.data_prep import cli_here, write_jsonl
 
-from data_prep.pipeline import RunFailed, Settings, run
+from data_prep.executors.base import UnitsFailed
+from data_prep.pipeline import Settings, run
 from data_prep.read.probe import ProbeError
 
 pytestmark = pytest.mark.unit
@@ -52,7 +53,7 @@ def test_a_corrupt_or_truncated_gz_fails_its_unit_saying_a_rerun_will_not_help(t
     damaged[-6] ^= 0xFF  # inside the CRC-32 of the trailer: every byte decodes, the check fails
     (d / "flip.jsonl.gz").write_bytes(bytes(damaged))
     write_jsonl(d / "ok.jsonl", docs)
-    with pytest.raises(RunFailed) as e:
+    with pytest.raises(UnitsFailed) as e:
         run(_settings([d], tmp_path / "out", sp_model))
     msg = str(e.value)
     head, *lines = msg.splitlines()
