@@ -664,10 +664,10 @@ it, and the verdict rests on both counts:
 **Mixture of experts: the EP choice against Megatron-Core's.** Mixtral-8x7B on 64 H100 (8 nodes) at Megatron-Core's
 batch (256 x 4,096 tokens): its published mapping (TP1 x EP8 x PP4, VP8) and the planner's recommendation, both
 priced by the H100 calibration at imbalance 1.0 (the mapping's throughput row is in the table above). DeepSeek-V3's
-published layout (16-way PP, 64-way EP across 8 nodes, ZeRO-1 DP on 2,048 H800; DeepSeek-AI 2024, Sec. 3.2) is not
-priced: its multi-head latent attention, FP8 GEMMs and DualPipe overlap of the all-to-alls are outside this model
-(`models/deepseek-v3-like` replaces MLA by GQA); its cross-node EP is where the planner's all-to-all pricing puts the
-cost (each GPU's share of its node's NICs), which DualPipe was built to hide.
+published layout (16-way PP, 64-way EP across 8 nodes, ZeRO-1 DP on 2,048 H800; DeepSeek-AI 2024, Sec. 3.2) is priced
+beside the planner's in docs/moe.md (`models/deepseek-v3-like` is V3 with its MLA and MTP); its FP8 GEMMs and DualPipe
+overlap of the all-to-alls are outside this model, and its cross-node EP is where the planner's all-to-all pricing puts
+the cost (each GPU's share of its node's NICs), which DualPipe was built to hide.
 
 {{moe}}
 ## Learning from your own cluster: `plan --calibrate`

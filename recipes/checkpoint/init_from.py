@@ -146,7 +146,7 @@ def open_source(tag_dir: Path, model_cfg, moments: bool):
                 t = src.full(name, k)
                 src.release()  # only one tensor's pages held at a time
                 return t
-            return _Tensors(src.index, get)
+            return _Tensors(list(src.index) + (list(src.buffers) if k == "fp32" else []), get)
 
         step = float(src.step) if src.step is not None else None
         return OpenFullState(weights=kind("fp32"), moments=(kind("exp_avg"), kind("exp_avg_sq")) if moments else None,

@@ -18,21 +18,55 @@ class _Section(BaseModel):
 
 
 class RopeScalingConfig(_Section):
-    """RoPE frequency scaling of a long-context checkpoint. Only Llama 3.1's "llama3" scheme (transformers'
+    """RoPE frequency scaling of a long-context checkpoint, as transformers computes it. "llama3" (Llama 3.1,
     `_compute_llama3_parameters`): wavelengths above original_max_position_embeddings / low_freq_factor are divided
-    by `factor`, those below original / high_freq_factor kept, the band between interpolated."""
-    type: Literal["llama3"] = "llama3"
-    factor: float = Field(ge=1.0)  # Llama 3.1: 8, Llama 3.2: 32
+    by `factor`, those below original / high_freq_factor kept, the band between interpolated. "yarn" (DeepSeek-V3,
+    `_compute_yarn_parameters`, model.mla only): frequencies interpolated by `factor` outside the band of
+    beta_fast..beta_slow rotations, cos/sin times mscale(factor, mscale) / mscale(factor, mscale_all_dim) and the
+    softmax scale times mscale(factor, mscale_all_dim)^2."""
+    type: Literal["llama3", "yarn"] = "llama3"
+    factor: float = Field(ge=1.0)  # Llama 3.1: 8, Llama 3.2: 32, DeepSeek-V3: 40
     low_freq_factor: PositiveFloat = 1.0
     high_freq_factor: PositiveFloat = 4.0
     original_max_position_embeddings: PositiveInt = 8192
+    beta_fast: PositiveFloat = 32.0  # yarn
+    beta_slow: PositiveFloat = 1.0  # yarn
+    mscale: float = Field(default=0.0, ge=0)  # yarn (0 = unset; DeepSeek-V3: 1.0)
+    mscale_all_dim: float = Field(default=0.0, ge=0)  # yarn (0 = unset; DeepSeek-V3: 1.0)
 
     @model_validator(mode="after")
     def _band(self):
-        if self.high_freq_factor <= self.low_freq_factor:
+        if self.type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"model.rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
                              f"low_freq_factor={self.low_freq_factor} (Llama 3.1 uses 4.0 and 1.0)")
         return self
+
+
+class MLAConfig(_Section):
+    """Multi-head latent attention (DeepSeek-V2/V3; recipes.model.mla, docs/moe.md): queries through a low-rank
+    projection, keys and values through one shared latent of kv_lora_rank per token, and a decoupled RoPE part per
+    head whose key is shared by all heads. Names as transformers' DeepseekV3Config (megatron-core's in comments)."""
+    q_lora_rank: Optional[PositiveInt] = None  # None = one full query projection (DeepSeek-V2-Lite); V3: 1536
+    kv_lora_rank: PositiveInt  # the latent keys and values come from (V3: 512)
+    qk_nope_head_dim: PositiveInt  # per head, the query/key part without RoPE (megatron qk_head_dim; V3: 128)
+    qk_rope_head_dim: PositiveInt  # per head, the RoPE part (megatron qk_pos_emb_head_dim; V3: 64)
+    v_head_dim: PositiveInt  # per head, the value width (V3: 128)
+
+    @field_validator("qk_rope_head_dim")
+    @classmethod
+    def _even(cls, value):
+        if value % 2:
+            raise ValueError(f"model.mla.qk_rope_head_dim={value}: RoPE rotates pairs of dimensions; use an even size")
+        return value
+
+
+class MTPConfig(_Section):
+    """Multi-token prediction (DeepSeek-V3; recipes.model.mtp, docs/moe.md): num_layers extra depths after the last
+    decoder layer, depth k predicting the token k + 1 ahead through its own decoder layer, sharing the embedding and
+    the output head. Trained with loss_weight / num_layers x the sum of the depths' losses; transformers runs them as
+    draft layers (generate(use_mtp=True)) or ignores them."""
+    num_layers: PositiveInt = 1  # prediction depths D (HF num_nextn_predict_layers; V3: 1)
+    loss_weight: float = Field(default=0.1, gt=0)  # lambda (V3: 0.3 for the first 10T tokens, then 0.1)
 
 
 class MoEConfig(_Section):
@@ -57,6 +91,22 @@ class MoEConfig(_Section):
     # first_k_dense_replace) then keeps the first layers dense
     layer_pattern: Union[PositiveInt, list[Literal[0, 1]]] = 1
     first_dense_layers: int = Field(default=0, ge=0)
+    # DeepSeek-V3 routing (recipes.model.deepseek_routing, docs/moe.md). "sigmoid": each expert scored on its own
+    # (sigmoid of its logit), the chosen experts' scores renormalized when normalize_top_k; "softmax": Mixtral's
+    score_function: Literal["softmax", "sigmoid"] = "softmax"
+    # group-limited routing (HF n_group / topk_group): the experts in num_groups equal groups, a token's top_k chosen
+    # only from its group_top_k best groups (a group scored by the sum of its 2 best scores); None = no groups
+    num_groups: Optional[PositiveInt] = None
+    group_top_k: Optional[PositiveInt] = None
+    routed_scaling_factor: PositiveFloat = 1.0  # the routed experts' weights times this (V3: 2.5)
+    # auxiliary-loss-free balancing (sigmoid routing): a per-expert bias added to the scores only to choose the
+    # experts, after every step moved by bias_update_rate up for experts below the mean load of the global batch and
+    # down for those above it (V3: 0.001); kept in the checkpoint (HF e_score_correction_bias)
+    expert_bias: bool = False
+    bias_update_rate: float = Field(default=1e-3, ge=0)
+    # the load-balancing loss per sequence, averaged over the micro-batch's sequences (V3's complementary
+    # sequence-wise loss, megatron-core seq_aux_loss), instead of over the micro-batch's tokens
+    aux_loss_per_sequence: bool = False
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has the MoE MLP."""
@@ -93,12 +143,32 @@ class ModelConfig(_Section):
     head_dim: Optional[PositiveInt] = None
     qk_norm: bool = False  # RMSNorm / LayerNorm of each query and key head before RoPE (Qwen3; megatron qk_layernorm)
     moe: Optional[MoEConfig] = None  # None = every decoder layer has a dense MLP
+    mla: Optional[MLAConfig] = None  # None = grouped-query attention (num_query_groups, head_dim)
+    mtp: Optional[MTPConfig] = None  # None = next-token prediction only
 
     @model_validator(mode="after")
     def _rope_options(self):
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise ValueError(f"model.rope_scaling is set but model.position_embedding={self.position_embedding}; "
                              "remove rope_scaling or use position_embedding: rope")
+        if self.rope_scaling is not None and self.rope_scaling.type == "yarn" and self.mla is None:
+            raise ValueError("model.rope_scaling.type=yarn is supported with model.mla (DeepSeek-V3's RoPE) only; "
+                             "use type llama3, or no rope_scaling")
+        return self
+
+    @model_validator(mode="after")
+    def _mtp_options(self):
+        if self.mtp is not None and self.position_embedding != "rope":
+            raise ValueError(f"model.mtp with model.position_embedding={self.position_embedding}: the prediction "
+                             "depths embed tokens with the word embedding only (DeepSeek-V3's); use rope or remove "
+                             "model.mtp")
+        return self
+
+    @model_validator(mode="after")
+    def _mla_options(self):
+        problems = mla_problems(self) if self.mla is not None else []
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -132,6 +202,11 @@ class ModelConfig(_Section):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def rope_head_dim(self) -> int:
+        """Width of the part of a head that RoPE rotates (the whole head, or MLA's decoupled part)."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.kv_channels
+
+    @property
     def expert_ffn_size(self) -> int:
         """FFN size of one routed expert (model.moe.ffn_hidden_size, default the dense ffn size)."""
         return (self.moe.ffn_hidden_size if self.moe is not None else None) or self.ffn_size
@@ -140,10 +215,42 @@ class ModelConfig(_Section):
         """Whether decoder layer `index` (0-based) has the MoE MLP (model.moe.layer_pattern)."""
         return self.moe is not None and self.moe.is_moe_layer(index)
 
+    @property
+    def mtp_depths(self) -> int:
+        return self.mtp.num_layers if self.mtp is not None else 0
+
+    @property
+    def mtp_is_moe(self) -> bool:
+        """A prediction depth's layer has the MoE MLP when the last decoder layer has (DeepSeek-V3's)."""
+        return self.mtp is not None and self.is_moe_layer(self.num_layers - 1)
+
+    def moe_layer_numbers(self) -> list[int]:
+        """Pipeline indices (recipes.model.layers) of the layers with the MoE MLP: decoder layers 1..L, then the
+        prediction depths L+3 .. L+2+D."""
+        L = self.num_layers
+        numbers = [i + 1 for i in range(L) if self.is_moe_layer(i)]
+        return numbers + ([L + 2 + k for k in range(1, self.mtp_depths + 1)] if self.mtp_is_moe else [])
+
     def padded_vocab_size(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp."""
         m = self.make_vocab_size_divisible_by * tp
         return ((self.vocab_size + m - 1) // m) * m
+
+
+def mla_problems(m: "ModelConfig") -> list[str]:
+    """What model.mla cannot be combined with, each with the fix."""
+    out = []
+    if m.position_embedding != "rope":
+        out.append(f"model.mla with model.position_embedding={m.position_embedding}: MLA's decoupled keys carry RoPE; "
+                   "set position_embedding: rope")
+    if m.num_query_groups not in (None, m.num_attention_heads):
+        out.append(f"model.mla with model.num_query_groups={m.num_query_groups}: every MLA head has its own key and "
+                   "value (from the shared latent); remove num_query_groups")
+    for field in ("head_dim", "qk_norm", "add_qkv_bias", "add_bias_linear"):
+        if getattr(m, field):
+            out.append(f"model.mla with model.{field}={getattr(m, field)}: MLA's head widths are model.mla's "
+                       f"(qk_nope/qk_rope/v_head_dim) and it has no biases or per-head norms; remove model.{field}")
+    return out
 
 
 def moe_problems(m: "ModelConfig") -> list[str]:
@@ -156,6 +263,7 @@ def moe_problems(m: "ModelConfig") -> list[str]:
         out.append("model.moe.top_k=1 with normalize_top_k=true: one renormalized probability is always 1 and the "
                    "router gets no gradient; set model.moe.normalize_top_k=false (softmax over all experts, Switch "
                    "style) or top_k >= 2")
+    out += _routing_problems(moe)
     if moe.shared_expert_gate and moe.shared_expert_ffn_size is None:
         out.append("model.moe.shared_expert_gate=true without model.moe.shared_expert_ffn_size: there is no shared "
                    "expert to gate; set shared_expert_ffn_size (Qwen2-MoE: 4x the expert size) or remove the gate")
@@ -173,6 +281,26 @@ def moe_problems(m: "ModelConfig") -> list[str]:
     elif not any(moe.is_moe_layer(i) for i in range(L)):
         out.append(f"model.moe.layer_pattern={moe.layer_pattern} with first_dense_layers={moe.first_dense_layers} "
                    f"leaves no MoE layer among the {L} layers; lower first_dense_layers or remove model.moe")
+    return out
+
+
+def _routing_problems(moe: MoEConfig) -> list[str]:
+    """DeepSeek-V3 routing options that do not fit together, each with the fix."""
+    out = []
+    if (moe.num_groups is None) != (moe.group_top_k is None):
+        out.append("model.moe.num_groups and model.moe.group_top_k come together (DeepSeek-V3: 8 and 4); set both or "
+                   "neither")
+    elif moe.num_groups is not None:
+        size = moe.num_experts // moe.num_groups
+        if moe.num_experts % moe.num_groups or size < 2:
+            out.append(f"model.moe.num_groups={moe.num_groups} must split model.moe.num_experts={moe.num_experts} "
+                       "into equal groups of 2 or more experts (a group is scored by its 2 best)")
+        elif moe.group_top_k > moe.num_groups or moe.top_k > moe.group_top_k * size:
+            out.append(f"model.moe.group_top_k={moe.group_top_k} groups of {size} experts cannot hold top_k="
+                       f"{moe.top_k} experts (or exceeds num_groups={moe.num_groups}); raise group_top_k")
+    if moe.expert_bias and moe.score_function != "sigmoid":
+        out.append("model.moe.expert_bias=true needs model.moe.score_function=sigmoid (the bias shifts sigmoid scores, "
+                   "as DeepSeek-V3's aux-loss-free balancing does)")
     return out
 
 

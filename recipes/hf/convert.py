@@ -8,6 +8,7 @@ Families:
                                           zero biases when the recipe has none; GQA key/value heads repeated)
   * rope + rmsnorm + swiglu + model.moe -> `MixtralForCausalLM`, `Qwen2MoeForCausalLM` or `Qwen3MoeForCausalLM`
                                           (recipes.hf.moe_families: which one, their configs, import)
+  * model.mla (+ DeepSeek routing, model.mtp) -> `DeepseekV3ForCausalLM` (recipes.hf.deepseek)
   * anything else                      -> `UnsupportedModel` naming the option.
 Import reads Llama (1/2/3.x), Qwen2, Mistral, Mixtral, Qwen2-MoE and Qwen3-MoE configs; a sliding window only when it
 is >= model.seq_length (then a no-op), see `check_sliding_window`.
@@ -27,6 +28,10 @@ class UnsupportedModel(ValueError):
 
 def family(model_cfg) -> str:
     m = model_cfg
+    if m.mla is not None:  # multi-head latent attention: DeepSeek-V3 (recipes.hf.deepseek)
+        from recipes.hf.deepseek import check
+
+        return check(m)
     if (m.position_embedding, m.normalization, m.activation) == ("rope", "rmsnorm", "swiglu"):
         if m.moe is not None or m.qk_norm:
             from recipes.hf.moe_families import moe_family
@@ -164,8 +169,12 @@ def from_llama(hf: dict, m) -> OrderedDict:
 
 def _rope_parameters(m) -> dict:
     rope = {"rope_type": "default", "rope_theta": float(m.rotary_base)}
-    if m.rope_scaling is not None:
-        r = m.rope_scaling
+    r = m.rope_scaling
+    if r is not None and r.type == "yarn":  # DeepSeek-V3 (model.mla)
+        rope.update(rope_type="yarn", factor=float(r.factor), beta_fast=float(r.beta_fast),
+                    beta_slow=float(r.beta_slow), original_max_position_embeddings=r.original_max_position_embeddings,
+                    **{k: float(getattr(r, k)) for k in ("mscale", "mscale_all_dim") if getattr(r, k)})
+    elif r is not None:
         rope.update(rope_type=r.type, factor=float(r.factor), low_freq_factor=float(r.low_freq_factor),
                     high_freq_factor=float(r.high_freq_factor),
                     original_max_position_embeddings=r.original_max_position_embeddings)
@@ -246,11 +255,16 @@ def check_sliding_window(cfg, seq_length: int) -> None:
             "checkpoint without a window (e.g. Mistral v0.2+ has sliding_window null)")
 
 
-def model_fields_from_hf_config(cfg) -> dict:
-    """Recipe `model.*` fields of a transformers Llama / Qwen2 / Mistral config; refuses what our model cannot
-    represent exactly (the sliding window is checked against the recipe's seq_length by `check_sliding_window`)."""
+def model_fields_from_hf_config(cfg, hf_dir: str | None = None) -> dict:
+    """Recipe `model.*` fields of a transformers Llama / Qwen2 / Mistral config (MoE and DeepSeek-V3 configs: their
+    modules; `hf_dir`: where DeepSeek-V3's MTP depths are looked for); refuses what our model cannot represent
+    exactly (the sliding window is checked against the recipe's seq_length by `check_sliding_window`)."""
     problems = []
     model_type = getattr(cfg, "model_type", "llama")
+    if model_type == "deepseek_v3":
+        from recipes.hf.deepseek import model_fields, mtp_depths_in
+
+        return model_fields(cfg, _rope_fields, mtp_depths_in(hf_dir, cfg) if hf_dir else 0)
     if model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):
         from recipes.hf.moe_families import moe_model_fields
 
@@ -340,6 +354,10 @@ def to_hf(w: dict, m, tokenizer_ids: dict | None = None):
     """(transformers config, HF state dict) for the recipe's model section."""
     if family(m) in LLAMA_STYLE_ARCHITECTURES:
         return llama_style_config(m, tokenizer_ids), to_llama(w, m)
+    if m.mla is not None:
+        from recipes.hf.deepseek import deepseek_config, to_deepseek
+
+        return deepseek_config(m, tokenizer_ids), to_deepseek(w, m)
     if m.moe is not None:
         from recipes.hf.moe_families import moe_config
 

@@ -1,5 +1,5 @@
 """Export a training checkpoint (any TP x PP x DP, any ZeRO stage; experts at any EP) to a Hugging Face transformers
-model directory (Llama, Qwen2, GPT-2; Mixtral, Qwen2-MoE, Qwen3-MoE).
+model directory (Llama, Qwen2, GPT-2; Mixtral, Qwen2-MoE, Qwen3-MoE; DeepSeek-V3, its MTP depths in DeepSeek's layout).
 
     python -m recipes export-hf --checkpoint CKPT_DIR [--tag global_stepN] --out HF_DIR \
         [--config RECIPE [section.key=value ...]]
@@ -116,12 +116,26 @@ def write_tokenizer(sp_model: Path, out: Path) -> None:
     shutil.copy(sp_model, out / "tokenizer.model")
 
 
+def hf_tensors(weights: dict, m, tokenizer_ids: dict) -> tuple:
+    """(transformers config, the tensors its class holds, model.mtp's depths, which it does not: DeepSeek's layout
+    next to them, recipes.hf.deepseek)."""
+    from recipes.hf.convert import to_hf
+
+    config, hf_state = to_hf(weights, m, tokenizer_ids)
+    if m.mtp is None:
+        return config, hf_state, {}
+    from recipes.hf.deepseek import split_depths
+
+    return (config, *split_depths(hf_state, m))
+
+
 def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
     from recipes.checkpoint.format.read import read_full_state
-    from recipes.hf.convert import family, to_hf
+    from recipes.hf.convert import family
+    from recipes.hf.deepseek import write_depths
 
     family(recipe.model)  # refuse unsupported architectures before reading anything
     out = Path(out_dir)
@@ -137,7 +151,7 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
     if sp_model is not None and not sp_model.exists():
         raise FileNotFoundError(f"tokenizer {sp_model} (from data.tokenizer or the manifest) does not exist; set "
                                 "data.tokenizer=PATH to the sentencepiece .model")
-    config, hf_state = to_hf(state.weights, recipe.model, special_ids(sp_model))
+    config, hf_state, depths = hf_tensors(state.weights, recipe.model, special_ids(sp_model))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
@@ -150,6 +164,8 @@ def export(ckpt_dir: str, out_dir: str, recipe, tag: str | None = None) -> Path:
         model.tie_weights()
         model.generation_config.do_sample = False
         model.save_pretrained(str(tmp))
+        if depths:  # DeepSeek-V3's MTP depths, which the transformers class does not hold
+            write_depths(tmp, depths)
         if sp_model is not None:
             write_tokenizer(sp_model, tmp)
         else:

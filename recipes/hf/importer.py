@@ -1,5 +1,5 @@
 """Import a Hugging Face transformers Llama-style model directory (Llama 1/2/3.x, Qwen2, Mistral; Mixtral, Qwen2-MoE,
-Qwen3-MoE) as a training checkpoint at a chosen layout, for continued pretraining (step 0, fresh optimizer, the model's weights).
+Qwen3-MoE; DeepSeek-V3 with its MTP depths) as a training checkpoint at a chosen layout, for continued pretraining (step 0, fresh optimizer, the model's weights).
 
     python -m recipes import-hf --hf HF_DIR --out CKPT_DIR --config RECIPE [parallel.tp=2 parallel.pp=2 ...]
     python -m recipes train --config RECIPE --local N ... checkpoint.dir=CKPT_DIR   # same overrides
@@ -57,7 +57,7 @@ def hf_recipe(hf_dir: str, config: str, overrides: list[str]):
 
     check_hf_dir(hf_dir)
     cfg = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
-    fields = model_fields_from_hf_config(cfg)
+    fields = model_fields_from_hf_config(cfg, hf_dir)
     model_overrides = []
     for k, v in fields.items():
         if isinstance(v, dict):  # a sub-section (rope_scaling, moe): key by key
@@ -84,7 +84,6 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     from transformers import AutoModelForCausalLM
 
     from recipes.train.state_writer import publish_checkpoint
-    from recipes.hf.convert import from_llama
     from recipes.train.cli import validate_recipe
 
     p = recipe.parallel
@@ -93,7 +92,7 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     out = Path(out_dir)
     check_out_dir(out_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    weights = from_llama(model.state_dict(), recipe.model)
+    weights = hf_weights(hf_dir, model.state_dict(), recipe.model)
     del model
     meta = {"client_state": {"step": 0, "consumed_samples": 0, "nan_skips_total": 0},
             "source": str(Path(hf_dir).resolve())}
@@ -104,10 +103,22 @@ def import_hf(hf_dir: str, out_dir: str, recipe, quiet: bool = False) -> Path:
     return out
 
 
+def hf_weights(hf_dir: str, hf_state: dict, m) -> dict:
+    """Canonical full weights of a transformers model's state dict (and, for DeepSeek-V3, its MTP depths, which
+    transformers does not load: read from the directory's safetensors files)."""
+    if m.mla is not None:
+        from recipes.hf.deepseek import depth_tensors, from_deepseek
+
+        return from_deepseek({**hf_state, **depth_tensors(hf_dir, m.num_layers, m.mtp_depths)}, m)
+    from recipes.hf.convert import from_llama
+
+    return from_llama(hf_state, m)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = command_parser("python -m recipes import-hf", __doc__)
     ap.add_argument("--hf", required=True, help="transformers model directory (Llama, Qwen2, Mistral, Mixtral, "
-                    "Qwen2-MoE or Qwen3-MoE)")
+                    "Qwen2-MoE, Qwen3-MoE or DeepSeek-V3)")
     ap.add_argument("--out", required=True, help="training checkpoint directory to create")
     ap.add_argument("--config", required=True, help="recipe for training/data/layout (model comes from --hf)")
     ap.add_argument("--quiet", action="store_true")

@@ -53,11 +53,12 @@ def _sequence_order(seq_length: int, cp: int, device) -> torch.Tensor:
 
 
 def gather_keys_values(key, value, group):
-    """Local key/value [s/cp, b, groups, d] -> the whole sequence's [s, b, groups, d], in sequence order."""
+    """Local key/value [s/cp, b, groups, d] -> the whole sequence's [s, b, groups, d], in sequence order (key and
+    value may differ in d: MLA's values are narrower than its keys)."""
     cp = group.size()
-    both = _GatherSequence.apply(torch.cat([key, value], dim=2), group)
+    both = _GatherSequence.apply(torch.cat([key, value], dim=3), group)
     both = both.index_select(0, _sequence_order(both.shape[0], cp, both.device))
-    return both.split(key.shape[2], dim=2)
+    return both.split([key.shape[3], value.shape[3]], dim=3)
 
 
 def context_mask(q_positions: torch.Tensor, seq_length: int, docs: torch.Tensor | None) -> torch.Tensor:

@@ -81,7 +81,7 @@ def check_attention_backend(recipe, device: torch.device) -> str:
     """Say which SDPA kernel the model's attention runs on, and refuse a silent math fallback on CUDA."""
     m, tr = recipe.model, recipe.training
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tr.precision, torch.float32)
-    head_dim = m.kv_channels
+    head_dim = m.kv_channels if m.mla is None else m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
     tp = recipe.parallel.tp
     seq = min(m.seq_length, 8192)  # the kernel choice does not hinge on length; a 128k-token probe would cost a GB
     backend = sdpa_backend(head_dim, m.num_attention_heads // tp, m.query_groups // tp, seq, dtype, device)

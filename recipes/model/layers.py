@@ -61,6 +61,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -113,22 +114,36 @@ def transformer_config(model_cfg, tp: int, sequence_parallel: bool = False, fuse
         # "selective" needs no megatron recompute here: SDPA (flash on GPU) never stores the s x s scores.
         recompute_granularity=None,
         cuda_graph_scope=[],  # the whole layer, spelled the non-deprecated way (the default "full" warns per rank)
+        mtp_num_layers=model_cfg.mtp_depths or None,  # sizes megatron-core's per-layer aux-loss trackers
     )
     if fused:
         from recipes.model.fast_path import fused_config_kwargs
 
         kwargs.update(fused_config_kwargs(model_cfg))
-    if model_cfg.moe is not None:
-        import warnings
+    return _config_with_variants(model_cfg, kwargs, ep)
 
+
+def _config_with_variants(model_cfg, kwargs: dict, ep: int) -> TransformerConfig:
+    """The config with model.mla's fields (megatron-core's MLATransformerConfig, recipes.model.mla) and model.moe's
+    (recipes.model.moe)."""
+    import warnings
+
+    config_class = TransformerConfig
+    if model_cfg.mla is not None:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        from recipes.model.mla import mla_config_kwargs, softmax_scale
+
+        kwargs.update(mla_config_kwargs(model_cfg), softmax_scale=softmax_scale(model_cfg))
+        config_class = MLATransformerConfig
+    if model_cfg.moe is not None:
         from recipes.model.moe import moe_config_kwargs
 
         kwargs.update(moe_config_kwargs(model_cfg, ep))
-        with warnings.catch_warnings():
-            # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
-            warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
-            return TransformerConfig(**kwargs)
-    return TransformerConfig(**kwargs)
+    with warnings.catch_warnings():
+        # "sequence parallelism must be used" with EP x TP: our MoE layer splits the sequence over TP itself
+        warnings.filterwarnings("ignore", message=".*sequence parallelism must be used")
+        return config_class(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- building blocks
@@ -270,6 +285,10 @@ def rope_inv_freq(head_dim: int, base: float, scaling=None) -> torch.Tensor:
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
     if scaling is None:
         return inv_freq
+    if scaling.type == "yarn":
+        from recipes.model.mla import yarn_inv_freq
+
+        return yarn_inv_freq(head_dim, base, scaling)
     factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
     old_context = scaling.original_max_position_embeddings
     low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
@@ -309,6 +328,11 @@ def layer_spec(config: TransformerConfig):
     spec.submodules.pre_mlp_layernorm = TorchNorm
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.causal}
+    if getattr(config, "multi_latent_attention", False):
+        from recipes.model.mla import LatentAttention
+
+        params = spec.submodules.self_attention.params
+        spec.submodules.self_attention = ModuleSpec(module=LatentAttention, params=params)
     if config.qk_layernorm:
         spec.submodules.self_attention.submodules.q_layernorm = HeadNorm
         spec.submodules.self_attention.submodules.k_layernorm = HeadNorm
@@ -400,7 +424,7 @@ class DecoderLayerPipe(TransformerLayer):
         # must stay fp32 (bf16 would be off by whole radians at long positions).
         self._rope = None
         if self.use_rope:
-            self._rope = rope_table(model_cfg.seq_length, config.kv_channels, model_cfg.rotary_base,
+            self._rope = rope_table(model_cfg.seq_length, model_cfg.rope_head_dim, model_cfg.rotary_base,
                                     model_cfg.rope_scaling)
 
     def forward(self, inputs):
@@ -504,16 +528,22 @@ class VocabParallelLoss:
 
 
 # ------------------------------------------------------------------------------------------------ layers / stacks
-def layer_builders(model_cfg, config: TransformerConfig, seed: int) -> list:
+def layer_builders(model_cfg, config: TransformerConfig, seed: int) -> dict:
     """index -> a function that builds that layer (see the module docstring for the numbering); a tied model has no
-    index L+2 (its head is layer 0's embedding)."""
+    index L+2 (its head is layer 0's embedding); model.mtp's prediction depths are L+3 .. L+2+D (recipes.model.mtp)."""
     L = model_cfg.num_layers
-    builders = [partial(EmbeddingPipe, config, model_cfg, seed)]
-    builders += [partial(MoEDecoderLayerPipe if model_cfg.is_moe_layer(i - 1) else DecoderLayerPipe, config, model_cfg,
-                         i, seed + SEED_STRIDE * i) for i in range(1, L + 1)]
-    builders.append(partial(FinalNormPipe, config))
+    builders = {0: partial(EmbeddingPipe, config, model_cfg, seed)}
+    builders.update({i: partial(MoEDecoderLayerPipe if model_cfg.is_moe_layer(i - 1) else DecoderLayerPipe, config,
+                                model_cfg, i, seed + SEED_STRIDE * i) for i in range(1, L + 1)})
+    builders[L + 1] = partial(FinalNormPipe, config)
     if not model_cfg.tied_embeddings:
-        builders.append(partial(OutputHeadPipe, config, model_cfg, seed + SEED_STRIDE * (L + 2)))
+        builders[L + 2] = partial(OutputHeadPipe, config, model_cfg, seed + SEED_STRIDE * (L + 2))
+    if model_cfg.mtp is not None:
+        from recipes.model.mtp import depth_class
+
+        depths = range(L + 3, L + 3 + model_cfg.mtp_depths)
+        builders.update({i: partial(depth_class(model_cfg), config, model_cfg, i, seed + SEED_STRIDE * i)
+                         for i in depths})
     return builders
 
 
@@ -533,8 +563,8 @@ class TiedHeadCopy(EmbeddingPipe):
 
 class DecoderStack(nn.Module):
     """Layers `indices` of the model (recipes.parallel.partition's numbering) as children "0", "3", ...: the names
-    of the parameters do not depend on the layout. `tied_copy`: this rank holds the tied head of a pipeline (a
-    `TiedHeadCopy` as child "0")."""
+    of the parameters do not depend on the layout. `tied_copy`: this rank holds the last chunk of a pipeline whose
+    embedding is also used there (tied head, model.mtp's depths): a `TiedHeadCopy` as child "0"."""
 
     def __init__(self, recipe, layout, indices: list[int], tied_copy: bool = False):
         super().__init__()
@@ -544,24 +574,56 @@ class DecoderStack(nn.Module):
         config = transformer_config(m, layout.tp, layout.sequence_parallel, fusions_enabled(recipe), layout.ep)
         self.recompute_full = layout.recompute == "full"
         self.tied = m.tied_embeddings
+        self.shares_embedding = m.tied_embeddings or m.mtp is not None  # the last chunk uses layer 0's embedding
         self.head_index = m.num_layers + 2
         self.loss_fn = VocabParallelLoss(m.vocab_size)
+        if m.mtp is not None:
+            from recipes.model.mtp import MTPLoss
+
+            self.loss_fn = MTPLoss(self.loss_fn, m.mtp_depths, m.mtp.loss_weight)
         builders = layer_builders(m, config, recipe.training.seed)
         held = sorted(set(indices) | ({0} if tied_copy else set()))
         for i in held:
             if i == 0 and tied_copy:
                 self.add_module("0", TiedHeadCopy(config, m, recipe.training.seed))
-            elif i < len(builders):
+            elif i in builders:
                 self.add_module(str(i), builders[i]())
 
-    def run(self, indices: list[int], x):
+    def run(self, indices: list[int], x, mtp_labels=None):
         """Layers `indices` in order on x: tokens (or (tokens, position_ids)) into layer 0, hidden states between,
-        vocab-parallel logits out of the head."""
+        vocab-parallel logits out of the head; a chunk holding model.mtp's depths returns theirs after the head's
+        (recipes.model.mtp), from the final norm's output and the labels."""
+        depths = [i for i in indices if i > self.head_index]
+        trunk = None
         for i in indices:
+            if i > self.head_index:
+                break
+            positions = x[1] if depths and isinstance(x, tuple) else None  # (document masking)
             x = self._layer(i, x)
+            if depths and i == self.head_index - 1:
+                trunk = (x, positions)  # the main model's final (normed) hidden state: what the depths start from
+        if depths:
+            x = self._depths(depths, x, trunk, mtp_labels)
         if isinstance(x, tuple):  # (hidden, position_ids) leaving a chunk that ends before the final norm
             x = x[0]
         return x
+
+    def _depths(self, depths: list[int], logits, trunk, labels):
+        """model.mtp: each depth's logits after the main ones, [(1 + D) s, b, V/t]."""
+        from recipes.model.mtp import depth_inputs
+
+        hidden, position_ids = trunk
+        embedding, out = getattr(self, "0"), [logits]
+        for k, i in enumerate(depths, 1):
+            layer = getattr(self, str(i))
+            embedded = EmbeddingPipe.forward(embedding, depth_inputs(labels, k))  # the word embedding only (rope)
+            args = (hidden, embedded, position_ids)
+            if self.recompute_full and torch.is_grad_enabled():
+                hidden = torch.utils.checkpoint.checkpoint(layer.depth, *args, use_reentrant=False)
+            else:
+                hidden = layer.depth(*args)
+            out.append(self._layer(self.head_index, layer.final_layernorm(hidden)))
+        return torch.cat(out, dim=0)
 
     def _layer(self, i: int, x):
         if self.tied and i == self.head_index:
@@ -587,11 +649,13 @@ class StageChunk(nn.Module):
                 self.add_module(f"layer_{i}", getattr(stack, str(i)))
         if stack.tied and stack.head_index in self.indices:
             self.add_module("tied_head", getattr(stack, "0"))
+        if stack.shares_embedding and self.indices[-1] > stack.head_index and 0 not in self.indices:
+            self.add_module("mtp_embedding", getattr(stack, "0"))  # model.mtp's depths embed tokens with it
 
-    def forward(self, x, position_ids=None):
+    def forward(self, x, position_ids=None, mtp_labels=None):
         if position_ids is not None:
             x = (x, position_ids)
-        return self._stack.run(self.indices, x)
+        return self._stack.run(self.indices, x, mtp_labels)
 
 
 class PlainDecoder(DecoderStack):
@@ -601,16 +665,20 @@ class PlainDecoder(DecoderStack):
     Children are named "0", "1", ... by layer index."""
 
     def __init__(self, recipe, layout):
-        L = recipe.model.num_layers
-        super().__init__(recipe, layout, list(range(L + 2 + (0 if recipe.model.tied_embeddings else 1))))
-        self.order = list(range(L + 3))
-        self.num_pipe_layers = L + 3
+        m = recipe.model
+        L = m.num_layers
+        super().__init__(recipe, layout, list(range(L + 3 + m.mtp_depths)))
+        self.order = list(range(L + 3 + m.mtp_depths))
+        self.num_pipe_layers = L + 3 + m.mtp_depths
 
-    def logits(self, inputs):
-        return self.run(self.order, inputs)
+    def logits(self, inputs, mtp_labels=None):
+        """Vocab-parallel logits [s, b, V/t]; with `mtp_labels` (model.mtp) each depth's after them."""
+        order = self.order if mtp_labels is not None else [i for i in self.order if i <= self.head_index]
+        return self.run(order, inputs, mtp_labels)
 
     def forward(self, inputs, labels, loss_mask):
-        return self.loss_fn(self.logits(inputs), (labels, loss_mask))
+        return self.loss_fn(self.logits(inputs, labels if self.order[-1] > self.head_index else None),
+                            (labels, loss_mask))
 
 
 def swiglu_fc1_full_order(shards: list[torch.Tensor]) -> torch.Tensor:

@@ -46,6 +46,7 @@ from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler, z_loss
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
 
+from recipes.model.deepseek_routing import add_bias_buffers, sigmoid_routing
 from recipes.model.moe_dispatch import AllToAllDispatcher, gather_sequence, scatter_sequence
 
 EXPERT_SEED_OFFSET = 1_000_003  # expert e of the layer seeded s draws from s + EXPERT_SEED_OFFSET + e
@@ -60,11 +61,15 @@ def moe_config_kwargs(model_cfg, ep: int) -> dict:
     return dict(
         num_moe_experts=moe.num_experts, moe_router_topk=moe.top_k, moe_ffn_hidden_size=model_cfg.expert_ffn_size,
         moe_shared_expert_intermediate_size=moe.shared_expert_ffn_size, moe_shared_expert_gate=moe.shared_expert_gate,
-        moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
+        moe_router_load_balancing_type=(("seq_aux_loss" if moe.aux_loss_per_sequence else "aux_loss")
+                                        if moe.aux_loss_coeff > 0 else "none"),
         moe_aux_loss_coeff=moe.aux_loss_coeff, moe_z_loss_coeff=moe.z_loss_coeff or None,
         moe_expert_capacity_factor=moe.capacity_factor, moe_token_drop_policy=moe.drop_policy,
         moe_pad_expert_input_to_capacity=False, moe_router_pre_softmax=not moe.normalize_top_k,
-        moe_router_score_function="softmax", moe_router_dtype="fp32", moe_token_dispatcher_type="alltoall",
+        moe_router_score_function=moe.score_function, moe_router_dtype="fp32", moe_token_dispatcher_type="alltoall",
+        moe_router_num_groups=moe.num_groups, moe_router_group_topk=moe.group_top_k,
+        moe_router_topk_scaling_factor=moe.routed_scaling_factor if moe.routed_scaling_factor != 1.0 else None,
+        moe_router_enable_expert_bias=moe.expert_bias, moe_router_bias_update_rate=moe.bias_update_rate,
         moe_grouped_gemm=False, moe_permute_fusion=False, moe_router_fusion=False, expert_model_parallel_size=ep)
 
 
@@ -91,7 +96,15 @@ class Router(TopKRouter):
     recording the aux and z losses it attaches (for the routing statistics; recomputations are not counted twice)."""
 
     def __init__(self, config, pg_collection):
-        super().__init__(config=config, pg_collection=pg_collection)
+        expert_bias, config.moe_router_enable_expert_bias = config.moe_router_enable_expert_bias, False
+        try:  # megatron-core would allocate the expert bias on the current CUDA device: made here instead
+            super().__init__(config=config, pg_collection=pg_collection)
+        finally:
+            config.moe_router_enable_expert_bias = expert_bias
+        self.enable_expert_bias = expert_bias
+        if expert_bias:
+            add_bias_buffers(self, config.num_moe_experts)
+        self.normalize_top_k = not config.moe_router_pre_softmax  # (model.moe.normalize_top_k)
         self.aux = None  # on the loss's device: aux-loss sum, its count, z-loss sum, its count
 
     def _add(self, at: int, value: torch.Tensor) -> None:
@@ -105,6 +118,20 @@ class Router(TopKRouter):
         dtype = torch.float32 if self.config.moe_router_dtype == "fp32" else input.dtype
         bias = None if self.bias is None else self.bias.to(dtype)
         return F.linear(input.to(dtype), self.weight.to(dtype), bias)
+
+    def routing(self, logits, padding_mask=None):
+        if self.score_function == "sigmoid":  # DeepSeek-V3's choice (recipes.model.deepseek_routing)
+            return sigmoid_routing(self, logits)
+        return super().routing(logits, padding_mask)
+
+    def _apply_expert_bias(self, routing_map, padding_mask=None):
+        """The tokens each expert got, for aux-loss-free balancing: training forwards only, and once (a recomputed
+        forward routes the same tokens again). megatron-core's own is torch.compile'd: minutes on a CPU rank."""
+        if self.enable_expert_bias and torch.is_grad_enabled() and not _inside_backward():
+            if self.local_tokens_per_expert.dtype != torch.float32:  # DeepSpeed casts buffers to bf16 / fp16
+                self.local_tokens_per_expert.data = self.local_tokens_per_expert.data.float()
+            with torch.no_grad():
+                self.local_tokens_per_expert += routing_map.sum(dim=0)
 
     def attach_and_log_load_balancing_loss(self, activation, aux_loss_coeff, aux_loss, *args, **kwargs):
         self._add(0, aux_loss)  # this rank's share (with its coefficient); the TP shares add up
@@ -292,13 +319,14 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
     """Collective (every rank, same steps): routing statistics since the last call, for metrics.jsonl.
 
     Per step (the global batch), summed over the MoE layers unless per layer: `moe_tokens_per_expert` (one list per
-    MoE layer), `moe_dropped_tokens` (token-expert assignments over capacity, 0 when dropless), `moe_dropped_frac`,
-    `moe_load_imbalance` (busiest expert / mean, worst layer), `moe_aux_loss` and `moe_z_loss` (without their
-    coefficients, mean over MoE layers and micro-batches, as megatron-core logs them). TP ranks route disjoint
-    slices and DP ranks disjoint samples (their counts add up); each layer lives on one pipeline stage.
+    MoE layer, model.mtp's depths last), `moe_dropped_tokens` (token-expert assignments over capacity, 0 when
+    dropless), `moe_dropped_frac`, `moe_load_imbalance` (busiest expert / mean, worst layer), `moe_aux_loss` and
+    `moe_z_loss` (without their coefficients, mean over MoE layers and micro-batches, as megatron-core logs them); with
+    model.moe.expert_bias `moe_expert_bias` (one list per MoE layer, after this step's update). TP ranks route disjoint slices and DP ranks
+    disjoint samples (their counts add up); each layer lives on one pipeline stage.
     """
-    E, L = model_cfg.moe.num_experts, model_cfg.num_layers
-    table = torch.zeros(L, E + 3, dtype=torch.float64)
+    E, L = model_cfg.moe.num_experts, model_cfg.num_layers + 2 + model_cfg.mtp_depths  # rows: layer number - 1
+    table = torch.zeros(L, 2 * E + 4, dtype=torch.float64)  # counts, dropped, aux, z, ranks holding it, bias
     coeff, z_coeff = model_cfg.moe.aux_loss_coeff, model_cfg.moe.z_loss_coeff
     for layer in moe_layers(module):
         stats, aux = layer.take_stats()
@@ -307,10 +335,13 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
         row[:E + 1] = stats[:-1] / calls * micro_batches  # this rank's share of one step
         row[E + 1] = aux[0] / max(float(aux[1]), 1.0) / dp / (coeff or 1.0)  # TP shares add, DP ranks average
         row[E + 2] = aux[2] / max(float(aux[3]), 1.0) / dp / (z_coeff or 1.0)
+        row[E + 3] = 1.0
+        if layer.router.expert_bias is not None:
+            row[E + 4:] = layer.router.expert_bias.double().cpu()
     table = table.to(device)
     torch.distributed.all_reduce(table)
     table = table.cpu()
-    rows = [table[i] for i in range(L) if model_cfg.is_moe_layer(i)]
+    rows = [table[i - 1] for i in model_cfg.moe_layer_numbers()]  # decoder layers, then model.mtp's depths
     per_layer = [r[:E] for r in rows]
     routed = sum(float(r[:E + 1].sum()) for r in rows)
     dropped = sum(float(r[E]) for r in rows)
@@ -321,4 +352,6 @@ def routing_stats(module: nn.Module, model_cfg, micro_batches: int, dp: int, dev
         out["moe_aux_loss"] = sum(float(r[E + 1]) for r in rows) / len(rows)
     if z_coeff > 0:
         out["moe_z_loss"] = sum(float(r[E + 2]) for r in rows) / len(rows)
+    if model_cfg.moe.expert_bias:  # the same on every rank holding the layer: their sum over their number
+        out["moe_expert_bias"] = [[round(float(v), 7) for v in r[E + 4:] / r[E + 3]] for r in rows]
     return out

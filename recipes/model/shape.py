@@ -11,6 +11,27 @@ def norm_params(model_cfg) -> int:
     return h if model_cfg.normalization == "rmsnorm" else 2 * h
 
 
+def mla_matrices(model_cfg) -> tuple[int, int]:
+    """Weights of an MLA attention's matrices (recipes.model.mla) as (split over TP: the up-projections and the
+    output projection, held whole on every TP rank: the down-projections)."""
+    mla, h, n = model_cfg.mla, model_cfg.hidden_size, model_cfg.num_attention_heads
+    q_width = n * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    split = mla.kv_lora_rank * n * (mla.qk_nope_head_dim + mla.v_head_dim) + n * mla.v_head_dim * h
+    replicated = h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+    if mla.q_lora_rank is None:
+        split += h * q_width
+    else:
+        split += mla.q_lora_rank * q_width
+        replicated += h * mla.q_lora_rank
+    return split, replicated
+
+
+def _mla_norms(model_cfg) -> int:
+    """The latent norms of an MLA attention (q's only with a q_lora_rank), replicated."""
+    mla, per = model_cfg.mla, norm_params(model_cfg) // model_cfg.hidden_size
+    return per * (mla.kv_lora_rank + (mla.q_lora_rank or 0))
+
+
 def _layer_matrices(model_cfg) -> tuple[int, int, int]:
     """(weights of the layer's matrices, qkv output width, fc1 output width)."""
     h, f = model_cfg.hidden_size, model_cfg.ffn_size
@@ -18,7 +39,8 @@ def _layer_matrices(model_cfg) -> tuple[int, int, int]:
     q_out = model_cfg.num_attention_heads * head_dim  # = h unless model.head_dim says otherwise
     qkv_out = q_out + 2 * model_cfg.query_groups * head_dim
     fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
-    return h * qkv_out + q_out * h + h * fc1_out + f * h, qkv_out, fc1_out
+    attention = h * qkv_out + q_out * h if model_cfg.mla is None else sum(mla_matrices(model_cfg))
+    return attention + h * fc1_out + f * h, qkv_out, fc1_out
 
 
 def layer_parameters(model_cfg) -> tuple[int, int]:
@@ -30,6 +52,10 @@ def layer_parameters(model_cfg) -> tuple[int, int]:
     h = model_cfg.hidden_size
     split, qkv_out, fc1_out = _layer_matrices(model_cfg)
     replicated = 2 * norm_params(model_cfg)
+    if model_cfg.mla is not None:  # its down-projections and latent norms are held whole by every TP rank
+        mla_replicated = mla_matrices(model_cfg)[1]
+        split -= mla_replicated
+        replicated += mla_replicated + _mla_norms(model_cfg)
     if model_cfg.qk_norm:  # one norm of head_dim for the queries, one for the keys
         replicated += 2 * norm_params(model_cfg) // h * model_cfg.kv_channels
     if model_cfg.qkv_bias:  # add_bias_linear or add_qkv_bias (Qwen2)
@@ -65,17 +91,25 @@ def moe_layer_parameters(model_cfg) -> tuple[int, int, int]:
 def decoder_parameters(model_cfg, active: bool = False) -> int:
     """All decoder layers' parameters; `active`: only the top_k routed experts of each MoE layer count (what one
     token's forward pass uses, as MoE models are reported: Mixtral-8x7B 46.7B total, 12.9B active)."""
+    return sum(_one_layer(model_cfg, model_cfg.is_moe_layer(i), active) for i in range(model_cfg.num_layers))
+
+
+def _one_layer(model_cfg, moe: bool, active: bool) -> int:
     split, replicated = layer_parameters(model_cfg)
-    total = 0
-    for i in range(model_cfg.num_layers):
-        if not model_cfg.is_moe_layer(i):
-            total += split + replicated
-            continue
-        s, r, experts = moe_layer_parameters(model_cfg)
-        if active:
-            experts = experts // model_cfg.moe.num_experts * model_cfg.moe.top_k
-        total += s + r + experts
-    return total
+    if not moe:
+        return split + replicated
+    s, r, experts = moe_layer_parameters(model_cfg)
+    if active:
+        experts = experts // model_cfg.moe.num_experts * model_cfg.moe.top_k
+    return s + r + experts
+
+
+def mtp_parameters(model_cfg, active: bool = False) -> int:
+    """model.mtp's prediction depths (recipes.model.mtp): each a decoder layer (MoE when the last layer is) plus
+    eh_proj [h, 2h] and three norms (enorm, hnorm, final_layernorm); the embedding and head are the model's."""
+    h = model_cfg.hidden_size
+    per_depth = _one_layer(model_cfg, model_cfg.mtp_is_moe, active) + 2 * h * h + 3 * norm_params(model_cfg)
+    return model_cfg.mtp_depths * per_depth
 
 
 def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
@@ -83,7 +117,7 @@ def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
     `active`: counting only the top_k routed experts of each MoE layer (= count_parameters for a dense model)."""
     h = model_cfg.hidden_size
     v = model_cfg.padded_vocab_size(tp)
-    total = v * h + decoder_parameters(model_cfg, active) + norm_params(model_cfg)
+    total = v * h + decoder_parameters(model_cfg, active) + norm_params(model_cfg) + mtp_parameters(model_cfg, active)
     if model_cfg.position_embedding == "learned":
         total += model_cfg.seq_length * h
     if not model_cfg.tied_embeddings:
@@ -91,26 +125,37 @@ def count_parameters(model_cfg, tp: int = 1, active: bool = False) -> int:
     return total
 
 
+def attention_score_flops(model_cfg) -> float:
+    """QK^T and scores x V of one token against all s keys in one layer (the whole block): 2 s (query/key width +
+    value width) summed over the heads: 4 s h for multi-head attention, 2 s n (dn + dr + dv) for MLA."""
+    s, mla = model_cfg.seq_length, model_cfg.mla
+    if mla is None:
+        return 4.0 * s * model_cfg.hidden_size
+    return 2.0 * s * model_cfg.num_attention_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+
+
 def _forward_flops_per_token(model_cfg, causal: bool = False) -> tuple[float, float, float]:
     """(layer matmul FLOPs, attention-score FLOPs, output-layer FLOPs) of one token's forward pass.
 
     Matmuls: 2 FLOPs per weight of every layer matrix and of the output layer. Attention: QK^T and scores x V are
-    2*s*h each per token per layer, growing with s^2 per sequence. `causal=False` counts the whole s x s block (what a
-    kernel that computes the scores and then masks them executes); `causal=True` the lower triangle only (what a causal
-    model needs, and what flash kernels execute: they skip the masked blocks): half.
+    2*s*h each per token per layer, growing with s^2 per sequence (`attention_score_flops`). `causal=False` counts the
+    whole s x s block (what a kernel that computes the scores and then masks them executes); `causal=True` the lower
+    triangle only (what a causal model needs, and what flash kernels execute: they skip the masked blocks): half.
+    model.mtp's D depths are D more layers (of the last layer's kind), their eh_proj and D more output layers.
     """
     matrices, _, _ = _layer_matrices(model_cfg)  # biases are additions, not multiply-adds
-    h, L, s = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.seq_length
-    head = 2.0 * model_cfg.padded_vocab_size(1) * h
-    attn = 4.0 * L * s * h * (0.5 if causal else 1.0)
+    h, L, D = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.mtp_depths
+    head = 2.0 * model_cfg.padded_vocab_size(1) * h * (1 + D)
+    attn = (L + D) * attention_score_flops(model_cfg) * (0.5 if causal else 1.0)
+    depths = 2.0 * D * 2 * h * h  # eh_proj
     if model_cfg.moe is not None:  # active weights: router, top_k routed experts, the shared expert
         moe = model_cfg.moe
         moe_layer = (matrices - _mlp_matrices(model_cfg, model_cfg.ffn_size) + moe.num_experts * h
                      + moe.top_k * _mlp_matrices(model_cfg, model_cfg.expert_ffn_size)
                      + (_mlp_matrices(model_cfg, moe.shared_expert_ffn_size) if moe.shared_expert_ffn_size else 0))
-        n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L))
-        return 2.0 * ((L - n_moe) * matrices + n_moe * moe_layer), attn, head
-    return 2.0 * L * matrices, attn, head
+        n_moe = sum(model_cfg.is_moe_layer(i) for i in range(L)) + (D if model_cfg.mtp_is_moe else 0)
+        return 2.0 * ((L + D - n_moe) * matrices + n_moe * moe_layer) + depths, attn, head
+    return 2.0 * (L + D) * matrices + depths, attn, head
 
 
 def attention_flops_per_step(model_cfg, global_batch: int, recompute: str = "none", causal: bool = False) -> float:

@@ -34,6 +34,8 @@ GROUPS_OF_LAYER = {
     "MoEDecoderLayerPipe": frozenset({"decay", "no_decay", "experts"}),
     "FinalNormPipe": frozenset({"no_decay"}),
     "OutputHeadPipe": frozenset({"decay"}),
+    "MTPLayerPipe": frozenset({"decay", "no_decay"}),  # model.mtp's prediction depths (recipes.model.mtp)
+    "MoEMTPLayerPipe": frozenset({"decay", "no_decay", "experts"}),
 }
 
 
@@ -47,7 +49,8 @@ def layer_names(model_cfg) -> list[str]:
     head = "EmbeddingPipe" if model_cfg.tied_embeddings else "OutputHeadPipe"
     decoders = ["MoEDecoderLayerPipe" if model_cfg.is_moe_layer(i) else "DecoderLayerPipe"
                 for i in range(model_cfg.num_layers)]
-    return ["EmbeddingPipe"] + decoders + ["FinalNormPipe", head]
+    depths = ["MoEMTPLayerPipe" if model_cfg.mtp_is_moe else "MTPLayerPipe"] * model_cfg.mtp_depths
+    return ["EmbeddingPipe"] + decoders + ["FinalNormPipe", head] + depths
 
 
 def layer_weights(model_cfg, tp: int, partition: str, ep: int = 1) -> list[float]:
@@ -65,13 +68,22 @@ def layer_weights(model_cfg, tp: int, partition: str, ep: int = 1) -> list[float
     if model_cfg.moe is not None:
         m_split, m_rep, experts = moe_layer_parameters(model_cfg)
         count["MoEDecoderLayerPipe"] = m_split / tp + m_rep + experts / ep / tp
+    depth_extra = 2 * h * h / tp + 3 * norm_params(model_cfg)  # eh_proj, enorm, hnorm, final_layernorm
+    count["MTPLayerPipe"] = count["DecoderLayerPipe"] + depth_extra
+    count["MoEMTPLayerPipe"] = count.get("MoEDecoderLayerPipe", 0.0) + depth_extra
     return [count[n] for n in names]
 
 
 def chunk_boundaries(model_cfg, tp: int, chunks: int, partition: str, ep: int = 1) -> list[int]:
-    """The split into `chunks` virtual stages: chunk c holds specs [parts[c], parts[c + 1])."""
+    """The split into `chunks` virtual stages: chunk c holds specs [parts[c], parts[c + 1]). model.mtp's depths
+    stay in the last chunk with the final norm and the head (they need the hidden state before the norm)."""
     if partition == "parameters":
-        return balanced_split(layer_weights(model_cfg, tp, partition, ep), chunks)
+        weights = layer_weights(model_cfg, tp, partition, ep)
+        if not model_cfg.mtp_depths:
+            return balanced_split(weights, chunks)
+        end = model_cfg.num_layers + 1  # the final norm: it, the head and the depths weigh as one spec
+        parts = balanced_split(weights[:end] + [sum(weights[end:])], chunks)
+        return parts[:-1] + [len(weights)]
     L = model_cfg.num_layers
     if chunks > L:  # refused by validation (every chunk needs a decoder layer); some chunks stay empty
         return balanced_split(layer_weights(model_cfg, tp, partition, ep), chunks)

@@ -42,7 +42,7 @@ def build_pipeline_model(recipe, layout, pp_rank: int) -> PipelineModel:
     chunks = chunk_layers(m, layout.tp, layout.pp, layout.vpp, recipe.parallel.pipeline_partition, layout.ep)
     mine = virtual_stages(pp_rank, layout.pp, layout.vpp)
     held = sorted(i for v in mine for i in chunks[v])
-    tied_copy = m.tied_embeddings and len(chunks) - 1 in mine
+    tied_copy = (m.tied_embeddings or m.mtp is not None) and len(chunks) - 1 in mine  # the last chunk embeds too
     stack = DecoderStack(recipe, layout, held, tied_copy=tied_copy)
     return PipelineModel(stack=stack, chunks=[StageChunk(stack, chunks[v]) for v in mine], stages=mine,
                          num_stages=len(chunks))
@@ -65,6 +65,7 @@ class PipelineRunner:
         from recipes.parallel.torch_private import P2P_WAIT_CLOCK
 
         self.model, self.m, self.loss_fn = model, micro_batches, loss_fn
+        self.mtp = recipe.model.mtp is not None  # the labels go to every stage: the last one's depths embed them
         self.clock = P2P_WAIT_CLOCK.install()
         self.group = ps.get_pipeline_model_parallel_group()
         shapes = StageShapes(recipe, layout, _dtype_of(model.stack))
@@ -99,7 +100,7 @@ class PipelineRunner:
         return self._run(micro_batches, self.schedule.eval)
 
     def _run(self, micro_batches, call) -> float:
-        tokens, target, kwargs = pack(list(micro_batches))
+        tokens, target, kwargs = pack(list(micro_batches), self.mtp)
         self.losses = []
         self.clock.start()
         t0 = time.perf_counter()
@@ -133,7 +134,8 @@ class StageShapes:
         local = m.seq_length // layout.cp
         self.hidden = (local // layout.tp if layout.sequence_parallel and layout.tp > 1 else local, self.b,
                        m.hidden_size)
-        self.logits = (local, self.b, m.padded_vocab_size(layout.tp) // layout.tp)
+        # model.mtp: each prediction depth's logits follow the main ones along the sequence (recipes.model.mtp)
+        self.logits = ((1 + m.mtp_depths) * local, self.b, m.padded_vocab_size(layout.tp) // layout.tp)
 
     def input(self, stage: int) -> torch.Tensor:
         if stage == 0:
@@ -152,10 +154,11 @@ def _dtype_of(stack) -> torch.dtype:
     return next(p.dtype for p in stack.parameters() if p.is_floating_point())
 
 
-def pack(micro_batches: list):
+def pack(micro_batches: list, mtp: bool = False):
     """The step's micro-batches as whole-batch tensors, which the schedule cuts back into the same micro-batches
     (torch.tensor_split along the batch dimension): tokens [m b, s], target [m b, 2, s] (labels and loss mask), and
-    the position ids as a keyword (document masking: every stage needs them)."""
+    the position ids as a keyword (document masking: every stage needs them); with `mtp` the labels as one too
+    (model.mtp's depths embed them on the last stage)."""
     inputs = [mb[0] for mb in micro_batches]
     kwargs = {}
     if isinstance(inputs[0], tuple):
@@ -164,4 +167,6 @@ def pack(micro_batches: list):
     labels = torch.cat([mb[1][0] for mb in micro_batches])
     mask = torch.cat([mb[1][1] for mb in micro_batches])
     target = torch.stack([labels, mask.to(labels.dtype)], dim=1)
+    if mtp:
+        kwargs["mtp_labels"] = labels
     return torch.cat(inputs), target, kwargs

@@ -30,7 +30,7 @@ def tp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: in
     link = tp_link(cluster, layout, assume)
     full = model_cfg.seq_length // layout.cp * layout.micro_batch * model_cfg.hidden_size * act_bytes
     passes = 3 if priced.recompute == "full" else 2  # forward, backward (+ the recompute forward)
-    n_l = stage_layer_count(model_cfg.num_layers, layout.pp)
+    n_l = stage_layer_count(model_cfg.num_layers, layout.pp, model_cfg.mtp_depths)
     if not layout.sequence_parallel:
         total = n_l * passes * 2 * link.seconds(full, "all_reduce")
     else:

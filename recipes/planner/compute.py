@@ -11,9 +11,12 @@ from recipes.planner.assumptions import Assumptions
 from recipes.planner.experts import expert_efficiency, expert_flops
 
 
-def stage_layer_count(num_layers: int, pp: int) -> int:
-    """Layers of the most loaded pipeline stage under the uniform split."""
-    return -(-num_layers // pp)
+def stage_layer_count(num_layers: int, pp: int, depths: int = 0) -> int:
+    """Layers of the most loaded pipeline stage under the uniform split; model.mtp's `depths` are layers of the last
+    stage, which the partition gives no extra decoder layer (recipes.parallel.partition)."""
+    if pp == 1:
+        return num_layers + depths
+    return max(-(-num_layers // pp), num_layers // pp + depths)
 
 
 def compute_efficiency(model_cfg, layout: Layout, assume: Assumptions) -> float:
@@ -41,9 +44,9 @@ def micro_batch_seconds(model_cfg, cluster, layout: Layout, priced: Layout, eff:
     GEMM efficiency `eff`) over the TP x CP ranks that share it (the load-balanced CP split gives every rank the same
     causal work), `layer_overhead_s` per layer and pass and `micro_batch_overhead_s` per micro-batch. A GEMM's backward is two GEMMs of its forward's size
     (input and weight gradients), so the weight gradients are a third of the GEMM time; attention has no weights."""
-    b, L = layout.micro_batch, model_cfg.num_layers
-    n_l = stage_layer_count(L, layout.pp)
-    share = n_l / L  # uneven partitions cost here
+    b, L, D = layout.micro_batch, model_cfg.num_layers, model_cfg.mtp_depths
+    n_l = stage_layer_count(L, layout.pp, D)
+    share = n_l / (L + D)  # uneven partitions cost here (model.mtp's depths and heads: on the last stage)
     ranks = cluster.peak_tflops * 1e12 * layout.tp * layout.cp
     flash = assume.flash_attention
     attn_rate = ranks * (assume.attention_efficiency if flash else eff)
@@ -72,8 +75,12 @@ def column_dgrad_seconds(model_cfg, layout: Layout, eff: float, peak_tflops: flo
     """Seconds of the input-gradient GEMMs of the two column-parallel linears (qkv, fc1) of one layer, one
     micro-batch on one rank: what megatron-core's SP re-gather of their inputs overlaps with."""
     h, heads, f = model_cfg.hidden_size, model_cfg.num_attention_heads, model_cfg.ffn_size
-    qkv_out = h + 2 * model_cfg.query_groups * (h // heads)
-    fc1_out = 2 * f if model_cfg.activation == "swiglu" else f
+    qkv = h * (h + 2 * model_cfg.query_groups * (h // heads))  # weights of the column-parallel attention linear(s)
+    if model_cfg.mla is not None:  # MLA's are the up-projections, from the latents (recipes.model.mla)
+        mla = model_cfg.mla
+        dq = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        qkv = (mla.q_lora_rank or h) * heads * dq + mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    fc1 = h * (2 * f if model_cfg.activation == "swiglu" else f)
     tokens = model_cfg.seq_length // layout.cp * layout.micro_batch
     rate = peak_tflops * 1e12 * eff
-    return tuple(2.0 * tokens * h * out / layout.tp / rate for out in (qkv_out, fc1_out))
+    return tuple(2.0 * tokens * weights / layout.tp / rate for weights in (qkv, fc1))

@@ -11,6 +11,11 @@ from recipes.planner.links import cp_link
 def cp_kv_bytes(model_cfg, layout: Layout, act_bytes: int) -> float:
     """Bytes of one layer's gathered keys and values on one rank: the whole sequence's K and V of this TP rank's
     query groups (the all-gather's output; the reduce-scatter of their gradients moves the same)."""
+    if model_cfg.mla is not None:  # MLA gathers each head's key (dn + dr) and value (dv) after the up-projections
+        mla = model_cfg.mla
+        width = model_cfg.num_attention_heads / layout.tp * (mla.qk_nope_head_dim + mla.qk_rope_head_dim
+                                                              + mla.v_head_dim)
+        return model_cfg.seq_length * layout.micro_batch * width * act_bytes
     head_dim = model_cfg.hidden_size // model_cfg.num_attention_heads
     groups = model_cfg.query_groups / layout.tp
     return model_cfg.seq_length * layout.micro_batch * 2 * groups * head_dim * act_bytes
@@ -36,4 +41,4 @@ def cp_seconds(model_cfg, cluster, layout: Layout, priced: Layout, act_bytes: in
     kv = cp_kv_bytes(model_cfg, layout, act_bytes)
     gathers = 2 if priced.recompute == "full" else 1
     per_layer = gathers * link.seconds(kv, "all_gather") + link.seconds(kv, "reduce_scatter")
-    return stage_layer_count(model_cfg.num_layers, layout.pp) * per_layer
+    return stage_layer_count(model_cfg.num_layers, layout.pp, model_cfg.mtp_depths) * per_layer

@@ -112,7 +112,7 @@ def ep_seconds(model_cfg, cluster, layout, priced, act_bytes: int, assume, tp_li
     one). `tp_link`: recipes.planner.cost's TP link (its `seconds(bytes, kind)`), needed when tp > 1."""
     if model_cfg.moe is None:
         return 0.0
-    _, n_moe = stage_layers(model_cfg, layout.pp)
+    n_moe = stage_moe_layers(model_cfg, layout.pp)
     imb = load_imbalance(model_cfg, layout.ep, assume)
     passes = 3 if priced.recompute == "full" else 2
     nbytes = dispatch_bytes(model_cfg, layout, act_bytes, imb)
@@ -146,14 +146,25 @@ def expert_efficiency(model_cfg, layout, assume) -> float:
             * h / (h + assume.elementwise_hidden))
 
 
+def stage_moe_layers(model_cfg, pp: int) -> int:
+    """MoE layers of the stage holding the most, with model.mtp's MoE depths on the last stage (which the partition
+    gives no extra decoder layer: recipes.parallel.partition)."""
+    most = stage_layers(model_cfg, pp)[1]
+    if not model_cfg.mtp_is_moe:
+        return most
+    L = model_cfg.num_layers
+    last = L // pp if pp > 1 else L
+    return max(most, sum(model_cfg.is_moe_layer(i) for i in range(L - last, L)) + model_cfg.mtp_depths)
+
+
 def expert_flops(model_cfg, layout, recompute: str) -> tuple[float, float]:
     """(the slowest stage's, the whole model's) routed-expert FLOPs of one micro-batch on one rank at the mean load,
     forward + backward (+ the recompute forward)."""
     passes = 4.0 if recompute == "full" else 3.0
     tokens = model_cfg.seq_length // layout.cp * layout.micro_batch
     per_layer = passes * tokens * expert_flops_per_token(model_cfg) / layout.tp
-    total = stage_layers(model_cfg, 1)[1]  # one stage holding every layer: all the MoE layers
-    return stage_layers(model_cfg, layout.pp)[1] * per_layer, total * per_layer
+    total = stage_moe_layers(model_cfg, 1)  # one stage holding every layer: all the MoE layers (and MTP depths)
+    return stage_moe_layers(model_cfg, layout.pp) * per_layer, total * per_layer
 
 
 def imbalance_seconds(model_cfg, cluster, layout, priced, assume) -> float:

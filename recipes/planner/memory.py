@@ -10,7 +10,7 @@ is not called infeasible: published runs (Llama 3 405B at TP8 x PP16 on 80 GB H1
 """
 from __future__ import annotations
 
-from recipes.model.shape import layer_parameters, norm_params
+from recipes.model.shape import layer_parameters, moe_layer_parameters, norm_params
 from recipes.parallel.layout import Layout
 from recipes.planner.assumptions import Assumptions
 from recipes.planner.context import cp_gathered_kv_bytes
@@ -43,7 +43,8 @@ def zero_model_state_bytes(params: float, dp: int, zero_stage: int, precision: s
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none", *, ffn: int | None = None,
                                query_groups: int | None = None, gated: bool = False, dropout: bool = True,
-                               flash_attention: bool = False, kv_seq: int | None = None, lean: bool = False) -> float:
+                               flash_attention: bool = False, kv_seq: int | None = None, lean: bool = False,
+                               attention: tuple[float, float] | None = None) -> float:
     """Activation bytes one transformer layer keeps for backward (16-bit activations), Korthikanti et al. Table 2.
 
     With the defaults (f = 4h, MHA, gelu, dropout, no flash attention) this is exactly their Table 2. The keyword
@@ -51,6 +52,9 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
     up projections (6f/h instead of 4f/h), no dropout drops the two 1-byte masks (and the attention dropout output),
     a fused flash-attention kernel stores no s x s score matrix. `kv_seq` is the keys each query sees when it differs
     from `seq` (context parallelism: a rank's seq / cp queries score all seq keys).
+
+    `attention` replaces the attention's own tensors, (split by TP, held whole), in units of s b h bytes:
+    multi-head latent attention's (`mla_attention_terms`) instead of Q, K, V and the attention output (2 + 4 g/a + 2).
 
     `lean=True` is the lower bound of what a stack keeps without recomputing any GEMM: it drops the tensors an
     element-wise op remakes from another kept tensor, the two norm outputs (the qkv and fc1 inputs, remade from the
@@ -66,9 +70,10 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
         return 2.0 * sbh / (t if sequence_parallel else 1)
     # Split across TP ranks: Q, K, V (2 + 4 g/a), attention output = proj input (2), MLP inner activations.
     mlp = (6.0 if gated else 4.0) * f / h - (2.0 * f / h if lean else 0.0)
-    split = 2 + 4.0 * g / a + 2 + mlp
+    attn_split, attn_unsplit = attention or (2 + 4.0 * g / a + 2, 0.0)
+    split = attn_split + mlp
     # Not split by TP (unless SP): two norm inputs (4), qkv and fc1 inputs (4), two dropout masks (2).
-    unsplit = (4.0 if lean else 8.0) + (2.0 if dropout else 0.0)
+    unsplit = (4.0 if lean else 8.0) + (2.0 if dropout else 0.0) + attn_unsplit
     score = 0.0
     if not flash_attention and recompute != "selective":
         score = (5.0 if dropout else 2.0) * a * kv / h  # softmax out (2) + dropout mask (1) + dropout out (2)
@@ -120,15 +125,44 @@ def params_per_gpu(model_cfg, tp: int, pp: int, ep: int = 1) -> float:
     v = model_cfg.padded_vocab_size(tp)
     layers = sum(stage_parameters(model_cfg, tp, pp, ep))
     first = layers + v * h / tp + (model_cfg.seq_length * h if model_cfg.position_embedding == "learned" else 0)
-    # Megatron keeps a copy of a tied embedding on the last stage when pp > 1.
+    # Megatron keeps a copy of a tied embedding on the last stage when pp > 1 (ours: also for model.mtp's depths).
     head = 0 if (model_cfg.tied_embeddings and pp == 1) else v * h / tp
-    last = layers + norm_params(model_cfg) + head
+    copy = v * h / tp if (model_cfg.mtp is not None and not model_cfg.tied_embeddings and pp > 1) else 0
+    last = layers + norm_params(model_cfg) + head + copy + _depth_parameters(model_cfg, tp, ep)
     return first + (last - layers) if pp == 1 else max(first, last)
 
 
-def _activation_kwargs(model_cfg, assume: Assumptions) -> dict:
-    return dict(ffn=model_cfg.ffn_size, query_groups=model_cfg.query_groups, gated=model_cfg.activation == "swiglu",
-                dropout=assume.dropout, flash_attention=assume.flash_attention)
+def _depth_parameters(model_cfg, tp: int, ep: int) -> float:
+    """model.mtp's depths on one rank of the last stage: their layers (routed experts over EP x TP), eh_proj over
+    TP, three norms."""
+    if model_cfg.mtp is None:
+        return 0.0
+    h = model_cfg.hidden_size
+    (split, replicated), experts = layer_parameters(model_cfg), 0
+    if model_cfg.mtp_is_moe:
+        split, replicated, experts = moe_layer_parameters(model_cfg)
+    per_depth = split / tp + replicated + experts / (ep * tp) + 2 * h * h / tp + 3 * norm_params(model_cfg)
+    return model_cfg.mtp_depths * per_depth
+
+
+def mla_attention_terms(model_cfg, lean: bool = False) -> tuple[float, float]:
+    """What an MLA attention keeps for backward, in s b h bytes at 16 bits (recipes.model.mla): split by TP, each
+    head's query and key (dn + dr), value (dv) and attention output (dv); held whole on every TP rank (sequence-split
+    under SP), the latents: their norms' inputs and outputs (q_lora_rank + kv_lora_rank each, `lean`: the inputs
+    only) and the RoPE key (dr). The s x s scores are Korthikanti's term (per head, as for multi-head attention)."""
+    mla, h, n = model_cfg.mla, model_cfg.hidden_size, model_cfg.num_attention_heads
+    dq = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    split = 2.0 * n * (2 * dq + 2 * mla.v_head_dim) / h
+    latents = (mla.q_lora_rank or 0) + mla.kv_lora_rank
+    return split, 2.0 * ((1 if lean else 2) * latents + mla.qk_rope_head_dim) / h
+
+
+def _activation_kwargs(model_cfg, assume: Assumptions, lean: bool = False) -> dict:
+    kw = dict(ffn=model_cfg.ffn_size, query_groups=model_cfg.query_groups, gated=model_cfg.activation == "swiglu",
+              dropout=assume.dropout, flash_attention=assume.flash_attention)
+    if model_cfg.mla is not None:
+        kw["attention"] = mla_attention_terms(model_cfg, lean)
+    return kw
 
 
 def activation_bytes(model_cfg, layout: Layout, priced: Layout, m: int, act_bytes: int,
@@ -139,7 +173,7 @@ def activation_bytes(model_cfg, layout: Layout, priced: Layout, m: int, act_byte
     K/V. `lean`: the lower bound (see the module docstring)."""
     s, b, h, t = model_cfg.seq_length // layout.cp, layout.micro_batch, model_cfg.hidden_size, layout.tp
     heads, sp, p = model_cfg.num_attention_heads, layout.sequence_parallel, layout.pp
-    kw = dict(_activation_kwargs(model_cfg, assume), kv_seq=model_cfg.seq_length, lean=lean)
+    kw = dict(_activation_kwargs(model_cfg, assume, lean), kv_seq=model_cfg.seq_length, lean=lean)
     kept_kv = cp_gathered_kv_bytes(model_cfg, layout, act_bytes)  # K/V of the other CP ranks, kept for backward
     n_l, n_moe = stage_layers(model_cfg, p)
 
@@ -154,9 +188,11 @@ def activation_bytes(model_cfg, layout: Layout, priced: Layout, m: int, act_byte
     first = (n_l - min(assume.lighter_first_stage, n_l - 1) * (p > 1)) * per_layer * in_flight(layout, m)
     if priced.recompute == "full":  # the layer being recomputed needs its full activations once
         first += full_layer
-    logits = 6.0 * s * b * model_cfg.padded_vocab_size(t) / t
-    last = (n_l * per_layer + logits) if p > 1 else 0.0
-    return max(first + (logits if p == 1 else 0.0), last)
+    # the last stage: the logits (model.mtp: each depth's too) and the depths' layers (no extra decoder layer)
+    D = model_cfg.mtp_depths
+    logits = 6.0 * s * b * model_cfg.padded_vocab_size(t) / t * (1 + D)
+    last = ((model_cfg.num_layers // p + D) * per_layer + logits) if p > 1 else 0.0
+    return max(first + (D * per_layer * in_flight(layout, m) + logits if p == 1 else 0.0), last)
 
 
 def moe_extra_activation_bytes(model_cfg, layout: Layout, recompute: str, act_bytes: int, assume: Assumptions) -> float:

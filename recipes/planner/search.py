@@ -61,12 +61,20 @@ def _layouts_at(model_cfg, global_batch: int, t: int, c: int, p: int, dp: int, a
                              recompute=r, ep=e)
                 if effective_layout(lay, assume) != lay:
                     continue  # runs as another candidate: listing it would show the same layout twice
-                # `schedule_options` gives only (schedule, vpp) pairs the schedule rules allow at this PP, and no
-                # other rule reads them: the layout's problems are asked once, not once per schedule
+                # `schedule_options` gives only (schedule, vpp) pairs the schedule rules allow at this PP; the one
+                # other rule that reads them (whole rounds of pp micro-batches) is `_whole_rounds`: the layout's
+                # problems are asked once, not once per schedule
                 if not lay.problems(model_cfg, global_batch):
-                    out += [replace(lay, schedule=sched, vpp=v) for sched, v in schedule_options(model_cfg, p)]
+                    out += [replace(lay, schedule=sched, vpp=v) for sched, v in schedule_options(model_cfg, p)
+                            if _whole_rounds(sched, p, global_batch // (b * dp))]
             b *= 2
     return out
+
+
+def _whole_rounds(schedule: str, pp: int, m: int) -> bool:
+    """Whether `m` micro-batches make whole rounds of the schedule (Layout.problems' rule: every schedule but 1F1B
+    runs them in rounds of pp)."""
+    return schedule == "1f1b" or pp == 1 or m % max(1, m // pp) == 0
 
 
 def _rank_key(e: Estimate):

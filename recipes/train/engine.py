@@ -297,11 +297,11 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
     import deepspeed
     from megatron.core import parallel_state
 
-    from recipes.model.layers import PlainDecoder, VocabParallelLoss
+    from recipes.model.layers import PlainDecoder
 
     ds_config = build_ds_config(recipe, layout, device.type)
-    if device.type == "cpu" and layout.sequence_parallel and layout.tp > 1:
-        place_sequence_parallel_buffers_on_cpu()  # megatron-core's SP collectives allocate on CUDA otherwise
+    if device.type == "cpu" and layout.tp > 1 and (layout.sequence_parallel or recipe.model.mtp is not None):
+        place_sequence_parallel_buffers_on_cpu()  # megatron-core's SP / TP gathers (MTP's eh_proj) allocate on CUDA
     attention_backend = check_attention_backend(recipe, device)  # before building: a refusal costs nothing
     is_pipe = layout.pp > 1
     pipe_model = None
@@ -337,6 +337,6 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
 
         pipeline = PipelineRunner(pipe_model, recipe, layout, device,
                                   layout.grad_accum_steps(recipe.training.global_batch),
-                                  VocabParallelLoss(recipe.model.vocab_size))
+                                  pipe_model.stack.loss_fn)  # VocabParallelLoss (recipes.model.mtp's with model.mtp)
     return Engine(engine=engine, module=model, optimizer=optimizer, layout=layout, device=device, is_pipe=is_pipe,
                   ds_config=ds_config, attention_backend=attention_backend, pipeline=pipeline)

@@ -61,7 +61,9 @@ def after_initialize(engine, layout) -> None:
     rebuilt from the masters after every load, and the aux-loss gradient scaled like the main loss."""
     from recipes.model.moe import set_aux_loss_scale
 
-    set_aux_loss_scale(lambda: _main_loss_scale(engine) / engine.gradient_accumulation_steps())
+    # x cp: the CP ranks' aux and z-loss shares add up to the micro-batch's loss, and DeepSpeed averages gradients
+    # over DP x CP (the main loss is scaled the same way: recipes.model.context.mean_over_context)
+    set_aux_loss_scale(lambda: _main_loss_scale(engine) / engine.gradient_accumulation_steps() * layout.cp)
     if layout.ep == 1:
         return
     deepspeed_private.save_as_dense_model(engine)
@@ -77,3 +79,18 @@ def _main_loss_scale(engine) -> float:
             return float(v)
     return 1.0
 
+
+def update_expert_biases(eng, recipe) -> None:
+    """After each optimizer step, aux-loss-free balancing (model.moe.expert_bias, recipes.model.deepseek_routing):
+    this pipeline stage's router biases moved by the step's load, counted over the stage's TP x CP x DP ranks (every
+    rank that routed tokens of its layers). A collective: every rank, every step."""
+    moe = recipe.model.moe
+    if moe is None or not moe.expert_bias:
+        return
+    from megatron.core import parallel_state as ps
+
+    from recipes.model.deepseek_routing import update_expert_biases as update
+    from recipes.model.moe import moe_layers
+
+    group = ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    update([layer.router for layer in moe_layers(eng.module)], group, moe.bias_update_rate)

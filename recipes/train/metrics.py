@@ -205,6 +205,16 @@ def moe_routing(eng, recipe) -> dict:
                          eng.layout.dp, eng.device)
 
 
+def mtp_figures(eng, recipe) -> dict:
+    """Collective at the log interval: each model.mtp depth's mean loss (`mtp_loss`, recipes.model.mtp); {} without
+    model.mtp (no collective)."""
+    if recipe.model.mtp is None:
+        return {}
+    from recipes.model.mtp import mtp_losses
+
+    return mtp_losses(eng.module, recipe.model, eng.device)
+
+
 def pipeline_figures(eng, recipe) -> dict:
     """Collective at the log interval (every rank, the same steps): the last step's measured pipeline bubble beside
     the planner's, for the step's record; {} without a pipeline (no collective). Each rank's bubble is the time it

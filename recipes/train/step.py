@@ -54,12 +54,13 @@ def pipeline_step(eng, micro_batches) -> float:
 
 
 def sum_tied_embedding_grads(stack) -> None:
-    """A tied word embedding lives on the first pipeline rank (the input) and the last (the head, `TiedHeadCopy`):
-    each copy's gradient becomes their sum (megatron-core's embedding group: those two ranks of each pipeline), so
-    both take the same update and stay equal."""
+    """A tied word embedding lives on the first pipeline rank (the input) and the last (the head, `TiedHeadCopy`;
+    model.mtp's depths embed tokens there too): each copy's gradient becomes their sum (megatron-core's embedding
+    group: those two ranks of each pipeline), so both take the same update and stay equal."""
     from megatron.core import parallel_state as ps
 
-    if not ps.is_rank_in_embedding_group(ignore_virtual=True) or not hasattr(stack, "0") or not stack.tied:
+    in_group = ps.is_rank_in_embedding_group(ignore_virtual=True)
+    if not in_group or not hasattr(stack, "0") or not stack.shares_embedding:
         return
     weight = getattr(stack, "0").word_embeddings.weight
     if weight.grad is not None:

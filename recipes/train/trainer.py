@@ -29,9 +29,11 @@ from recipes.train.build import build_data, parallel_state_and_seeds, run_dirs
 from recipes.train.checkpoints import RunCheckpoints
 from recipes.train.engine import init_distributed, initialize, shutdown_distributed
 from recipes.train.evaluation import BackgroundEval
+from recipes.train.expert_parallel import update_expert_biases
 from recipes.train.faults import Fault, LayerDelays
 from recipes.train.heartbeat import Heartbeat
-from recipes.train.metrics import StepFigures, build_metrics_log, moe_routing, pipeline_figures, progress
+from recipes.train.metrics import (StepFigures, build_metrics_log, moe_routing, mtp_figures, pipeline_figures,
+                                   progress)
 from recipes.train.resume import resume
 from recipes.train.signals import StopRequest
 from recipes.train.step import NanPolicy, StepResult, loss_scale, outcome, train_step
@@ -138,6 +140,7 @@ class Trainer:
         mbs = self.data.train.step(s.consumed_samples)
         self.heartbeat.beat(s.step, "forward-backward")
         loss = train_step(eng, mbs)
+        update_expert_biases(eng, self.recipe)  # MoE with model.moe.expert_bias only (aux-loss-free balancing)
         elapsed = time.perf_counter() - start
         self.stragglers.add(elapsed - COMM_CLOCK.stop())
         s.step += 1
@@ -158,6 +161,7 @@ class Trainer:
         if interval:  # every rank, the same steps: a collective
             record.update(self.stragglers.gather())
             record.update(moe_routing(self.eng, self.recipe))  # MoE only: tokens per expert, drops, aux loss
+            record.update(mtp_figures(self.eng, self.recipe))  # model.mtp only: each depth's loss
             record.update(pipeline_figures(self.eng, self.recipe))  # PP only: measured and predicted bubble
         if interval or result.skipped:
             self.log.write(record, result.step)

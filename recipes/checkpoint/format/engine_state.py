@@ -11,7 +11,8 @@ import torch
 from recipes.checkpoint.format import deepspeed_private
 from recipes.checkpoint.format.full_state import OpenFullState
 from recipes.checkpoint.format.expert_shards import is_moe_split, merge_moe, split_moe
-from recipes.checkpoint.format.shards import canonical_name, merge_tp, pad_vocab, split_dim, split_tp, strip_vocab
+from recipes.checkpoint.format.shards import (canonical_name, merge_tp, pad_vocab, split_dim, split_tp, state_buffers,
+                                              strip_vocab)
 
 
 def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, ep_rank: int = 0,
@@ -59,8 +60,18 @@ def install_full_state(eng, recipe, state: OpenFullState, tp_rank: int, ep_rank:
         else:  # ZeRO-0: the torch optimizer holds the (TP-local) parameter itself
             eng.optimizer.state[p] = {"step": torch.tensor(float(step or 0)), "exp_avg": a.clone(),
                                       "exp_avg_sq": b.clone()}
+    _install_state_buffers(eng, state)
     if state.moments is not None and schedule:
         _restore_schedule(eng, state.meta)
+
+
+def _install_state_buffers(eng, state: OpenFullState) -> None:
+    """The model state that is not a parameter (the routing biases, shards.STATE_BUFFERS): whole on every rank, fp32;
+    a state without them (a run that had none) leaves the model's initial values."""
+    names = set(state.weights.keys())
+    for name, buf in state_buffers(eng.module).items():
+        if name in names:
+            buf.data = state.weights.get_tensor(name).float().to(buf.device)
 
 
 def _create_moments(zero, step: float | None) -> None:
@@ -141,5 +152,7 @@ def gather_full_state(eng, recipe, kinds: tuple[str, ...] = ("weights",)) -> dic
             elif split_dim(name) is not None and tp > 1:
                 value = merge_tp(name, _gather(value, ps.get_tensor_model_parallel_group()), swiglu)
             out[kind][name] = strip_vocab(name, value, recipe.model.vocab_size).contiguous()
+    if "weights" in out:  # the routing biases (shards.STATE_BUFFERS): the same on every rank
+        out["weights"].update({n: b.detach().float().cpu().clone() for n, b in state_buffers(eng.module).items()})
     return out
 

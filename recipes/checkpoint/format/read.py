@@ -20,7 +20,7 @@ from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.layout import (LAYER_FILE, SourceLayout, detect_layout, load, model_states_name,
                                               optim_name, zero3_model_states_name)
 from recipes.checkpoint.format.layout_record import check_offline_readable
-from recipes.checkpoint.format.shards import canonical_name, merge_tp, strip_vocab
+from recipes.checkpoint.format.shards import canonical_name, is_state_buffer, merge_tp, strip_vocab
 from recipes.checkpoint.format.tags import client_state, resolve_tag
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,21 @@ def _moment_groups(optim_sd: dict, key: str, zero_stage: int, fp32_groups: list)
     raise CheckpointError(f"ZeRO-{zero_stage} optimizer file has no '{key}' states (unexpected DeepSpeed layout)")
 
 
+def _state_buffers(tag_dir: Path, lay: SourceLayout) -> OrderedDict:
+    """The model state that is not a parameter (shards.STATE_BUFFERS: the routing biases), from each stage's model
+    states (TP rank 0's; every rank holds the same)."""
+    out = OrderedDict()
+    if lay.pipeline_files:  # DeepSpeed's pipeline engine's files: from before any model had such buffers
+        return out
+    for stage in range(lay.pp):
+        mp = stage * lay.tp
+        name = zero3_model_states_name(0, mp) if lay.zero_stage == 3 else model_states_name(mp)
+        for k, v in (load(tag_dir / name).get("module") or {}).items():
+            if torch.is_tensor(v) and is_state_buffer(k):
+                out.setdefault(canonical_name(k), v.float().clone())
+    return out
+
+
 def _merge(per_tp: list[dict], swiglu: bool, vocab_size: int) -> OrderedDict:
     names = list(per_tp[0])
     for r, d in enumerate(per_tp[1:], 1):
@@ -136,6 +151,7 @@ def read_full_state(ckpt_dir: str | Path, model_cfg, tag: str | None = None, wit
         zero = {mp: _local_from_zero(tag_dir, lay, mp, keys) for mp in range(lay.tp * lay.pp)}
         merged = {key: _merge(_per_tp(lay, {mp: z[key] for mp, z in zero.items()}), swiglu, vocab) for key in keys}
         state.weights = merged["fp32"]
+        state.weights.update(_state_buffers(tag_dir, lay))  # not in the optimizer: from the module states
         state.exp_avg, state.exp_avg_sq = merged.get("exp_avg", OrderedDict()), merged.get("exp_avg_sq", OrderedDict())
     else:
         state.weights = _merge(_local_weights_from_module_files(tag_dir, lay), swiglu, vocab)
@@ -179,7 +195,7 @@ def _optimizer_meta(tag_dir: Path) -> dict:
 def _check_names(weights: dict, model_cfg, tag_dir: Path) -> None:
     """The checkpoint must hold the parameters of the recipe's model (wrong --config gives a clear error)."""
     L = model_cfg.num_layers
-    expected_layers = set(range(0, L + 3 - (1 if model_cfg.tied_embeddings else 0)))
+    expected_layers = set(range(0, L + 3 + model_cfg.mtp_depths)) - ({L + 2} if model_cfg.tied_embeddings else set())
     got_layers = {int(n.split(".", 1)[0]) for n in weights}
     emb = weights.get("0.word_embeddings.weight")
     if got_layers != expected_layers or emb is None or emb.shape[1] != model_cfg.hidden_size:

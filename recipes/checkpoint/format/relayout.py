@@ -47,8 +47,8 @@ from recipes.checkpoint.format.errors import CheckpointError
 from recipes.checkpoint.format.expert_shards import is_moe_split, merge_moe, tp_dim as expert_tp_dim
 from recipes.checkpoint.format.layout import (SourceLayout, detect_layout, model_states_name,
                                               optim_file_name, optim_name)
-from recipes.checkpoint.format.shards import (canonical_name, is_vocab, merge_tp, pad_vocab, split_dim, split_tp,
-                                              strip_vocab)
+from recipes.checkpoint.format.shards import (canonical_name, is_state_buffer, is_vocab, merge_tp, pad_vocab,
+                                              split_dim, split_tp, strip_vocab)
 from recipes.checkpoint.format.tags import client_state as marked_client_state, mark_complete, tag_for
 from recipes.checkpoint.recipe_file import write_recipe
 from recipes.checkpoint.writer import write_durably
@@ -83,6 +83,7 @@ class Source:
         self.ep = layout_record.saved_layout(tag_dir).ep
         self.swiglu = model_cfg.activation == "swiglu"
         self._files: dict[str, dict] = {}
+        self.buffers: dict[str, torch.Tensor] = {}  # shards.STATE_BUFFERS, whole (filled with the module keys)
         lay = self.lay
         # canonical name -> (stage, group, offset in the flat group, local shape); groups are laid out alike on every
         # TP rank. A tied embedding's second copy (the last stage's, `tied_modules.embed.*`) is not indexed: the
@@ -146,6 +147,8 @@ class Source:
             stage_keys: dict[int, list[str]] = {}
             for k in module:
                 stage_keys.setdefault(int(k.split(".", 1)[0]), []).append(k)
+                if is_state_buffer(k):  # the routing biases: model state outside the optimizer (replicated)
+                    self.buffers.setdefault(canonical_name(k), module[k].float().clone())
             for layer, names in stage_keys.items():
                 keys.setdefault(layer, names)
         return dict(sorted(keys.items()))
@@ -175,6 +178,8 @@ class Source:
 
     def full(self, name: str, kind: str) -> torch.Tensor:
         """Canonical full tensor (all source TP and EP shards merged, vocabulary padding removed), fp32."""
+        if name in self.buffers:  # shards.STATE_BUFFERS: whole in the module states
+            return self.buffers[name].clone()
         stage, g, tp = self.index[name][0], self.index[name][1], self.lay.tp
         if g in self.moe_groups:  # routed experts: [ep shard][tp rank]
             parts = [[self._local(stage * tp + t, name, kind, x) for t in range(tp)] for x in range(self.ep)]
@@ -287,7 +292,8 @@ TIED_COPY = "0.word_embeddings.weight"
 
 
 def _target_layers(src: Source, recipe, layout) -> list[tuple[list[int], bool]]:
-    """Per target pipeline stage: the layers its DecoderStack holds, and whether layer 0 is a tied head's copy."""
+    """Per target pipeline stage: the layers its DecoderStack holds, and whether layer 0 is a copy (the last stage's
+    embedding for a tied head or model.mtp's depths)."""
     from recipes.parallel.partition import rank_layers
 
     cfg = recipe.model
@@ -296,8 +302,8 @@ def _target_layers(src: Source, recipe, layout) -> list[tuple[list[int], bool]]:
     head = cfg.num_layers + 2
     out = []
     for held in rank_layers(cfg, layout.tp, layout.pp, layout.vpp, recipe.parallel.pipeline_partition, layout.ep):
-        copy = cfg.tied_embeddings and head in held and 0 not in held
-        out.append((sorted({0 if (copy and i == head) else i for i in held} & set(src.module_keys)), copy))
+        copy = (cfg.tied_embeddings or cfg.mtp is not None) and head in held and 0 not in held
+        out.append((sorted((({0} if copy else set()) | set(held)) & set(src.module_keys)), copy))
     return out
 
 

@@ -23,6 +23,11 @@ _SPLIT_DIM = {
     "mlp.linear_fc1.bias": 0,
     "self_attention.linear_proj.weight": 1,
     "mlp.linear_fc2.weight": 1,
+    # MLA (recipes.model.mla): the up-projections split by heads; the down-projections and latent norms replicated
+    "self_attention.linear_q_proj.weight": 0,
+    "self_attention.linear_q_up_proj.weight": 0,
+    "self_attention.linear_kv_up_proj.weight": 0,
+    "eh_proj.weight": 0,  # model.mtp's depths (recipes.model.mtp)
 }
 _VOCAB = ("word_embeddings.weight", "output_layer.weight")
 
@@ -87,3 +92,17 @@ def canonical_name(name: str) -> str:
         if name.startswith(prefix):
             return "0." + name[len(prefix):]
     return name[len("module."):] if name.startswith("module.") else name
+
+
+# Buffers that are model state (trained, not by the optimizer): in the canonical state like weights, replicated over
+# TP and EP. model.moe.expert_bias's per-expert routing bias (recipes.model.deepseek_routing), fp32.
+STATE_BUFFERS = ("mlp.router.expert_bias",)
+
+
+def is_state_buffer(name: str) -> bool:
+    return name.endswith(STATE_BUFFERS)
+
+
+def state_buffers(module) -> dict:
+    """canonical name -> tensor of the module's state buffers."""
+    return {canonical_name(n): b for n, b in module.named_buffers() if is_state_buffer(n)}
