@@ -51,6 +51,6 @@ def test_compute_budget_of_an_a100_run_is_priced_at_the_a100_peak():
 def test_unknown_gpu_is_refused_before_calibration_naming_the_known_ones():
     r = run_cli("plan", "--corpus-size", "1G", "--model-params", "1e9", "--gpus", "8", "--gpu", "V100", check=False)
     assert r.returncode == 2 and r.stdout == "", r.stdout  # nothing calibrated or printed
-    assert re.fullmatch(r"error: --gpu V100: unknown GPU; known: A100-40GB, A100-80GB, H100-80GB, H200-141GB "
+    assert re.fullmatch(r"error: --gpu V100: unknown GPU; known: A100-40GB, A100-80GB, H100-80GB, H200-141GB, H800-80GB "
                         r"\(from the cluster presets .*configs/clusters/\*\.yaml, the table the recipes planner uses; "
                         r"add a preset for another GPU\)\n", r.stderr), r.stderr

@@ -70,15 +70,23 @@ def test_render_examples_run(tmp_path):
         assert (tmp_path / str(i) / "ds_config.json").is_file() and (tmp_path / str(i) / "resolved.yaml").is_file()
 
 
-@pytest.mark.parametrize("command", sorted(set(COMMANDS) - {"plan"}))  # plan prints its whole docstring
+def _commands_with_a_parser() -> dict[str, str]:
+    """command line -> module: every top-level command but plan (it prints its whole docstring) and the bench group
+    (a dispatcher with its own usage), plus each benchmark of that group."""
+    from recipes.tools.bench import BENCHMARKS
+    top = {f"python -m recipes {c}": COMMANDS[c][0] for c in COMMANDS if c not in ("plan", "bench")}
+    return top | {f"python -m recipes bench {name}": module for name, (module, _) in BENCHMARKS.items()}
+
+
+@pytest.mark.parametrize("command", sorted(_commands_with_a_parser()))
 def test_descriptions_are_whole_sentences(command):
     """Each command's --help description is the whole first paragraph of its module docstring (read here from the
     source, without importing torch), and that paragraph ends a sentence: the first *line* of several is half of one."""
-    path = Path(importlib.util.find_spec(COMMANDS[command][0]).origin)
+    path = Path(importlib.util.find_spec(_commands_with_a_parser()[command]).origin)
     source = path.read_text()
     paragraph = " ".join(ast.get_docstring(ast.parse(source)).split("\n\n")[0].split())
     assert paragraph.endswith((".", ".`", "?")), (command, paragraph)
-    assert f'command_parser("python -m recipes {command}", __doc__' in source, command
+    assert f'command_parser("{command}", __doc__' in source, command
 
 
 def test_the_descriptions_cut_mid_sentence_before_are_whole():

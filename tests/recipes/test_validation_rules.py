@@ -204,7 +204,9 @@ def test_rope_scaling_fields_are_checked():
         load_recipe(tiny, ["model.rope_scaling.factor=8", "model.rope_scaling.high_freq_factor=1"])
     with pytest.raises(RecipeError, match=r"model.rope_scaling.factor = 0.5: Input should be greater than or equal"):
         load_recipe(tiny, ["model.rope_scaling.factor=0.5"])
-    with pytest.raises(RecipeError, match=r"model.rope_scaling.type = 'yarn': Input should be 'llama3'"):
+    with pytest.raises(RecipeError, match=r"model.rope_scaling.type = 'ntk': Input should be 'llama3' or 'yarn'"):
+        load_recipe(tiny, ["model.rope_scaling.type=ntk", "model.rope_scaling.factor=2"])
+    with pytest.raises(RecipeError, match=r"model.rope_scaling.type=yarn is supported with model.mla .* only; use type"):
         load_recipe(tiny, ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=2"])
     with pytest.raises(RecipeError, match=r"rope_scaling is set but model.position_embedding=learned; remove"):
         load_recipe(tiny, ["model.position_embedding=learned", "model.rope_scaling.factor=8"])

@@ -2,11 +2,9 @@
 in a row stop the run with a clear message and a non-zero exit."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.support.runs import on_corpus, pretrain
+from tests.support.runs import on_corpus, pretrain, train_records
 
 pytestmark = pytest.mark.multiproc
 
@@ -20,7 +18,7 @@ def test_non_finite_steps_are_skipped_then_abort(zero_stage, corpus, tmp_path):
     assert out.returncode != 0
     assert "3 consecutive steps had a non-finite loss or gradient" in out.stderr, out.stderr[-3000:]
     assert "update skipped" in out.stderr, out.stderr[-3000:]  # a logged event
-    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    records = train_records(tmp_path)  # the step records, not the start-of-run layout record
     assert [r["step"] for r in records] == [1, 2, 3, 4]  # stopped at the limit, not at train_steps
     assert [r["skipped"] for r in records] == [False, True, True, True]
     assert [r["nan_skips_total"] for r in records] == [0, 1, 2, 3]
