@@ -244,17 +244,31 @@ class Layout:
                                      f"use a model.seq_length divisible by {tp * cp}"))
         return out
 
+    # The rank order, encoded here once: TP fastest, then CP, then DP, then PP. Everything else derives from it:
+    # coords / rank below, megatron-core's order string (`megatron_order`, which builds every group from it:
+    # recipes.train.groups, which checks the groups it got against `coords`), DeepSpeed's view through the mpu.
+    RANK_ORDER = ("tp", "cp", "dp", "pp")
+
+    @property
+    def megatron_order(self) -> str:
+        """RANK_ORDER as megatron-core's `initialize_model_parallel(order=...)` takes it: EP sits right before DP (it
+        splits the data axis DP x CP for the experts; see the module docstring)."""
+        return "-".join(self.RANK_ORDER).replace("dp", "ep-dp")
+
     def coords(self, rank: int) -> dict[str, int]:
         """(tp, cp, dp, pp) coordinates of a global rank."""
-        return {
-            "tp": rank % self.tp,
-            "cp": (rank // self.tp) % self.cp,
-            "dp": (rank // (self.tp * self.cp)) % self.dp,
-            "pp": rank // (self.tp * self.cp * self.dp),
-        }
+        out = {}
+        for dim in self.RANK_ORDER:
+            size = getattr(self, dim)
+            out[dim], rank = rank % size, rank // size
+        return out
 
     def rank(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
-        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+        at = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        rank = 0
+        for dim in reversed(self.RANK_ORDER):
+            rank = rank * getattr(self, dim) + at[dim]
+        return rank
 
     def expert_coords(self, rank: int) -> dict[str, int]:
         """A rank's expert shard (ep) and expert-data-parallel index (edp): with x = cp + cp_size x dp its index on

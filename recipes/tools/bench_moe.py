@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     from recipes.model.shape import count_parameters
     from recipes.parallel.layout import Layout
     from recipes.tools.bench_train import engine_stepper, synthetic_steps, time_steps
-    from recipes.train.engine import init_distributed, init_parallel_state
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed
 
     one = [*ns.overrides, "parallel.tp=1", "parallel.pp=1", "parallel.dp=1", "parallel.ep=1", "cluster.device=cpu",
            "model.moe="]
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
                                   f"model.moe.ffn_hidden_size={f // ns.top_k}", "model.moe.aux_loss_coeff=0.01"])
     device = init_distributed(dense)
     layout = Layout.from_recipe(dense, 1)
-    init_parallel_state(layout)
+    groups.build(layout)
     total = ns.steps + ns.warmup
     steppers = {"dense": engine_stepper(dense, layout, device, total),
                 "moe": engine_stepper(moe, layout, device, total)}

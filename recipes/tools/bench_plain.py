@@ -134,7 +134,8 @@ def main(argv=None) -> int:
                  ("LOCAL_RANK", "0")):
         os.environ.setdefault(k, v)
     from recipes.tools.bench_train import synthetic_steps
-    from recipes.train.engine import init_distributed, init_parallel_state
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed
     from recipes.parallel.layout import Layout
     from recipes.config.loading import load_recipe
     from recipes.model.layers import PlainDecoder
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
                                                          "parallel.sequence_parallel=false"])
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, 1)
-    init_parallel_state(layout)
+    groups.build(layout)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.training.precision, torch.float32)
     batches = synthetic_steps(recipe, layout, device, ns.steps + ns.warmup)
     result = {"recipe": recipe.name, "device": str(device), "dtype": str(dtype), "micro_batch": layout.micro_batch,

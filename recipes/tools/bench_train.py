@@ -187,7 +187,8 @@ def _setup(ns):
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    from recipes.train.engine import init_distributed, init_parallel_state
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed
     from recipes.parallel.layout import Layout
     from recipes.config.loading import load_recipe
     from recipes.train.cli import validate_recipe
@@ -200,7 +201,7 @@ def _setup(ns):
     validate_recipe(recipe, world)
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, world)
-    init_parallel_state(layout)
+    groups.build(layout)
     torch.manual_seed(recipe.training.seed)
     if device.type == "cuda":
         from megatron.core import tensor_parallel

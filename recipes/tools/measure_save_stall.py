@@ -85,14 +85,15 @@ def _worker(recipe_path: str, overrides: list[str], ranks: int, saves: int, out:
     from recipes.model.shape import count_parameters
     from recipes.parallel.layout import Layout
     from recipes.tools.bench_train import synthetic_steps
-    from recipes.train.engine import init_distributed, init_parallel_state, initialize
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed, initialize
     from recipes.train.step import train_step
 
     recipe = load_recipe(recipe_path, overrides + ["parallel.tp=1", "parallel.pp=1", f"parallel.dp={ranks}",
                                                    "parallel.micro_batch=1", f"training.global_batch={ranks}"])
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, ranks)
-    init_parallel_state(layout)
+    groups.build(layout)
     total = 3 + (2 * saves) * (gap + 1) + 8
     eng = initialize(recipe, layout, device, total_steps=total)
     mbs = synthetic_steps(recipe, layout, device, 1)[0]

@@ -51,7 +51,8 @@ def _worker(recipe_path: str, overrides: list[str], stages: list[int], dp: int) 
     """One process of the measurement: every ZeRO stage in turn (imports and process groups are paid once)."""
     import torch
 
-    from recipes.train.engine import init_distributed, init_parallel_state, pick_device
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed, pick_device
     from recipes.parallel.layout import Layout
     from recipes.config.loading import load_recipe
 
@@ -62,7 +63,7 @@ def _worker(recipe_path: str, overrides: list[str], stages: list[int], dp: int) 
                                                        f"training.global_batch={2 * dp}"])  # 2 micro-batches/step
         device = init_distributed(recipe) if not torch.distributed.is_initialized() else pick_device(recipe)
         layout = Layout.from_recipe(recipe, dp)
-        init_parallel_state(layout)
+        groups.build(layout)
         results.append(_measure_stage(recipe, layout, device))
         gc.collect()
     return results

@@ -12,7 +12,7 @@ import torch
 from recipes.config.stages import stage_plan
 from recipes.parallel.layout import Layout
 from recipes.train.data import MicroBatches, build_datasets
-from recipes.train.engine import init_parallel_state
+from recipes.train import groups
 from recipes.train.stages import build_stage_datasets
 
 
@@ -34,7 +34,7 @@ def parallel_state_and_seeds(recipe, device: torch.device) -> Layout:
     """megatron-core's groups for the recipe's layout, then the seeds (the same on every rank: megatron-core's CUDA
     RNG tracker derives the TP-aware streams from it)."""
     layout = Layout.from_recipe(recipe, torch.distributed.get_world_size())
-    init_parallel_state(layout)
+    groups.build(layout)
     torch.manual_seed(recipe.training.seed)
     if device.type == "cuda":  # megatron-core's CUDA RNG tracker (TP-aware streams) wants its seeds set
         from megatron.core import tensor_parallel

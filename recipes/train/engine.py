@@ -1,10 +1,10 @@
-"""Parallel wiring in one place: torch.distributed, megatron-core parallel_state, the mpu adapter DeepSpeed needs,
-the optimizer / lr schedule, and `deepspeed.initialize`.
+"""The engine of a run: torch.distributed joined, the optimizer / lr schedule, and `deepspeed.initialize` over the
+model this rank holds (its process groups: recipes.train.groups).
 
 One engine kind: DeepSpeed's plain engine over the layers this rank holds. PP = 1: all of them (`PlainDecoder`, ZeRO
 0/1/2/3). PP > 1: the layers of this rank's virtual stages (recipes.parallel.pipeline), run by a
 torch.distributed.pipelining schedule outside the engine; DeepSpeed's ZeRO-0/1 reduces the gradients over DP and
-steps (`PipelineMPU`: its model-parallel group spans TP x PP, so the gradient norm covers every stage).
+steps (`groups.PipelineMPU`: its model-parallel group spans TP x PP, so the gradient norm covers every stage).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from recipes.parallel.ds_config import build_ds_config
 from recipes.parallel.layout import Layout
 from recipes.parallel.rendezvous import STORE_ENV
 from recipes.parallel.partition import UNEVEN_GROUPS_FIX, layer_names, rank_layers, uneven_group_problem
+from recipes.train import groups
 
 
 # ---------------------------------------------------------------------------------------------------- distributed
@@ -63,16 +64,12 @@ def init_distributed(recipe) -> torch.device:
     return device
 
 
-_GROUP_TIMEOUT: timedelta | None = None
-
-
 def _timeout_for_new_groups(timeout: timedelta) -> None:
     """Every group created from now on waits `timeout`, not torch's default (30 min gloo, 10 min NCCL):
     torch.distributed.new_group does not inherit the default group's timeout. megatron-core's groups get it through
-    initialize_model_parallel (init_parallel_state); DeepSpeed's pipeline / topology / tied-weight groups are made
-    with deepspeed.comm.new_group(ranks), which takes no timeout, so its backend's new_group is bound to ours."""
-    global _GROUP_TIMEOUT
-    _GROUP_TIMEOUT = timeout
+    initialize_model_parallel (recipes.train.groups.build); DeepSpeed's own groups are made with
+    deepspeed.comm.new_group(ranks), which takes no timeout, so its backend's new_group is bound to ours."""
+    groups.set_group_timeout(timeout)
     deepspeed_private.bind_new_group_timeout(timeout)
 
 
@@ -86,96 +83,6 @@ def shutdown_distributed() -> None:
         torch.distributed.barrier()
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()
-
-
-def init_parallel_state(layout: Layout) -> None:
-    """megatron-core process groups, rank order tp-cp-ep-dp-pp (TP fastest), the order DeepSpeed's topology uses
-    (its data axis is DP x CP); with parallel.ep the expert groups too, EP splitting DP x CP as megatron-core's expert
-    rank generator does (recipes.parallel.layout, recipes.train.expert_parallel)."""
-    from megatron.core import parallel_state
-
-    world = torch.distributed.get_world_size()
-    if world != layout.world_size:
-        raise RuntimeError(f"world size {world} != TP x CP x PP x DP = {layout.describe()}; start "
-                           f"{layout.world_size} processes or change parallel.tp/cp/pp/dp")
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    minutes = {} if _GROUP_TIMEOUT is None else {
-        "distributed_timeout_minutes": max(1, round(_GROUP_TIMEOUT.total_seconds() / 60))}  # the recipe's
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep, order="tp-cp-ep-dp-pp",
-        create_gloo_process_groups=False, **minutes)  # the default backend is gloo on CPU already; NCCL runs need none
-    if layout.ep > 1:
-        from recipes.train.expert_parallel import register_expert_groups
-
-        register_expert_groups(layout.ep)
-
-
-class MegatronMPU:
-    """The `mpu` object DeepSpeed asks for, over megatron-core's groups: "model parallel" = TP (PP = 1 path), so ZeRO
-    shards optimizer state and gradients over the data-parallel group only; "data parallel" = DP x CP (megatron-core's
-    `with_context_parallel` groups): CP ranks hold the same parameters and their gradients are reduced like DP's
-    (recipes.model.context)."""
-
-    def __init__(self):
-        from megatron.core import parallel_state as ps
-
-        self.ps = ps
-
-    def get_model_parallel_rank(self):
-        return self.ps.get_tensor_model_parallel_rank()
-
-    def get_model_parallel_world_size(self):
-        return self.ps.get_tensor_model_parallel_world_size()
-
-    def get_model_parallel_group(self):
-        return self.ps.get_tensor_model_parallel_group()
-
-    get_tensor_model_parallel_rank = get_model_parallel_rank
-    get_tensor_model_parallel_world_size = get_model_parallel_world_size
-    get_tensor_model_parallel_group = get_model_parallel_group
-
-    def get_tensor_model_parallel_src_rank(self):
-        return self.ps.get_tensor_model_parallel_src_rank()
-
-    def get_data_parallel_rank(self):
-        return self.ps.get_data_parallel_rank(with_context_parallel=True)
-
-    def get_data_parallel_world_size(self):
-        return self.ps.get_data_parallel_world_size(with_context_parallel=True)
-
-    def get_data_parallel_group(self):
-        return self.ps.get_data_parallel_group(with_context_parallel=True)
-
-    def get_data_parallel_group_ranks(self):
-        return torch.distributed.get_process_group_ranks(self.get_data_parallel_group())
-
-    def get_pipeline_model_parallel_rank(self):
-        return self.ps.get_pipeline_model_parallel_rank()
-
-    def get_pipeline_model_parallel_world_size(self):
-        return self.ps.get_pipeline_model_parallel_world_size()
-
-    def get_pipeline_model_parallel_group(self):
-        return self.ps.get_pipeline_model_parallel_group()
-
-
-class PipelineMPU(MegatronMPU):
-    """The mpu of a pipeline (PP > 1) run: "model parallel" = TP x PP (megatron-core's model-parallel group), so ZeRO
-    sums the gradient norm over every stage and every TP rank; its rank, stage x TP + TP rank, names the checkpoint
-    files (`mp_rank_MM`, as DeepSpeed's own pipeline grid named them). "tensor model parallel" stays TP: ZeRO counts
-    a replicated parameter (a norm) on TP rank 0 only."""
-
-    def get_model_parallel_rank(self):
-        return (self.ps.get_pipeline_model_parallel_rank() * self.ps.get_tensor_model_parallel_world_size()
-                + self.ps.get_tensor_model_parallel_rank())
-
-    def get_model_parallel_world_size(self):
-        return self.ps.get_tensor_model_parallel_world_size() * self.ps.get_pipeline_model_parallel_world_size()
-
-    def get_model_parallel_group(self):
-        return self.ps.get_model_parallel_group()
 
 
 # ------------------------------------------------------------------------------------------------ optimizer, lr
@@ -311,9 +218,10 @@ def initialize(recipe, layout: Layout, device: torch.device, total_steps: int) -
         if layout.zero_stage == 1:
             _refuse_uneven_stage_groups(recipe, layout)
         pipe_model = build_pipeline_model(recipe, layout, parallel_state.get_pipeline_model_parallel_rank())
-        model, mpu = pipe_model.stack, PipelineMPU()
+        model = pipe_model.stack
     else:
-        model, mpu = PlainDecoder(recipe, layout), MegatronMPU()
+        model = PlainDecoder(recipe, layout)
+    mpu = groups.mpu_for(layout)
     if recipe.model.moe is not None:
         from recipes.train.expert_parallel import mark_for_deepspeed
 

@@ -1,10 +1,9 @@
 """Expert parallelism between megatron-core and DeepSpeed: one set of expert groups, DeepSpeed's MoE machinery on
 our experts, the aux-loss scale and the routing statistics of a training run.
 
-- Groups: megatron-core makes the expert-parallel (EP) and expert-data-parallel (EDP) groups
-  (`initialize_model_parallel(expert_model_parallel_size=ep)`, rank order tp-cp-ep-dp-pp: inside DP, EP is fastest);
-  they are registered in DeepSpeed's group registry under DeepSpeed's name for them ("ep_size_<ep>"), so ZeRO
-  partitions and reduces the experts over exactly the ranks megatron-core dispatches tokens over. DeepSpeed's own
+- Groups: megatron-core makes the expert-parallel (EP) and expert-data-parallel (EDP) groups and
+  recipes.train.groups registers them in DeepSpeed's group registry under DeepSpeed's name for them ("ep_size_<ep>"),
+  so ZeRO partitions and reduces the experts over exactly the ranks megatron-core dispatches tokens over. DeepSpeed's own
   rule for these groups (`deepspeed.utils.groups._get_expert_parallel_ranks`) gives the same ranks (tested).
 - ZeRO: expert weights carry `allreduce=False` and `group_name`; `build_param_groups` puts them in DeepSpeed's MoE
   param groups; `mark_for_deepspeed` gives every MoE layer a marker module that makes the engine build ZeRO with
@@ -20,18 +19,7 @@ from __future__ import annotations
 import torch
 
 from recipes.checkpoint.format import deepspeed_private
-
-
-def expert_group_name(ep: int) -> str:
-    return f"ep_size_{ep}"  # DeepSpeed's name for the groups of expert-parallel size ep
-
-
-def register_expert_groups(ep: int) -> None:
-    """Hand megatron-core's EP / EDP groups of this rank to DeepSpeed's group registry (before deepspeed.initialize)."""
-    from megatron.core import parallel_state as ps
-
-    deepspeed_private.register_expert_groups(expert_group_name(ep), ps.get_expert_model_parallel_group(),
-                                             ps.get_expert_data_parallel_group())
+from recipes.train.groups import expert_group_name
 
 
 def mark_for_deepspeed(model: torch.nn.Module, num_experts: int, ep: int) -> None:

@@ -103,13 +103,14 @@ def _rank_main(recipe_path: Path, ckpt_dir: str, tag: str, out_dir: Path, moment
     from recipes.config.loading import load_recipe
     from recipes.config.logs import setup_logging
     from recipes.parallel.layout import Layout
-    from recipes.train.engine import init_distributed, init_parallel_state, initialize
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed, initialize
 
     setup_logging(quiet=True)
     recipe = load_recipe(str(recipe_path), ["cluster.device=cpu", "cluster.backend=gloo"])
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, torch.distributed.get_world_size())
-    init_parallel_state(layout)
+    groups.build(layout)
     eng = initialize(recipe, layout, device, recipe.training.steps(recipe.model.seq_length))
     eng.engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
     if moments:

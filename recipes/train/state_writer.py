@@ -64,14 +64,15 @@ def _rank_main(state_dir: Path, out_dir: Path) -> int:
     from recipes.config.loading import load_recipe
     from recipes.config.logs import setup_logging
     from recipes.parallel.layout import Layout
-    from recipes.train.engine import init_distributed, init_parallel_state, initialize
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed, initialize
 
     setup_logging()
     recipe = load_recipe(str(state_dir / RECIPE_FILE), ["cluster.device=cpu", "cluster.backend=gloo"])
     state = open_full_state(state_dir)
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, torch.distributed.get_world_size())
-    init_parallel_state(layout)
+    groups.build(layout)
     eng = initialize(recipe, layout, device, recipe.training.steps(recipe.model.seq_length))
     install_full_state(eng, recipe, state, parallel_state.get_tensor_model_parallel_rank(),
                        parallel_state.get_expert_model_parallel_rank())

@@ -1,5 +1,5 @@
 """One rank of test_group_timeouts: the training set-up of recipes.train.trainer.run (init_distributed ->
-init_parallel_state -> initialize), then every process group this rank belongs to, with its timeout, to JSON."""
+groups.build -> initialize), then every process group this rank belongs to, with its timeout, to JSON."""
 from __future__ import annotations
 
 import json
@@ -15,14 +15,15 @@ warnings.filterwarnings("ignore")
 def main(out_dir: str, config: str, *overrides: str) -> None:
     from torch.distributed import distributed_c10d as c10d
 
-    from recipes.train.engine import init_distributed, init_parallel_state, initialize
+    from recipes.train import groups
+    from recipes.train.engine import init_distributed, initialize
     from recipes.parallel.layout import Layout
     from recipes.config.loading import load_recipe
 
     recipe = load_recipe(config, list(overrides))
     device = init_distributed(recipe)
     layout = Layout.from_recipe(recipe, torch.distributed.get_world_size())
-    init_parallel_state(layout)
+    groups.build(layout)
     initialize(recipe, layout, device, total_steps=4)
     groups = []
     for pg in list(c10d._world.pg_map):  # every group this rank is a member of (megatron-core's and DeepSpeed's)

@@ -153,7 +153,7 @@ def moe_marker(num_experts: int, ep: int, group_name: str) -> torch.nn.Module:
         def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
             if not expert_groups_registered(self.expert_group_name):
                 raise RuntimeError(f"DeepSpeed has no expert groups '{self.expert_group_name}': register megatron-"
-                                   "core's with recipes.train.expert_parallel.register_expert_groups before "
+                                   "core's with recipes.train.groups.build (register_expert_groups) before "
                                    "deepspeed.initialize")
 
         def forward(self, *args, **kwargs):
