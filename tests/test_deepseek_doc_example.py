@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from tests.support import doc_commands as dc
+from tests.support import rank_forks
 
 pytestmark = pytest.mark.multiproc
 
@@ -33,8 +34,9 @@ def example_lines() -> list[tuple[str, str]]:
 def test_the_deepseek_example_runs_as_written(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
-    for name in ("configs", ".venv", "recipes", "data_prep"):
+    for name in ("configs", "recipes", "data_prep"):
         (root / name).symlink_to(dc.REPO / name)
+    (root / ".venv").symlink_to(rank_forks.venv())  # each `-m recipes|data_prep` forked from a pre-imported template
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(root))
     lines = example_lines()

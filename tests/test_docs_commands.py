@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import doc_commands as dc
+from tests.support import rank_forks
 
 
 
@@ -167,11 +168,12 @@ def test_the_quickstart_runs_as_written_in_order(tmp_path):
     """docs/quickstart.md end to end: every command as written, in order, each one's inputs only what the earlier
     ones wrote (not each command alone: a placeholder, an output that exists already or a continuation with nothing
     left to train fails here). It runs from a directory that shows the repository's configs/ and .venv/ where the
-    repository root does, so the outputs land in tmp_path."""
+    repository root does, so the outputs land in tmp_path; its .venv is the forking one (tests/support/rank_forks.py:
+    each `.venv/bin/python -m recipes|data_prep` forked from a pre-imported template, the same command otherwise)."""
     root = tmp_path / "root"
     root.mkdir()
-    for name in ("configs", ".venv"):
-        (root / name).symlink_to(dc.REPO / name)
+    (root / "configs").symlink_to(dc.REPO / "configs")
+    (root / ".venv").symlink_to(rank_forks.venv())
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1")
     lines = quickstart_lines()
