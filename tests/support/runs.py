@@ -93,3 +93,14 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def val_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in metrics(run_dir) if "val_loss" in r}
+
+
+def wait_for_step(metrics_path: Path, step: int, proc: subprocess.Popen, timeout: float = 400) -> None:
+    """Until `step` is in the run's metrics.jsonl (a test then kills the run there); fails if the run ends first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metrics_path.is_file() and f'"step": {step},' in metrics_path.read_text():
+            return
+        assert proc.poll() is None, "run ended before it could be killed"
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} never logged")

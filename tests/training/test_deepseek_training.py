@@ -21,14 +21,13 @@ CP shares were averaged: 4.6e-4 by step 8) moves the loss by far more, and routi
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 import torch
 
 from recipes.checkpoint import safe_load
 from tests.support.runs import (REPO, kill_group, losses, on_corpus, pretrain, pretrain_cmd, train_records,
-                                worker_env)
+                                wait_for_step, worker_env)
 
 pytestmark = pytest.mark.multiproc
 
@@ -118,7 +117,7 @@ def test_killed_deepseek_run_resumes_its_expert_biases_bitwise(deepseek_ep2, sho
     proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 5, proc)
+        wait_for_step(tmp_path / "logs" / "metrics.jsonl", 5, proc)
     finally:
         kill_group(proc)
     assert max(losses(tmp_path)) < DS_STEPS
@@ -132,12 +131,3 @@ def test_killed_deepseek_run_resumes_its_expert_biases_bitwise(deepseek_ep2, sho
     assert sorted(mine) == sorted(theirs) and len(mine) == 4  # one file (no PP, no TP), layers 2-4 and the depth
     assert all(t.dtype == torch.float32 and torch.equal(t, theirs[k]) for k, t in mine.items())
 
-
-def _wait_for_step(metrics_path, step: int, proc, timeout: float = 400) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if metrics_path.is_file() and f'"step": {step},' in metrics_path.read_text():
-            return
-        assert proc.poll() is None, "run ended before it could be killed"
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} never logged")

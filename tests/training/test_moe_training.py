@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 import subprocess
-import time
 
 import pytest
 
 from tests.support.observed import ObservedRuns, calls_on, collectives, layout_dims, mesh_group
 from tests.support.reference_curves import assert_follows_pinned
-from tests.support.runs import REPO, losses, on_corpus, pretrain, pretrain_cmd, train_records, worker_env, kill_group
+from tests.support.runs import (REPO, kill_group, losses, on_corpus, pretrain, pretrain_cmd, train_records,
+                                wait_for_step, worker_env)
 
 pytestmark = pytest.mark.multiproc
 
@@ -183,7 +183,7 @@ def test_killed_expert_parallel_run_resumes_bitwise(corpus, tmp_path):
                             cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        _wait_for_step(run_dir / "logs" / "metrics.jsonl", 5, proc)
+        wait_for_step(run_dir / "logs" / "metrics.jsonl", 5, proc)
     finally:
         kill_group(proc)
     assert max(losses(run_dir)) < STEPS
@@ -196,12 +196,3 @@ def test_killed_expert_parallel_run_resumes_bitwise(corpus, tmp_path):
 def losses_of(records: dict) -> dict:
     return {s: r["loss"] for s, r in records.items()}
 
-
-def _wait_for_step(metrics_path, step: int, proc, timeout: float = 400) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if metrics_path.is_file() and f'"step": {step},' in metrics_path.read_text():
-            return
-        assert proc.poll() is None, "run ended before it could be killed"
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} never logged")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.support.runs import on_corpus, REPO, losses, pretrain, pretrain_cmd, worker_env, kill_group
+from tests.support.runs import REPO, kill_group, losses, on_corpus, pretrain, pretrain_cmd, wait_for_step, worker_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -29,15 +29,6 @@ def uninterrupted(corpus, tmp_path_factory):
     return run_dir
 
 
-def _wait_for_step(metrics_path, step: int, proc, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if metrics_path.is_file() and f'"step": {step},' in metrics_path.read_text():
-            return
-        assert proc.poll() is None, "run ended before it could be killed"
-        time.sleep(0.02)
-    raise AssertionError(f"step {step} never logged")
-
 
 def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_path):
     """Killed with sync saves, resumed with async ones: the same losses as the uninterrupted (async) run."""
@@ -47,7 +38,7 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, tmp_pa
     proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        _wait_for_step(tmp_path / "logs" / "metrics.jsonl", kill_after, proc)
+        wait_for_step(tmp_path / "logs" / "metrics.jsonl", kill_after, proc)
     finally:
         kill_group(proc)  # launcher and every rank, no chance to save
     killed_at = max(losses(tmp_path))
@@ -126,7 +117,7 @@ def test_preemption_waits_for_the_async_save_in_flight(uninterrupted, corpus, tm
     args = (*on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT)
     proc = subprocess.Popen(pretrain_cmd(N, *args, *SLOW_WRITE), cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
+    wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
     in_flight = not (tmp_path / "global_step2" / "complete.json").exists()
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=240)
@@ -151,7 +142,7 @@ def test_preemption_signal_saves_and_exits_cleanly(sig, uninterrupted, corpus, t
     cmd = pretrain_cmd(N, *on_corpus(tmp_path, corpus), f"training.train_steps={STEPS}", *LAYOUT, "checkpoint.save_interval=100")
     proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
+    wait_for_step(tmp_path / "logs" / "metrics.jsonl", 3, proc)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
