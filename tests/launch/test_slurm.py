@@ -263,7 +263,7 @@ def test_a_requeued_job_lands_where_slurm_puts_it(two_nodes, tmp_path):
     `#SBATCH --nodelist=<every node>` it would wait for the drained node: ReqNodeNotAvail.)"""
     slurm = two_nodes
     job_id, logs = submit(slurm, tmp_path, TOY, "--nodes", 1, "--gpus-per-node", 2, "--entry", TOY_ENTRY, "--env",
-                          "TOY_STEP_SLEEP", "--", "training.train_steps=30", hostfile=False, TOY_STEP_SLEEP="0.5")
+                          "TOY_STEP_SLEEP", "--", "training.train_steps=16", hostfile=False, TOY_STEP_SLEEP="0.5")
     wait_for(lambda: slurm.job(job_id)["JobState"] == "RUNNING", 90, f"job {job_id} to run")
     first = slurm.job(job_id)["NodeList"]
     assert first in ("nodea", "nodeb")
@@ -283,7 +283,7 @@ def test_a_requeued_job_lands_where_slurm_puts_it(two_nodes, tmp_path):
         (job, out[-3000:])
     assert f"job {job_id} (restart 0) on {first} " in out and f"job {job_id} (restart 1) on {other} " in out
     assert "DRAIN" in slurm.node_state(first).split("+")
-    assert f"[{other} rank 0] step 29 loss" in node_log.read_text()  # rank_exec.sh named it from the job's nodes
+    assert f"[{other} rank 0] step 15 loss" in node_log.read_text()  # rank_exec.sh named it from the job's nodes
 
 
 def test_container_job_whose_tasks_never_start_is_a_failure(two_nodes, tmp_path):

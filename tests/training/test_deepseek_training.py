@@ -83,10 +83,10 @@ def test_deepseek_routing_at_ep2_dp2_matches_single_process(deepseek_ep2, deepse
     _assert_same_deepseek_training(deepseek_ep2[1], deepseek_reference, "ep2-dp2")
 
 
+# Micro-batches of 2: half the micro-batches (on 2 cores each one's collectives cost more than its compute); the global
+# batch, hence the reference, is the same, and the pipeline still runs whole interleaved rounds (2 per DP rank, PP 2).
 LAYOUTS = {"tp2-ep2-pp2-vpp2-recompute": (8, ["parallel.tp=2", "parallel.ep=2", "parallel.pp=2", "parallel.vpp=2",
-                                              "parallel.recompute=full"]),
-           # micro-batch 2: half the micro-batches of 4 ranks on 2 cores (each one's collectives cost more than its
-           # compute here); the global batch, hence the reference, is the same
+                                              "parallel.recompute=full", "parallel.micro_batch=2"]),
            "tp2-sp-cp2": (4, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2",
                               "parallel.micro_batch=2"])}
 

@@ -69,15 +69,18 @@ SP_LAYOUTS = {
     "tp2-sp-pp2-dp2-zero1": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp=2",
                                  "parallel.zero_stage=1"]),
 }
+# The two 8-rank CP layouts (DP 1) run micro-batches of 2: 4 per step instead of 8 (on 2 cores each one's collectives
+# cost more than its compute), the same global batch as the reference; the other layouts keep micro-batches of 1.
 CP_LAYOUTS = {
     "cp2": (2, ["parallel.cp=2"]),
     "tp2-sp-cp2-pp2-zero1": (8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2",
-                                 "parallel.pp=2", "parallel.zero_stage=1"]),
+                                 "parallel.pp=2", "parallel.zero_stage=1", "parallel.micro_batch=2"]),
     "cp2-dp2-zero3": (4, ["parallel.cp=2", "parallel.zero_stage=3"]),
 }
 CP_MASKED_LAYOUTS = {
     "cp2-document-mask": (2, ["parallel.cp=2"]),
-    "tp2-cp2-pp2-document-mask": (8, ["parallel.tp=2", "parallel.cp=2", "parallel.pp=2", "parallel.zero_stage=1"]),
+    "tp2-cp2-pp2-document-mask": (8, ["parallel.tp=2", "parallel.cp=2", "parallel.pp=2", "parallel.zero_stage=1",
+                                      "parallel.micro_batch=2"]),
 }
 
 
