@@ -225,28 +225,37 @@ def remove_stale_tmp(out_dir: str) -> None:
         if not sep or not pid.isdigit() or not head.endswith(f".tmp.{host}"):
             continue
         path = os.path.join(out_dir, name)
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            remove(path)
-            continue
-        except PermissionError:
-            continue
-        if _started_after(int(pid), path):  # the pid was reused: its writer is gone
+        if _writer_gone(int(pid), path):
             remove(path)
 
 
-def _started_after(pid: int, path: str) -> bool:
-    """Process `pid` started after `path` was last written (so it cannot be the writer of that file). Linux /proc:
-    the process's start in clock ticks after boot; False where that cannot be read."""
+def _writer_gone(pid: int, path: str) -> bool:
+    """The process that wrote `path` under its pid is gone: no such pid, a zombie (killed, not yet reaped: a SIGKILLed
+    run's workers wait for init to reap them, and a rerun started at once saw them 'alive'), or a process started
+    after the file was last written (the pid was reused). Another user's live process is never taken for gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    stat = _proc_stat(pid)
+    if stat is None:  # no /proc (not Linux), or the process ended meanwhile
+        return not os.path.exists(f"/proc/{pid}") and os.path.isdir("/proc/self")
+    state, started = stat
+    return state in ("Z", "X") or started > os.path.getmtime(path) + 1.0
+
+
+def _proc_stat(pid: int) -> tuple[str, float] | None:
+    """(state letter, start time in seconds since the epoch) of process `pid` from Linux /proc; None where unread."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rpartition(")")[2].split()[19])
+            fields = f.read().rpartition(")")[2].split()
         with open("/proc/stat") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK") > os.path.getmtime(path) + 1.0
-    except (OSError, ValueError, StopIteration):
-        return False
+        return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
 
 
 def check_writable(out_dir: str) -> None:

@@ -135,3 +135,31 @@ def test_a_temporary_file_whose_pid_was_reused_is_stale(tmp_path):
     io.remove_stale_tmp(str(old))
     io.remove_stale_tmp(str(fresh))
     assert not (old / name).exists() and (fresh / name).exists()
+
+
+def test_a_temporary_file_of_a_killed_writer_not_yet_reaped_is_stale(tmp_path):
+    """A SIGKILLed run's workers stay zombies until init reaps them; a rerun started at once found their pids alive
+    and kept a killed worker's .tmp beside its output (seen in a fresh-clone suite run). A zombie writes nothing: the
+    file goes, while a live writer's stays."""
+    import socket
+
+    from data_prep import io
+
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        names = {p: f"keys_000014.npy.tmp.{socket.gethostname()}.{p.pid}" for p in (zombie, live)}
+        for n in names.values():
+            (tmp_path / n).write_bytes(b"x")  # written after both started, by them as far as the names say
+        zombie.kill()
+        deadline = time.time() + 10
+        while open(f"/proc/{zombie.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":  # killed, not reaped
+            assert time.time() < deadline
+            time.sleep(0.01)
+        io.remove_stale_tmp(str(tmp_path))
+        assert not (tmp_path / names[zombie]).exists() and (tmp_path / names[live]).exists()
+    finally:
+        for p in (zombie, live):
+            p.kill()
+            p.wait()
