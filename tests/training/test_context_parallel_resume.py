@@ -22,8 +22,7 @@ import torch
 from recipes.checkpoint.format.read import read_full_state
 from recipes.config.loading import load_recipe
 from recipes.tools.reshape import parse_target, reshape
-from tests.support.runs import RECIPE, REPO, losses, pretrain, pretrain_cmd, worker_env, kill_group
-from tests.training.test_training_resume import _wait_for_step
+from tests.support.runs import RECIPE, REPO, losses, pretrain, pretrain_cmd, wait_for_step, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
 
@@ -54,7 +53,7 @@ def test_sigkill_then_auto_resume_is_bitwise_equal(uninterrupted, corpus, short_
     proc = subprocess.Popen(pretrain_cmd(N, *args, "checkpoint.async_save=false"), cwd=REPO, env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 5, proc, timeout=600)
+        wait_for_step(tmp_path / "logs" / "metrics.jsonl", 5, proc, timeout=600)
     finally:
         kill_group(proc)  # launcher and every rank, no chance to save
     assert max(losses(tmp_path)) < STEPS

@@ -8,8 +8,7 @@ import subprocess
 import pytest
 
 from tests.support.corpus import write_digit_corpus
-from tests.support.runs import REPO, losses, pretrain, pretrain_cmd, train_records, worker_env, kill_group
-from tests.training.test_training_resume import _wait_for_step
+from tests.support.runs import REPO, losses, pretrain, pretrain_cmd, train_records, wait_for_step, worker_env, kill_group
 
 pytestmark = pytest.mark.multiproc
 
@@ -48,7 +47,7 @@ def test_stages_switch_at_the_boundary_and_resume_bitwise(uninterrupted, corpus,
     proc = subprocess.Popen(pretrain_cmd(N, *_staged(tmp_path, corpus, digits)), cwd=REPO, env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_for_step(tmp_path / "logs" / "metrics.jsonl", 4, proc)
+        wait_for_step(tmp_path / "logs" / "metrics.jsonl", 4, proc)
     finally:
         kill_group(proc)
     # the resume starts before the boundary (the step-3 save), so it crosses it itself
