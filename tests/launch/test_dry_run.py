@@ -8,8 +8,6 @@ import pytest
 
 from tests.support.launch import DATA, REPO, TOY, launch_env, run_launch
 
-pytestmark = pytest.mark.unit
-
 N, SLOTS = 100, 8
 
 
@@ -24,6 +22,7 @@ def node_lines(out):
             if l.startswith("node ")]
 
 
+@pytest.mark.multiproc  # the launcher end to end (~5 s): not the fast tier
 def test_dry_run_100_nodes_torchrun_and_deepspeed(tmp_path):
     hf = hostfile_100(tmp_path)
     for backend in ("torchrun-ssh", "deepspeed"):
@@ -52,6 +51,7 @@ def test_dry_run_100_nodes_torchrun_and_deepspeed(tmp_path):
         assert not (tmp_path / backend / "hosts").exists()  # a dry run records no started run
 
 
+@pytest.mark.unit
 def test_dry_run_selection_and_master_override(tmp_path):
     hf = hostfile_100(tmp_path)
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "torchrun-ssh", "--dry-run", "--exclude",
@@ -63,6 +63,7 @@ def test_dry_run_selection_and_master_override(tmp_path):
     assert [m[2] for m in node_lines(r.stdout)] == ["gpu003", "gpu004", "gpu005"]
 
 
+@pytest.mark.multiproc  # the launcher end to end (~5 s): not the fast tier
 def test_slurm_script(tmp_path):
     hf = hostfile_100(tmp_path)
     r = run_launch("train.sh", TOY, "--hostfile", hf, "--backend", "slurm", "--dry-run", "--master-port", 29999,
@@ -92,6 +93,7 @@ def test_slurm_script(tmp_path):
     assert "#SBATCH --requeue\n" in script and "#SBATCH --signal=B:USR1@300\n" in script
 
 
+@pytest.mark.multiproc  # the launcher end to end (~5 s): not the fast tier
 def test_dry_run_real_100_node_recipe_and_environment(tmp_path):
     """The shipped GLM-130B recipe (TP=4 x PP=5, 100 x 8 GPUs) resolves to DP=40; NCCL_*/GLOO_* settings reach every
     node's command (torchrun over ssh) or the DeepSpeed env file; --env variables are named, their values are not

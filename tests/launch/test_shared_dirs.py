@@ -58,30 +58,52 @@ def test_a_log_dir_others_can_write_is_refused(tmp_path):
 @pytest.mark.unit
 def test_group_writable_or_foreign_log_dirs_and_parents_are_refused(tmp_path):
     """Round 4: a dir made under umask 002 (group-writable), a parent others can write without the sticky bit, and a
-    parent owned by another user are refused; what the launcher makes itself under umask 002 is accepted."""
+    parent owned by another user are refused; what the launcher makes itself under umask 002 is accepted (the check
+    in process; the launcher's own refusal and umask below)."""
+    from launch.common import LaunchError
+    from launch.run_files import make_private_dir
+
+    def refusal(path) -> str:
+        with pytest.raises(LaunchError) as e:
+            make_private_dir(path)  # as the launcher makes its log dir: created if missing, then checked upwards
+        return str(e.value)
+
+    group = tmp_path / "group"
+    group.mkdir()
+    group.chmod(0o775)
+    assert f"the log dir {group} is writable by its group (mode 0775)" in refusal(group)
+    assert f"`chmod go-w {group}`" in refusal(group)
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)  # no sticky bit: others could rename our run dir away and put theirs there
+    assert f"{tmp_path / 'open'} is writable by other users (mode 0777)" in refusal(tmp_path / "open" / "run")
+    (tmp_path / "sticky").mkdir()
+    (tmp_path / "sticky").chmod(0o1777)  # /tmp's case: others cannot touch what is ours
+    make_private_dir(tmp_path / "sticky" / "run")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # nobody's (the tests run as root)
+    assert f"{theirs} belongs to another user (uid 65534)" in refusal(theirs / "run")
+    old = os.umask(0o002)
+    try:
+        made = make_private_dir(tmp_path / "made" / "here")
+    finally:
+        os.umask(old)
+    assert all(stat.S_IMODE(d.stat().st_mode) & 0o022 == 0 for d in (made, made.parent))
+
+
+@pytest.mark.multiproc
+def test_the_launcher_refuses_a_shared_log_dir_and_makes_its_own_private_under_umask_002(tmp_path):
+    """The same rules through launch/train.sh: exit 2 with the fix and nothing written; under umask 002 the dirs it
+    makes are not group-writable."""
     group = tmp_path / "group"
     group.mkdir()
     group.chmod(0o775)
     r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", group)
     assert r.returncode == 2 and f"the log dir {group} is writable by its group (mode 0775)" in r.stderr
     assert f"`chmod go-w {group}`" in r.stderr and list(group.iterdir()) == []
-    (tmp_path / "open").mkdir()
-    (tmp_path / "open").chmod(0o777)  # no sticky bit: others could rename our run dir away and put theirs there
-    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", tmp_path / "open" / "run")
-    assert r.returncode == 2 and f"{tmp_path / 'open'} is writable by other users (mode 0777)" in r.stderr, r.stderr
-    (tmp_path / "sticky").mkdir()
-    (tmp_path / "sticky").chmod(0o1777)  # /tmp's case: others cannot touch what is ours
-    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", tmp_path / "sticky" / "run")
-    assert r.returncode == 0, r.stderr
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, 65534, 65534)  # nobody's (the tests run as root)
-    r = run_launch("train.sh", TOY, "--num-gpus", 2, "--dry-run", "--log-dir", theirs / "run")
-    assert r.returncode == 2 and f"{theirs} belongs to another user (uid 65534)" in r.stderr, r.stderr
-    env = dict(os.environ)
     r = subprocess.run(["bash", "-c", f'umask 002 && exec bash {REPO / "launch" / "train.sh"} {TOY} --num-gpus 2 '
                         f'--dry-run --log-dir {tmp_path / "made" / "here"}'], capture_output=True, text=True,
-                       cwd=REPO, env=env, timeout=120)
+                       cwd=REPO, env=dict(os.environ), timeout=120)
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE((tmp_path / "made").stat().st_mode) & 0o022 == 0
 

@@ -10,8 +10,6 @@ import pytest
 
 from recipes.planner import cli
 
-pytestmark = pytest.mark.unit
-
 REPO = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.03  # a pinned figure may move 3% (a modelling change beyond that must update the pins and say why)
 
@@ -34,6 +32,7 @@ SOURCES = {"a": ["configs/examples/a-glm-130b-100x8-a100.yaml", "--corpus-bytes"
            "e": ["configs/examples/e-llama-3.1-8b-128k.yaml"]}
 
 
+@pytest.mark.multiproc  # the generator over every example, a fresh interpreter (~9 s): not the fast tier
 def test_planner_docs_are_current():
     # the generator's own check, run as its docstring tells a contributor to (it names every stale file and the fix)
     check = subprocess.run([sys.executable, "docs/make_planner_doc.py", "--check"], cwd=REPO, capture_output=True,
@@ -41,6 +40,7 @@ def test_planner_docs_are_current():
     assert check.returncode == 0, check.stderr + "\n(then commit the result)"
 
 
+@pytest.mark.unit
 def test_no_stale_planner_command_in_the_docs():
     for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         text = path.read_text()
@@ -48,6 +48,7 @@ def test_no_stale_planner_command_in_the_docs():
         assert "three planner scenarios" not in text, path
 
 
+@pytest.mark.unit
 def test_headline_plan_for_the_130b_example():
     plan = cli.make_plan(cli.build_parser().parse_intermixed_args(SOURCES["a"]))
     lay, rec = plan.rec.layout, plan.rec
@@ -60,6 +61,7 @@ def test_headline_plan_for_the_130b_example():
     assert fraction == pytest.approx(0.00057, rel=0.05)  # "0.057% of the corpus" in 90 days
 
 
+@pytest.mark.unit
 def test_readme_examples_table_is_pinned():
     text = (REPO / "README.md").read_text()
     start = text.index("<!-- planner: begin examples_table -->")

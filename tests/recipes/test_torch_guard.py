@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,6 +22,7 @@ def _payload(path: Path, marker: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")  # without the project: a plain torch.save
 
 
+@pytest.mark.multiproc  # fresh interpreters importing torch and DeepSpeed: ~4 s each
 @pytest.mark.parametrize("first,load", [
     ("import recipes, torch", "from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import "
                               "TorchCheckpointEngine\nTorchCheckpointEngine().load(PATH)"),
@@ -55,6 +54,7 @@ def _unsafe_calls(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.unit
 def test_no_product_code_reads_a_pickle_but_through_the_guard(tmp_path):
     allowed = {REPO / "recipes" / "checkpoint" / "safe_load.py"}  # the guard itself calls torch's own loader
     found = [hit for pkg in ("recipes", "data_prep", "launch") for p in sorted((REPO / pkg).rglob("*.py"))
